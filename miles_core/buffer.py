@@ -1,0 +1,365 @@
+"""The fully-async data buffer's decisions: what is queued, trained, recycled or dropped.
+
+This is miles' ``fully_async_data_buffer.py`` without the asyncio: a FIFO of
+prompt groups between the rollout producer and the trainer, and the verdicts
+it reaches. Where each decision is made:
+
+- ``put``: the abort filter first (a group with any aborted sample goes to the
+  unused handler: retry recycles its prompt, drop discards it), then the
+  dynamic filter (a rejected group is dropped, never recycled: regenerating it
+  would be rejected again), then capacity. A full buffer returns BLOCKED and
+  does not take the group: the driver waits for a ``get`` and puts it again
+  (backpressure), so nothing accepted is ever lost.
+- ``get``: the staleness filter, because staleness depends on *when* the group
+  is consumed. staleness = current version - oldest version of any sample or
+  turn in the group. With no current version (before the first update) the
+  filter is off and no staleness is recorded; a group beyond
+  --max-weight-staleness goes to the unused handler and the next one is
+  examined. A negative staleness (the consumer is behind a sample) is refused
+  with VersionRegressionError before the group leaves the queue.
+
+Capacity is floor(--async-data-buffer-capacity-factor x --rollout-batch-size).
+Metric names are miles' (rollout/fully_async/...).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from miles_core.errors import ConfigError, VersionRegressionError
+from miles_core.versions import INITIAL_WEIGHTS_VERSION, staleness
+
+METRIC_PREFIX = "rollout/fully_async/"
+DYNAMIC_FILTER_PREFIX = "rollout/dynamic_filter/drop_"
+
+
+class SampleStatus(StrEnum):
+    COMPLETED = "completed"
+    TRUNCATED = "truncated"
+    ABORTED = "aborted"
+
+
+class UnusedHandler(StrEnum):
+    """--async-unused-samples-handler: what happens to aborted and stale groups."""
+
+    RETRY = "retry"
+    DROP = "drop"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One response; ``weight_versions`` holds one entry per generate call (turn).
+
+    None in ``weight_versions`` means the engine had never been updated (miles'
+    "default"); staleness counts it as INITIAL_WEIGHTS_VERSION.
+    """
+
+    index: int
+    weight_versions: tuple[int | None, ...] = ()
+    status: SampleStatus = SampleStatus.COMPLETED
+    reward: float | None = None
+
+
+Item = Sample | tuple[Sample, ...]
+"""A group item: a sample, or the samples of one multi-turn / multi-agent trajectory."""
+
+
+@dataclass(frozen=True)
+class Group:
+    """The n samples generated for one prompt; ``group_id`` is unique per generation attempt."""
+
+    group_id: int
+    prompt_id: int
+    items: tuple[Item, ...]
+
+    def __post_init__(self) -> None:
+        if not self.items:
+            raise ConfigError(f"group {self.group_id}", "has no samples", "put groups of n samples")
+        for sample in self.samples():
+            if sample.status is not SampleStatus.ABORTED and not sample.weight_versions:
+                raise ConfigError(
+                    f"group {self.group_id} sample {sample.index}.weight_versions",
+                    "is empty for a finished sample",
+                    "record meta_info.weight_version of every generate call",
+                )
+
+    def samples(self) -> Iterator[Sample]:
+        for item in self.items:
+            if isinstance(item, Sample):
+                yield item
+            else:
+                yield from item
+
+    @property
+    def aborted(self) -> bool:
+        return any(s.status is SampleStatus.ABORTED for s in self.samples())
+
+    @property
+    def oldest_version(self) -> int | None:
+        """The oldest weight version of any turn; None if no sample recorded one."""
+        versions = [
+            INITIAL_WEIGHTS_VERSION if v is None else v
+            for s in self.samples()
+            for v in s.weight_versions
+        ]
+        return min(versions) if versions else None
+
+    @property
+    def newest_version(self) -> int | None:
+        versions = [
+            INITIAL_WEIGHTS_VERSION if v is None else v
+            for s in self.samples()
+            for v in s.weight_versions
+        ]
+        return max(versions) if versions else None
+
+
+@dataclass(frozen=True)
+class FilterOutput:
+    """What a dynamic filter says of a group (miles' DynamicFilterOutput)."""
+
+    keep: bool
+    reason: str | None = None
+
+
+DynamicFilter = Callable[[Group], FilterOutput | bool]
+
+
+class Fate(StrEnum):
+    QUEUED = "queued"
+    BLOCKED = "blocked"
+    """The buffer is full: the group was not taken; put it again after a get."""
+    TRAIN = "train"
+    RECYCLE = "recycle"
+    DROP = "drop"
+
+
+class Reason(StrEnum):
+    ABORTED = "aborted"
+    STALE = "stale"
+    DYNAMIC_FILTER = "dynamic_filter"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The buffer's decision about one group."""
+
+    group: Group
+    fate: Fate
+    reason: Reason | None = None
+    detail: str | None = None
+    """The dynamic filter's reason, when it dropped the group."""
+    staleness: int | None = None
+
+
+@dataclass(frozen=True)
+class BufferConfig:
+    """The flags of miles that configure the buffer."""
+
+    rollout_batch_size: int
+    capacity_factor: float = 2.0
+    """--async-data-buffer-capacity-factor (miles' default is 2.0)."""
+    max_weight_staleness: int | None = None
+    """--max-weight-staleness; None turns the staleness filter off."""
+    unused_samples_handler: UnusedHandler = UnusedHandler.DROP
+    """--async-unused-samples-handler (miles' default is drop)."""
+    n_samples_per_prompt: int | None = None
+    """When set, every group must hold exactly this many items."""
+
+    def __post_init__(self) -> None:
+        if (
+            isinstance(self.rollout_batch_size, bool)
+            or not isinstance(self.rollout_batch_size, int)
+            or self.rollout_batch_size < 1
+        ):
+            raise ConfigError(
+                "--rollout-batch-size", f"got {self.rollout_batch_size!r}", "pass an integer >= 1"
+            )
+        factor = self.capacity_factor
+        if (
+            isinstance(factor, bool)
+            or not isinstance(factor, int | float)
+            or not math.isfinite(factor)
+            or factor <= 0
+        ):
+            raise ConfigError(
+                "--async-data-buffer-capacity-factor", f"got {factor!r}", "pass a finite number > 0"
+            )
+        if self.capacity < 1:
+            raise ConfigError(
+                "--async-data-buffer-capacity-factor",
+                f"floor({factor} x rollout_batch_size {self.rollout_batch_size}) = {self.capacity}",
+                "raise the factor so that the capacity is at least 1",
+            )
+        bound = self.max_weight_staleness
+        if bound is not None and (
+            isinstance(bound, bool) or not isinstance(bound, int) or bound < 0
+        ):
+            raise ConfigError(
+                "--max-weight-staleness",
+                f"got {bound!r}",
+                "pass an integer >= 0, or leave it unset",
+            )
+        if not isinstance(self.unused_samples_handler, UnusedHandler):
+            try:
+                handler = UnusedHandler(self.unused_samples_handler)
+            except ValueError:
+                raise ConfigError(
+                    "--async-unused-samples-handler",
+                    f"got {self.unused_samples_handler!r}",
+                    "choose 'retry' or 'drop'",
+                ) from None
+            object.__setattr__(self, "unused_samples_handler", handler)
+        n = self.n_samples_per_prompt
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ConfigError("--n-samples-per-prompt", f"got {n!r}", "pass an integer >= 1")
+
+    @property
+    def capacity(self) -> int:
+        return math.floor(self.capacity_factor * self.rollout_batch_size)
+
+
+@dataclass
+class _Window:
+    """Counters reset by every metrics() call, as in miles."""
+
+    aborted: int = 0
+    stale: int = 0
+    recycled: int = 0
+    dropped: int = 0
+    blocked: int = 0
+    staleness: list[int] = field(default_factory=list)
+    filter_drops: Counter[str] = field(default_factory=Counter)
+
+
+class DataBuffer:
+    """The queue between rollout and training, and every keep/recycle/drop verdict."""
+
+    def __init__(self, config: BufferConfig, dynamic_filter: DynamicFilter | None = None) -> None:
+        self.config = config
+        self._filter = dynamic_filter
+        self._queue: deque[Group] = deque()
+        self._known_version: int | None = None
+        self._window = _Window()
+
+    @property
+    def capacity(self) -> int:
+        return self.config.capacity
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    @property
+    def full(self) -> bool:
+        return len(self._queue) >= self.capacity
+
+    def queued(self) -> tuple[Group, ...]:
+        return tuple(self._queue)
+
+    def _unused(self, group: Group, reason: Reason, staleness_value: int | None = None) -> Verdict:
+        if self.config.unused_samples_handler is UnusedHandler.RETRY:
+            self._window.recycled += 1
+            return Verdict(group, Fate.RECYCLE, reason, staleness=staleness_value)
+        self._window.dropped += 1
+        return Verdict(group, Fate.DROP, reason, staleness=staleness_value)
+
+    def put(self, group: Group) -> Verdict:
+        """Abort filter, dynamic filter, then capacity (BLOCKED means: not taken)."""
+        n = self.config.n_samples_per_prompt
+        if n is not None and len(group.items) != n:
+            raise ConfigError(
+                f"group {group.group_id}",
+                f"has {len(group.items)} items but --n-samples-per-prompt is {n}",
+                "put complete groups only",
+            )
+        if group.aborted:
+            self._window.aborted += 1
+            return self._unused(group, Reason.ABORTED)
+        if self._filter is not None:
+            output = self._filter(group)
+            if isinstance(output, bool):
+                output = FilterOutput(keep=output)
+            if not output.keep:
+                if output.reason:
+                    self._window.filter_drops[output.reason] += 1
+                self._window.dropped += 1
+                return Verdict(group, Fate.DROP, Reason.DYNAMIC_FILTER, detail=output.reason)
+        if self.full:
+            self._window.blocked += 1
+            return Verdict(group, Fate.BLOCKED)
+        self._queue.append(group)
+        return Verdict(group, Fate.QUEUED)
+
+    def get(self, current_version: int | None) -> tuple[Verdict, ...]:
+        """Pop groups until one may be trained; stale ones go to the unused handler.
+
+        Returns the verdicts in order: zero or more RECYCLE/DROP for stale
+        groups, then at most one TRAIN (none when the queue ran empty).
+        """
+        if current_version is not None:
+            if self._known_version is not None and current_version < self._known_version:
+                raise VersionRegressionError(
+                    f"the consumer's weight version went backwards: {self._known_version} -> "
+                    f"{current_version}; pass the ledger's published version"
+                )
+            self._known_version = current_version
+        bound = self.config.max_weight_staleness
+        verdicts: list[Verdict] = []
+        while self._queue:
+            group = self._queue[0]
+            age = staleness(current_version, group.oldest_version)
+            newest = group.newest_version
+            if current_version is not None and newest is not None and newest > current_version:
+                raise VersionRegressionError(
+                    f"group {group.group_id} holds a sample of weight version {newest} but the "
+                    f"consumer's version is {current_version}: a version was used before it was "
+                    "published; publish before resuming the engines"
+                )
+            self._queue.popleft()
+            if age is None:
+                verdicts.append(Verdict(group, Fate.TRAIN))
+                break
+            self._window.staleness.append(age)
+            if bound is None or age <= bound:
+                verdicts.append(Verdict(group, Fate.TRAIN, staleness=age))
+                break
+            self._window.stale += 1
+            verdicts.append(self._unused(group, Reason.STALE, age))
+        return tuple(verdicts)
+
+    def metrics(self) -> dict[str, float]:
+        """Metrics under miles' names; the window counters reset on each call.
+
+        avg/max staleness are absent (not 0) when nothing had a staleness, e.g.
+        before the first weight update; staleness_filter_on says whether the
+        filter could act at all.
+        """
+        window, self._window = self._window, _Window()
+        p = METRIC_PREFIX
+        result: dict[str, float] = {
+            f"{p}queue_size": len(self._queue),
+            f"{p}capacity": self.capacity,
+            f"{p}aborted_groups_filtered": window.aborted,
+            f"{p}stale_groups_filtered": window.stale,
+            f"{p}recycled_groups": window.recycled,
+            f"{p}dropped_groups": window.dropped,
+            f"{p}blocked_puts": window.blocked,
+            f"{p}staleness_filter_on": float(
+                self.config.max_weight_staleness is not None and self._known_version is not None
+            ),
+        }
+        for reason, count in sorted(window.filter_drops.items()):
+            result[f"{DYNAMIC_FILTER_PREFIX}{reason}"] = count
+        if window.staleness:
+            result[f"{p}avg_staleness"] = sum(window.staleness) / len(window.staleness)
+            result[f"{p}max_staleness"] = max(window.staleness)
+        queued = [staleness(self._known_version, g.oldest_version) for g in self._queue]
+        ages = [a for a in queued if a is not None]
+        if ages:
+            result[f"{p}buffer_avg_staleness"] = sum(ages) / len(ages)
+            result[f"{p}buffer_max_staleness"] = max(ages)
+        return result

@@ -1,0 +1,551 @@
+"""The six oracles of north-star, as functions over one event history.
+
+Each oracle reads only the history (simulated or real), recomputes what it
+checks from first principles (staleness from the samples' versions, not from
+what the buffer reported) and returns the first violation, with the events
+that prove it, or None.
+
+1. monotonic_versions   versions never go backwards: at the rollout manager
+                        (published), per engine (stamps, samples), at the consumer
+2. bounded_staleness    every trained group has 0 <= staleness <= bound
+3. exactly_once         each prompt is trained in at most one committed step;
+                        at the end each drawn prompt is trained, dropped or outstanding
+4. published_weights   no sample from unpublished weights; no engine serves a
+                        mix of two versions, stale weights after an update, or
+                        unsynced weights after a restart
+5. progress             after the last fault, steps commit and live engines
+                        reach the newest version within a bounded time
+6. failover_witness     each injected cell/engine fault really took effect
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from miles_core.events import (
+    BucketSent,
+    EnginesPaused,
+    EnginesResumed,
+    EngineStamped,
+    EngineStateChanged,
+    Event,
+    FaultInjected,
+    FaultKind,
+    GroupDropped,
+    GroupGot,
+    GroupTrained,
+    HealEnded,
+    History,
+    PromptDrawn,
+    QuorumChanged,
+    RunEnded,
+    RunStarted,
+    RunStatus,
+    SampleGenerated,
+    StepCommitted,
+    UpdateBegan,
+    VersionPublished,
+)
+from miles_core.versions import INITIAL_WEIGHTS_VERSION
+
+Indexed = tuple[int, Event]
+
+
+@dataclass(frozen=True)
+class Violation:
+    oracle: str
+    message: str
+    evidence: tuple[Indexed, ...] = field(default=())
+    """(seq, event) pairs that prove the violation, in history order."""
+
+    def __str__(self) -> str:
+        lines = [f"[{self.oracle}] {self.message}"]
+        lines += [f"  #{seq} t={event.t}: {event}" for seq, event in self.evidence]
+        return "\n".join(lines)
+
+
+def _v(version: int | None) -> int:
+    return INITIAL_WEIGHTS_VERSION if version is None else version
+
+
+def _run_started(history: History) -> Indexed | None:
+    return next(((s, e) for s, e in history.indexed() if isinstance(e, RunStarted)), None)
+
+
+def _run_ended(history: History) -> Indexed | None:
+    return next(((s, e) for s, e in history.indexed() if isinstance(e, RunEnded)), None)
+
+
+# -- 1 -----------------------------------------------------------------------
+
+
+def monotonic_versions(history: History) -> Violation | None:
+    """Published versions strictly increase; per engine stamps and samples, and the
+    consumer's version, never decrease."""
+    name = "monotonic_versions"
+    last_published: Indexed | None = None
+    last_stamp: dict[str, Indexed] = {}
+    last_sample: dict[str, Indexed] = {}
+    last_got: Indexed | None = None
+    for seq, e in history.indexed():
+        if isinstance(e, VersionPublished):
+            if last_published is not None and e.version <= last_published[1].version:
+                return Violation(
+                    name,
+                    f"published version went from {last_published[1].version} to {e.version} "
+                    f"(updater cell {e.updater})",
+                    (last_published, (seq, e)),
+                )
+            last_published = (seq, e)
+        elif isinstance(e, EngineStamped):
+            prev = last_stamp.get(e.engine)
+            if prev is not None and e.version < prev[1].version:
+                return Violation(
+                    name,
+                    f"engine {e.engine} stamped {e.version} after {prev[1].version}",
+                    (prev, (seq, e)),
+                )
+            last_stamp[e.engine] = (seq, e)
+        elif isinstance(e, SampleGenerated) and not e.aborted:
+            prev = last_sample.get(e.engine)
+            if prev is not None and _v(e.version) < _v(prev[1].version):
+                return Violation(
+                    name,
+                    f"engine {e.engine} generated under version {e.version} after "
+                    f"{prev[1].version}",
+                    (prev, (seq, e)),
+                )
+            last_sample[e.engine] = (seq, e)
+        elif isinstance(e, GroupGot) and e.current_version is not None:
+            if last_got is not None and e.current_version < last_got[1].current_version:
+                return Violation(
+                    name,
+                    f"the consumer's version went from {last_got[1].current_version} to "
+                    f"{e.current_version}",
+                    (last_got, (seq, e)),
+                )
+            last_got = (seq, e)
+    return None
+
+
+# -- 2 -----------------------------------------------------------------------
+
+
+def bounded_staleness(history: History, bound: int | None = None) -> Violation | None:
+    """Each trained group: 0 <= current version at consumption - oldest sample version <= bound.
+
+    The bound defaults to RunStarted.max_weight_staleness; staleness is recomputed
+    from the group's SampleGenerated events and must match what the buffer reported.
+    """
+    name = "bounded_staleness"
+    if bound is None:
+        started = _run_started(history)
+        bound = started[1].max_weight_staleness if started else None
+    oldest: dict[int, Indexed] = {}
+    got: dict[int, Indexed] = {}
+    for seq, e in history.indexed():
+        if isinstance(e, SampleGenerated):
+            prev = oldest.get(e.group_id)
+            if prev is None or _v(e.version) < _v(prev[1].version):
+                oldest[e.group_id] = (seq, e)
+        elif isinstance(e, GroupGot):
+            got[e.group_id] = (seq, e)
+        elif isinstance(e, GroupTrained):
+            consumed = got.get(e.group_id)
+            if consumed is None:
+                return Violation(
+                    name,
+                    f"group {e.group_id} was trained but never got from the buffer",
+                    ((seq, e),),
+                )
+            current = consumed[1].current_version
+            if current is None:
+                continue  # before the first update the filter is off
+            sample = oldest.get(e.group_id)
+            if sample is None:
+                return Violation(
+                    name,
+                    f"group {e.group_id} was trained but has no generated sample",
+                    (consumed, (seq, e)),
+                )
+            age = current - _v(sample[1].version)
+            evidence = (sample, consumed, (seq, e))
+            if consumed[1].staleness is not None and consumed[1].staleness != age:
+                return Violation(
+                    name,
+                    f"group {e.group_id}: the buffer reported staleness {consumed[1].staleness} "
+                    f"but its samples give {current} - {_v(sample[1].version)} = {age}",
+                    evidence,
+                )
+            if age < 0:
+                return Violation(
+                    name,
+                    f"group {e.group_id} trained with negative staleness {age}: a sample of "
+                    f"version {sample[1].version} consumed at version {current}",
+                    evidence,
+                )
+            if bound is not None and age > bound:
+                return Violation(
+                    name,
+                    f"group {e.group_id} trained with staleness {age} > bound {bound}",
+                    evidence,
+                )
+    return None
+
+
+# -- 3 -----------------------------------------------------------------------
+
+
+def exactly_once(history: History) -> Violation | None:
+    """A prompt is trained in at most one committed step, never both trained and dropped;
+    at RunEnded each drawn prompt is trained, dropped or outstanding, exactly one of them."""
+    name = "exactly_once"
+    drawn: dict[int, Indexed] = {}
+    trained: dict[int, Indexed] = {}
+    dropped: dict[int, Indexed] = {}
+    ended: Indexed | None = None
+    for seq, e in history.indexed():
+        if isinstance(e, PromptDrawn):
+            if e.prompt_id in drawn:
+                return Violation(
+                    name,
+                    f"prompt {e.prompt_id} drawn twice from the dataset",
+                    (drawn[e.prompt_id], (seq, e)),
+                )
+            drawn[e.prompt_id] = (seq, e)
+        elif isinstance(e, GroupTrained):
+            if e.prompt_id not in drawn:
+                return Violation(name, f"prompt {e.prompt_id} trained but never drawn", ((seq, e),))
+            if e.prompt_id in trained:
+                first = trained[e.prompt_id]
+                return Violation(
+                    name,
+                    f"prompt {e.prompt_id} trained twice (steps {first[1].step} and {e.step})",
+                    (first, (seq, e)),
+                )
+            if e.prompt_id in dropped:
+                return Violation(
+                    name,
+                    f"prompt {e.prompt_id} trained after it was dropped",
+                    (dropped[e.prompt_id], (seq, e)),
+                )
+            trained[e.prompt_id] = (seq, e)
+        elif isinstance(e, GroupDropped):
+            if e.prompt_id in trained:
+                return Violation(
+                    name,
+                    f"prompt {e.prompt_id} dropped after it was trained",
+                    (trained[e.prompt_id], (seq, e)),
+                )
+            if e.prompt_id in dropped:
+                return Violation(
+                    name, f"prompt {e.prompt_id} dropped twice", (dropped[e.prompt_id], (seq, e))
+                )
+            if not e.reason:
+                return Violation(
+                    name, f"prompt {e.prompt_id} dropped without a reason", ((seq, e),)
+                )
+            dropped[e.prompt_id] = (seq, e)
+        elif isinstance(e, RunEnded):
+            ended = (seq, e)
+    if ended is None:
+        return None
+    outstanding = set(ended[1].outstanding_prompts)
+    for prompt, where in drawn.items():
+        fates = [
+            fate
+            for fate, hit in (
+                ("trained", prompt in trained),
+                ("dropped", prompt in dropped),
+                ("outstanding", prompt in outstanding),
+            )
+            if hit
+        ]
+        if len(fates) != 1:
+            why = (
+                "was lost: neither trained, dropped nor outstanding"
+                if not fates
+                else f"is {' and '.join(fates)}"
+            )
+            evidence = [where] + [d[prompt] for d in (trained, dropped) if prompt in d] + [ended]
+            return Violation(name, f"prompt {prompt} {why} at the end of the run", tuple(evidence))
+    unknown = outstanding - set(drawn)
+    if unknown:
+        return Violation(
+            name, f"prompts {sorted(unknown)} reported outstanding but never drawn", (ended,)
+        )
+    return None
+
+
+# -- 4 -----------------------------------------------------------------------
+
+
+@dataclass
+class _EngineWeights:
+    version: int | None = None
+    stamp: Indexed | None = None
+    partial: Indexed | None = None
+    """The first bucket of an update this engine has not completed."""
+    buckets: set[int] = field(default_factory=set)
+    unsynced: Indexed | None = None
+    """The restart after which the engine has not yet received the published weights."""
+
+
+def published_weights(history: History) -> Violation | None:
+    """No sample from weights never published; no engine serving mixed, stale or
+    unsynced weights."""
+    name = "published_weights"
+    published: dict[int, Indexed] = {}
+    latest_published: Indexed | None = None
+    completed: Indexed | None = None  # the resume of the newest completed publishing update
+    updates: dict[int, Indexed] = {}
+    engines: dict[str, _EngineWeights] = {}
+
+    def engine(e: str) -> _EngineWeights:
+        return engines.setdefault(e, _EngineWeights())
+
+    for seq, e in history.indexed():
+        if isinstance(e, UpdateBegan):
+            updates[e.update_id] = (seq, e)
+        elif isinstance(e, VersionPublished):
+            published[e.version] = (seq, e)
+            latest_published = (seq, e)
+        elif isinstance(e, BucketSent):
+            for eng in e.engines:
+                state = engine(eng)
+                if state.partial is None or state.partial[1].update_id != e.update_id:
+                    state.partial, state.buckets = (seq, e), set()
+                state.buckets.add(e.bucket)
+        elif isinstance(e, EngineStamped):
+            state = engine(e.engine)
+            began = updates.get(e.update_id)
+            n = began[1].n_buckets if began else None
+            got = (
+                state.buckets
+                if state.partial and state.partial[1].update_id == e.update_id
+                else set()
+            )
+            if n is None or len(got) != n:
+                return Violation(
+                    name,
+                    f"engine {e.engine} stamped version {e.version} after receiving "
+                    f"{len(got)} of {n} buckets of update {e.update_id}",
+                    tuple(x for x in (began, state.partial, (seq, e)) if x),
+                )
+            state.version, state.stamp, state.partial, state.buckets = (
+                e.version,
+                (seq, e),
+                None,
+                set(),
+            )
+            state.unsynced = None
+        elif isinstance(e, EnginesResumed):
+            for eng in e.engines:
+                state = engine(eng)
+                if state.partial is not None:
+                    return Violation(
+                        name,
+                        f"engine {eng} resumed holding part of update "
+                        f"{state.partial[1].update_id} (a mix of two versions)",
+                        (state.partial, (seq, e)),
+                    )
+            began = updates.get(e.update_id)
+            if began and began[1].publishes and began[1].version in published:
+                completed = (seq, e)
+        elif isinstance(e, EngineStateChanged):
+            state = engine(e.engine)
+            if e.up:
+                state.version, state.stamp, state.partial, state.buckets = None, None, None, set()
+                state.unsynced = (seq, e) if latest_published is not None else None
+        elif isinstance(e, EnginesPaused):
+            continue
+        elif isinstance(e, SampleGenerated) and not e.aborted:
+            state = engine(e.engine)
+            if e.version is not None and e.version not in published:
+                return Violation(
+                    name,
+                    f"engine {e.engine} generated under version {e.version}, which was never "
+                    "published (or not yet)",
+                    tuple(x for x in (state.stamp, (seq, e)) if x),
+                )
+            if state.partial is not None:
+                return Violation(
+                    name,
+                    f"engine {e.engine} generated while holding part of update "
+                    f"{state.partial[1].update_id} (mixed weights)",
+                    (state.partial, (seq, e)),
+                )
+            if state.unsynced is not None:
+                return Violation(
+                    name,
+                    f"engine {e.engine} generated after a restart before it received the "
+                    "published weights",
+                    (state.unsynced, (seq, e)),
+                )
+            if e.version != state.version:
+                return Violation(
+                    name,
+                    f"engine {e.engine} reported version {e.version} but was stamped "
+                    f"{state.version}",
+                    tuple(x for x in (state.stamp, (seq, e)) if x),
+                )
+            if completed is not None:
+                newest = updates[completed[1].update_id][1].version
+                if _v(e.version) < newest:
+                    return Violation(
+                        name,
+                        f"engine {e.engine} served version {e.version} after the update to "
+                        f"{newest} completed",
+                        (completed, (seq, e)),
+                    )
+    return None
+
+
+# -- 5 -----------------------------------------------------------------------
+
+
+def progress(history: History, window: float) -> Violation | None:
+    """After the last fault, a step commits within ``window`` and every live engine
+    reaches the newest published version within ``window`` of its publication.
+
+    A run that ended with a clear error (RunStatus.FAILED) is not a hang; a
+    STALLED run is always a violation. Only spans the run actually lasted are judged.
+    """
+    name = "progress"
+    if window <= 0:
+        raise ValueError(f"window must be > 0 seconds, got {window}")
+    events = list(history.indexed())
+    if not events:
+        return None
+    ended = _run_ended(history)
+    if ended is not None and ended[1].status is RunStatus.STALLED:
+        return Violation(name, f"the run stalled: {ended[1].reason}", (ended,))
+    if ended is not None and ended[1].status is RunStatus.FAILED:
+        return None
+    end_t = events[-1][1].t
+    last_fault = next(((s, e) for s, e in reversed(events) if isinstance(e, FaultInjected)), None)
+    start_t = last_fault[1].t if last_fault else events[0][1].t
+    if end_t - start_t > window:
+        committed = any(
+            isinstance(e, StepCommitted) and start_t < e.t <= start_t + window for _, e in events
+        )
+        if not committed:
+            why = "the last fault" if last_fault else "the start"
+            return Violation(
+                name,
+                f"no step committed within {window}s after {why} "
+                f"(t={start_t}; the run lasted to t={end_t})",
+                tuple(x for x in (last_fault, events[-1]) if x),
+            )
+    publications = [(s, e) for s, e in events if isinstance(e, VersionPublished)]
+    if not publications:
+        return None
+    newest = publications[-1]
+    live: dict[str, float] = {}
+    stamped: dict[str, float] = {}
+    started = _run_started(history)
+    if started:
+        live = {eng: started[1].t for eng in started[1].engines}
+    for _, e in events:
+        if isinstance(e, EngineStateChanged):
+            if e.up:
+                live[e.engine] = e.t
+            else:
+                live.pop(e.engine, None)
+                stamped.pop(e.engine, None)
+        elif isinstance(e, EngineStamped) and e.version == newest[1].version:
+            stamped[e.engine] = e.t
+    for eng, since in sorted(live.items()):
+        due = max(newest[1].t, since) + window
+        if eng not in stamped and end_t > due:
+            return Violation(
+                name,
+                f"live engine {eng} did not reach version {newest[1].version} within {window}s",
+                (newest, events[-1]),
+            )
+    return None
+
+
+# -- 6 -----------------------------------------------------------------------
+
+
+def failover_witness(history: History) -> Violation | None:
+    """Each cell kill/stop shrank a later quorum; each cell start was healed into one;
+    each engine kill took the engine down; each restart brought it up and synced it."""
+    events = list(history.indexed())
+    for i, (seq, e) in enumerate(events):
+        if not isinstance(e, FaultInjected):
+            continue
+        published = any(isinstance(x, VersionPublished) for _, x in events)
+        missing = _missing_witness(e, events[i + 1 :], published)
+        if missing is not None:
+            return Violation(
+                "failover_witness",
+                f"fault {e.fault.value} had no observable effect: {missing}",
+                ((seq, e),),
+            )
+    return None
+
+
+def _missing_witness(fault: FaultInjected, after: list[Indexed], published: bool) -> str | None:
+    """What the fault should have caused and did not; None when it is witnessed."""
+    cell, engine = fault.cell, fault.engine
+    if fault.fault in (FaultKind.KILL_CELL, FaultKind.STOP_CELL):
+        if _first(after, lambda x: isinstance(x, QuorumChanged) and cell not in x.members):
+            return None
+        return f"no later quorum excluded cell {cell}"
+    if fault.fault is FaultKind.START_CELL:
+        healed = _first(after, lambda x: isinstance(x, HealEnded) and x.dst_cell == cell and x.ok)
+        grown = _first(after, lambda x: isinstance(x, QuorumChanged) and cell in x.members)
+        return None if healed and grown else f"cell {cell} was not healed into a quorum"
+    if fault.fault is FaultKind.KILL_ENGINE:
+        if _first(
+            after, lambda x: isinstance(x, EngineStateChanged) and x.engine == engine and not x.up
+        ):
+            return None
+        return f"engine {engine} never went down"
+    if fault.fault is FaultKind.RESTART_ENGINE:
+        up = _first(
+            after, lambda x: isinstance(x, EngineStateChanged) and x.engine == engine and x.up
+        )
+        if up is None:
+            return f"engine {engine} never came back up"
+        later = [p for p in after if p[0] > up[0]]
+        if published and not _first(
+            later, lambda x: isinstance(x, EngineStamped) and x.engine == engine
+        ):
+            return f"engine {engine} came back up but was never synced to the published weights"
+    return None
+
+
+def _first(events: list[Indexed], predicate: Callable[[Event], bool]) -> Indexed | None:
+    return next(((s, x) for s, x in events if predicate(x)), None)
+
+
+# -- all of them ---------------------------------------------------------------
+
+ORACLES = (
+    "monotonic_versions",
+    "bounded_staleness",
+    "exactly_once",
+    "published_weights",
+    "progress",
+    "failover_witness",
+)
+
+
+def check_all(history: History, progress_window: float) -> dict[str, Violation | None]:
+    """Every oracle's verdict, by name (None means it passed)."""
+    return {
+        "monotonic_versions": monotonic_versions(history),
+        "bounded_staleness": bounded_staleness(history),
+        "exactly_once": exactly_once(history),
+        "published_weights": published_weights(history),
+        "progress": progress(history, progress_window),
+        "failover_witness": failover_witness(history),
+    }
+
+
+def violations(history: History, progress_window: float) -> Iterator[Violation]:
+    return (v for v in check_all(history, progress_window).values() if v is not None)

@@ -1,0 +1,134 @@
+"""The weight-update sequence, as one ordered plan both update paths share.
+
+    pause engines -> [unload adapter] -> send every bucket -> stamp engines
+    -> publish version -> resume engines
+
+The order is the point. Stamping before publishing means no sample carries a
+version the rollout side has not heard of for longer than the update itself;
+publishing before resuming closes the window (seed report on PR #2244, risk 3)
+in which engines generated under the new weights while the consumer still
+believed the old version. The stamp step is built by the same function for the
+full-parameter and the LoRA paths, so LoRA cannot forget it (the P1 of that
+report). The orchestration executes the steps in order and acknowledges each;
+a step out of order is a TransitionError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from miles_core.errors import TransitionError
+
+
+class UpdateKind(StrEnum):
+    FULL = "full"
+    LORA = "lora"
+
+
+@dataclass(frozen=True)
+class PauseEngines:
+    engines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class UnloadAdapter:
+    """LoRA: the old adapter goes before the new one arrives (unload-then-load)."""
+
+    engines: tuple[str, ...]
+    adapter: str
+
+
+@dataclass(frozen=True)
+class SendBucket:
+    bucket: int
+    n_buckets: int
+    engines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StampEngines:
+    """Set each engine's weight_version: the same step for every kind of update."""
+
+    version: int
+    engines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PublishVersion:
+    version: int
+
+
+@dataclass(frozen=True)
+class ResumeEngines:
+    engines: tuple[str, ...]
+
+
+UpdateStep = (
+    PauseEngines | UnloadAdapter | SendBucket | StampEngines | PublishVersion | ResumeEngines
+)
+
+
+def plan_update_steps(
+    version: int,
+    engines: tuple[str, ...],
+    n_buckets: int,
+    kind: UpdateKind = UpdateKind.FULL,
+    adapter: str | None = None,
+) -> tuple[UpdateStep, ...]:
+    """The steps of one weight update, in the order they must run."""
+    if n_buckets < 1:
+        raise TransitionError(
+            f"a weight update needs at least one bucket, got n_buckets={n_buckets}"
+        )
+    if (kind is UpdateKind.LORA) != (adapter is not None):
+        raise TransitionError(
+            f"adapter={adapter!r} with kind={kind.value}: a LoRA update names its adapter, "
+            "a full update names none"
+        )
+    steps: list[UpdateStep] = [PauseEngines(engines)]
+    if adapter is not None:
+        steps.append(UnloadAdapter(engines, adapter))
+    steps.extend(SendBucket(k, n_buckets, engines) for k in range(n_buckets))
+    steps.append(StampEngines(version, engines))
+    steps.append(PublishVersion(version))
+    steps.append(ResumeEngines(engines))
+    return tuple(steps)
+
+
+class WeightUpdate:
+    """Tracks one update through its plan; refuses steps out of order."""
+
+    def __init__(
+        self,
+        version: int,
+        engines: tuple[str, ...],
+        n_buckets: int,
+        kind: UpdateKind = UpdateKind.FULL,
+        adapter: str | None = None,
+    ) -> None:
+        self.version = version
+        self.kind = kind
+        self.steps = plan_update_steps(version, engines, n_buckets, kind, adapter)
+        self._done = 0
+
+    @property
+    def finished(self) -> bool:
+        return self._done == len(self.steps)
+
+    @property
+    def completed_steps(self) -> tuple[UpdateStep, ...]:
+        return self.steps[: self._done]
+
+    def next_step(self) -> UpdateStep | None:
+        return None if self.finished else self.steps[self._done]
+
+    def complete(self, step: UpdateStep) -> None:
+        """Acknowledge that ``step`` ran; it must be the next one in the plan."""
+        expected = self.next_step()
+        if step != expected:
+            raise TransitionError(
+                f"weight update {self.version}: step {step!r} completed but the plan expects "
+                f"{expected!r} next"
+            )
+        self._done += 1
