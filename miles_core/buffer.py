@@ -63,6 +63,18 @@ class Sample:
     status: SampleStatus = SampleStatus.COMPLETED
     reward: float | None = None
 
+    def __post_init__(self) -> None:
+        for version in self.weight_versions:
+            if version is not None and (
+                isinstance(version, bool) or not isinstance(version, int) or version < 0
+            ):
+                raise ConfigError(
+                    f"sample {self.index}.weight_versions",
+                    f"holds {version!r}",
+                    "record the engine's weight_version: an integer >= 0 (0 or None for the "
+                    "initial weights)",
+                )
+
 
 Item = Sample | tuple[Sample, ...]
 """A group item: a sample, or the samples of one multi-turn / multi-agent trajectory."""
@@ -276,6 +288,12 @@ class DataBuffer:
                 f"has {len(group.items)} items but --n-samples-per-prompt is {n}",
                 "put complete groups only",
             )
+        if any(queued.group_id == group.group_id for queued in self._queue):
+            raise ConfigError(
+                f"group {group.group_id}",
+                "is already queued",
+                "give every generation attempt its own group_id",
+            )
         if group.aborted:
             self._window.aborted += 1
             return self._unused(group, Reason.ABORTED)
@@ -306,20 +324,27 @@ class DataBuffer:
                     f"the consumer's weight version went backwards: {self._known_version} -> "
                     f"{current_version}; pass the ledger's published version"
                 )
+            # Checked for every queued group before anything is popped: a refusal must not
+            # lose the stale groups already popped ahead of the offending one.
+            for group in self._queue:
+                newest = group.newest_version
+                if newest is not None and newest > current_version:
+                    raise VersionRegressionError(
+                        f"group {group.group_id} holds a sample of weight version {newest} but "
+                        f"the consumer's version is {current_version}: a version was used before "
+                        "it was published; publish before resuming the engines"
+                    )
             self._known_version = current_version
+        elif self._known_version is not None:
+            raise VersionRegressionError(
+                f"the consumer's weight version went backwards: {self._known_version} -> None "
+                "(which would turn the staleness filter off); pass the ledger's published version"
+            )
         bound = self.config.max_weight_staleness
         verdicts: list[Verdict] = []
         while self._queue:
-            group = self._queue[0]
+            group = self._queue.popleft()
             age = staleness(current_version, group.oldest_version)
-            newest = group.newest_version
-            if current_version is not None and newest is not None and newest > current_version:
-                raise VersionRegressionError(
-                    f"group {group.group_id} holds a sample of weight version {newest} but the "
-                    f"consumer's version is {current_version}: a version was used before it was "
-                    "published; publish before resuming the engines"
-                )
-            self._queue.popleft()
             if age is None:
                 verdicts.append(Verdict(group, Fate.TRAIN))
                 break
@@ -331,13 +356,22 @@ class DataBuffer:
             verdicts.append(self._unused(group, Reason.STALE, age))
         return tuple(verdicts)
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self, current_version: int | None = None) -> dict[str, float]:
         """Metrics under miles' names; the window counters reset on each call.
 
         avg/max staleness are absent (not 0) when nothing had a staleness, e.g.
         before the first weight update; staleness_filter_on says whether the
-        filter could act at all.
+        filter could act at all. buffer_*_staleness measure the queue against
+        ``current_version`` when given (the published version, which may be
+        newer than the last get), else against the version of the last get.
         """
+        if current_version is not None:
+            if self._known_version is not None and current_version < self._known_version:
+                raise VersionRegressionError(
+                    f"metrics at weight version {current_version} after the consumer saw "
+                    f"{self._known_version}; pass the ledger's published version"
+                )
+            self._known_version = current_version
         window, self._window = self._window, _Window()
         p = METRIC_PREFIX
         result: dict[str, float] = {

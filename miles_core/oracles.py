@@ -20,6 +20,7 @@ that prove it, or None.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -406,8 +407,9 @@ def published_weights(history: History) -> Violation | None:
 
 
 def progress(history: History, window: float) -> Violation | None:
-    """After the last fault, a step commits within ``window`` and every live engine
-    reaches the newest published version within ``window`` of its publication.
+    """After the last fault, no span longer than ``window`` passes without a step
+    commit (until the end of the history), and every live engine reaches the newest
+    published version within ``window`` of its publication.
 
     A run that ended with a clear error (RunStatus.FAILED) is not a hang; a
     STALLED run is always a violation. Only spans the run actually lasted are judged.
@@ -425,18 +427,19 @@ def progress(history: History, window: float) -> Violation | None:
         return None
     end_t = events[-1][1].t
     last_fault = next(((s, e) for s, e in reversed(events) if isinstance(e, FaultInjected)), None)
-    start_t = last_fault[1].t if last_fault else events[0][1].t
-    if end_t - start_t > window:
-        committed = any(
-            isinstance(e, StepCommitted) and start_t < e.t <= start_t + window for _, e in events
-        )
-        if not committed:
-            why = "the last fault" if last_fault else "the start"
+    since: Indexed = last_fault or events[0]
+    commits = [(s, e) for s, e in events if isinstance(e, StepCommitted) and e.t > since[1].t]
+    marks = [since, *commits, events[-1]]
+    for before, after in itertools.pairwise(marks):
+        if after[1].t - before[1].t > window:
+            what = "the last fault" if before is last_fault else "the start"
+            if isinstance(before[1], StepCommitted):
+                what = f"step {before[1].step} committed"
             return Violation(
                 name,
-                f"no step committed within {window}s after {why} "
-                f"(t={start_t}; the run lasted to t={end_t})",
-                tuple(x for x in (last_fault, events[-1]) if x),
+                f"no step committed for {after[1].t - before[1].t:g}s (> window {window:g}s) "
+                f"after {what} at t={before[1].t:g}",
+                (before, after),
             )
     publications = [(s, e) for s, e in events if isinstance(e, VersionPublished)]
     if not publications:

@@ -75,7 +75,11 @@ def _parse_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None
 
 
 def node_sort_key(node: str, resolver: Resolver = no_resolver) -> tuple[int, int, str]:
-    """The key that orders a node address: (family, numeric address, unresolved name)."""
+    """The key that orders a node address: (family, numeric address, name).
+
+    The name part is the unresolved hostname, or an IPv6 scope id (fe80::1%eth0
+    and fe80::1%eth1 are different nodes), else empty.
+    """
     address = _parse_ip(node)
     if address is None:
         resolved = resolver(node)
@@ -88,8 +92,9 @@ def node_sort_key(node: str, resolver: Resolver = no_resolver) -> tuple[int, int
                 f"resolved hostname {node!r} to {resolved!r}, which is not an IP address",
                 "return an IPv4/IPv6 literal, or None when the name cannot be resolved",
             )
-    family = _IPV4 if isinstance(address, ipaddress.IPv4Address) else _IPV6
-    return (family, int(address), "")
+    if isinstance(address, ipaddress.IPv4Address):
+        return (_IPV4, int(address), "")
+    return (_IPV6, int(address), f"%{address.scope_id}" if address.scope_id else "")
 
 
 def bundle_sort_key(bundle: Bundle, resolver: Resolver = no_resolver) -> tuple:
@@ -156,7 +161,8 @@ class LayoutConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise LayoutError(name, f"got {value!r}", "pass an integer >= 0")
-        if self.rollout_num_gpus_per_engine < 1:
+        per_engine = self.rollout_num_gpus_per_engine
+        if isinstance(per_engine, bool) or not isinstance(per_engine, int) or per_engine < 1:
             raise LayoutError(
                 "rollout_num_gpus_per_engine",
                 f"got {self.rollout_num_gpus_per_engine}",
@@ -183,12 +189,41 @@ class LayoutConfig:
                 "a critic needs the actor's GPUs, but debug_rollout_only has none",
                 "drop use_critic or debug_rollout_only",
             )
-        if self.indep_dp and (self.gpus_per_cell is None or self.gpus_per_cell < 1):
+        cell = self.gpus_per_cell
+        if self.indep_dp and (
+            cell is None or isinstance(cell, bool) or not isinstance(cell, int) or cell < 1
+        ):
             raise LayoutError(
                 "gpus_per_cell",
-                f"indep_dp is set but gpus_per_cell is {self.gpus_per_cell!r}",
+                f"indep_dp is set but gpus_per_cell is {cell!r}",
                 "pass the cell size (TP x PP x CP GPUs), an integer >= 1",
             )
+        if not self.indep_dp and cell is not None:
+            raise LayoutError(
+                "gpus_per_cell",
+                f"is {cell!r} but indep_dp is off, so the actor is one cell",
+                "set indep_dp, or leave gpus_per_cell unset",
+            )
+        if self.debug_train_only and self.rollout_external:
+            raise LayoutError(
+                "debug_train_only/rollout_external",
+                "both are set, but debug_train_only runs no rollout at all",
+                "choose one of them",
+            )
+        if (self.debug_train_only or self.rollout_external) and not self.debug_rollout_only:
+            unused = {
+                "rollout_num_gpus": self.rollout_num_gpus,
+                "eval_num_gpus": self.eval_num_gpus,
+            }
+            for name, value in unused.items():
+                if value:
+                    flag = "debug_train_only" if self.debug_train_only else "rollout_external"
+                    raise LayoutError(
+                        name,
+                        f"is {value} but {flag} launches no engines, so those GPUs would be "
+                        "reserved for nothing",
+                        f"set {name}=0 or drop {flag}",
+                    )
 
     @property
     def actor_gpus(self) -> int:

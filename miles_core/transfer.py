@@ -105,20 +105,26 @@ def units_of(
     A parameter whose key is None is a unit of its own. Units are ordered by the
     position of their first member, as in miles' get_named_update_units.
     """
-    order: list[str] = []
-    members: dict[str, list[ParamSpec]] = {}
+    members: dict[tuple[bool, str], list[ParamSpec]] = {}  # insertion order = first member
     names: set[str] = set()
     for param in params:
         if param.name in names:
             raise ConfigError("params", f"parameter {param.name!r} appears twice", "pass each once")
         names.add(param.name)
         key = atomic_key(param.name)
-        unit = param.name if key is None else f"group:{key}"
-        if unit not in members:
-            order.append(unit)
-            members[unit] = []
-        members[unit].append(param)
-    return tuple(UpdateUnit(u, tuple(members[u])) for u in order)
+        members.setdefault((False, param.name) if key is None else (True, key), []).append(param)
+    units = tuple(
+        UpdateUnit(f"group:{name}" if grouped else name, tuple(group))
+        for (grouped, name), group in members.items()
+    )
+    clash = {u.name for u in units if sum(v.name == u.name for v in units) > 1}
+    if clash:
+        raise ConfigError(
+            "atomic_key",
+            f"unit names {sorted(clash)} are both a parameter name and a group name",
+            "return keys that no parameter is named 'group:<key>' after",
+        )
+    return units
 
 
 def lora_unit(adapter: str, params: Iterable[ParamSpec]) -> UpdateUnit:
@@ -242,10 +248,8 @@ class TransferPlan:
     def bytes_sent(self) -> int:
         """Bytes that leave source ranks: a broadcast counts once, p2p once per engine."""
         per_target = self.mode is not TransferMode.BROADCAST
-        return sum(
-            self.buckets[t.bucket].nbytes * (len(t.targets) if per_target else 1)
-            for t in self.transfers
-        )
+        sizes = {b.index: b.nbytes for b in self.buckets}  # t.bucket is an index, not a position
+        return sum(sizes[t.bucket] * (len(t.targets) if per_target else 1) for t in self.transfers)
 
 
 def plan_transfer(
@@ -267,7 +271,18 @@ def plan_transfer(
         raise ConfigError("engines", "no engine to update", "pass at least one engine")
     if len(set(engines)) != len(engines):
         raise ConfigError("engines", f"duplicate engine ids in {engines}", "pass each engine once")
+    indices = [b.index for b in buckets]
+    if len(set(indices)) != len(indices):
+        raise ConfigError(
+            "buckets", f"duplicate bucket indices in {indices}", "pass each bucket once"
+        )
     sources = dict(engine_sources or {})
+    if sources and mode is TransferMode.BROADCAST:
+        raise ConfigError(
+            "engine_sources",
+            "per-engine source ranks were given but broadcast sends from one source_rank",
+            "use p2p or rdt for per-engine sources, or pass source_rank",
+        )
     unknown = set(sources) - set(engines)
     if unknown:
         raise ConfigError(

@@ -77,7 +77,17 @@ def plan_update_steps(
     adapter: str | None = None,
 ) -> tuple[UpdateStep, ...]:
     """The steps of one weight update, in the order they must run."""
-    if n_buckets < 1:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise TransitionError(
+            f"a weight update carries a version >= 1 from the ledger, got {version!r}"
+        )
+    if not engines:
+        raise TransitionError("a weight update needs at least one engine, got none")
+    try:
+        kind = UpdateKind(kind)
+    except ValueError:
+        raise TransitionError(f"kind must be 'full' or 'lora', got {kind!r}") from None
+    if isinstance(n_buckets, bool) or not isinstance(n_buckets, int) or n_buckets < 1:
         raise TransitionError(
             f"a weight update needs at least one bucket, got n_buckets={n_buckets}"
         )
@@ -107,9 +117,9 @@ class WeightUpdate:
         kind: UpdateKind = UpdateKind.FULL,
         adapter: str | None = None,
     ) -> None:
-        self.version = version
-        self.kind = kind
         self.steps = plan_update_steps(version, engines, n_buckets, kind, adapter)
+        self.version = version
+        self.kind = UpdateKind(kind)
         self._done = 0
 
     @property
