@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from miles_core.errors import ConfigError, VersionRegressionError
+from miles_core.errors import ConfigError, VersionRegressionError, int_at_least
 from miles_core.versions import INITIAL_WEIGHTS_VERSION, staleness
 
 METRIC_PREFIX = "rollout/fully_async/"
@@ -65,9 +65,7 @@ class Sample:
 
     def __post_init__(self) -> None:
         for version in self.weight_versions:
-            if version is not None and (
-                isinstance(version, bool) or not isinstance(version, int) or version < 0
-            ):
+            if version is not None and not int_at_least(version, 0):
                 raise ConfigError(
                     f"sample {self.index}.weight_versions",
                     f"holds {version!r}",
@@ -183,11 +181,7 @@ class BufferConfig:
     """When set, every group must hold exactly this many items."""
 
     def __post_init__(self) -> None:
-        if (
-            isinstance(self.rollout_batch_size, bool)
-            or not isinstance(self.rollout_batch_size, int)
-            or self.rollout_batch_size < 1
-        ):
+        if not int_at_least(self.rollout_batch_size, 1):
             raise ConfigError(
                 "--rollout-batch-size", f"got {self.rollout_batch_size!r}", "pass an integer >= 1"
             )
@@ -208,9 +202,7 @@ class BufferConfig:
                 "raise the factor so that the capacity is at least 1",
             )
         bound = self.max_weight_staleness
-        if bound is not None and (
-            isinstance(bound, bool) or not isinstance(bound, int) or bound < 0
-        ):
+        if bound is not None and not int_at_least(bound, 0):
             raise ConfigError(
                 "--max-weight-staleness",
                 f"got {bound!r}",
@@ -227,7 +219,7 @@ class BufferConfig:
                 ) from None
             object.__setattr__(self, "unused_samples_handler", handler)
         n = self.n_samples_per_prompt
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        if n is not None and not int_at_least(n, 1):
             raise ConfigError("--n-samples-per-prompt", f"got {n!r}", "pass an integer >= 1")
 
     @property

@@ -31,6 +31,7 @@ from miles_core.errors import (
     NoAliveCellError,
     RetriesExhaustedError,
     TransitionError,
+    int_at_least,
 )
 
 
@@ -150,7 +151,7 @@ class CellGroup:
             ("max_step_attempts", max_step_attempts),
             ("max_route_attempts", max_route_attempts),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not int_at_least(value, 1):
                 raise ConfigError(name, f"got {value!r}", "pass an integer >= 1")
         self.num_cells = num_cells
         self.gpus_per_cell = gpus_per_cell

@@ -35,3 +35,8 @@ class RetriesExhaustedError(MilesCoreError):
 
 class TransitionError(MilesCoreError):
     """A state machine was asked for a transition its table does not allow."""
+
+
+def int_at_least(value: object, minimum: int) -> bool:
+    """True for an int (not a bool, not a float) >= minimum: the check behind every count flag."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum

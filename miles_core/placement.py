@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from miles_core.errors import ConfigError, LayoutError
+from miles_core.errors import ConfigError, LayoutError, int_at_least
 
 Resolver = Callable[[str], str | None]
 """Maps a hostname to an IP address literal, or None when it cannot."""
@@ -159,10 +159,10 @@ class LayoutConfig:
             "eval_num_gpus",
         ):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            if not int_at_least(value, 0):
                 raise LayoutError(name, f"got {value!r}", "pass an integer >= 0")
         per_engine = self.rollout_num_gpus_per_engine
-        if isinstance(per_engine, bool) or not isinstance(per_engine, int) or per_engine < 1:
+        if not int_at_least(per_engine, 1):
             raise LayoutError(
                 "rollout_num_gpus_per_engine",
                 f"got {self.rollout_num_gpus_per_engine}",
@@ -190,9 +190,7 @@ class LayoutConfig:
                 "drop use_critic or debug_rollout_only",
             )
         cell = self.gpus_per_cell
-        if self.indep_dp and (
-            cell is None or isinstance(cell, bool) or not isinstance(cell, int) or cell < 1
-        ):
+        if self.indep_dp and (cell is None or not int_at_least(cell, 1)):
             raise LayoutError(
                 "gpus_per_cell",
                 f"indep_dp is set but gpus_per_cell is {cell!r}",

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from miles_core.errors import ConfigError
+from miles_core.errors import ConfigError, int_at_least
 
 DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE = 512 * 1024**2
 """miles' default --update-weight-buffer-size."""
@@ -188,7 +188,7 @@ def plan_buckets(
     units: Sequence[UpdateUnit], buffer_size: int = DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE
 ) -> tuple[Bucket, ...]:
     """Pack units, in order, into buckets of at most ``buffer_size`` bytes."""
-    if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
+    if not int_at_least(buffer_size, 1):
         raise ConfigError(
             "--update-weight-buffer-size", f"got {buffer_size!r}", "pass a byte count >= 1"
         )

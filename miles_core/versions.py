@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from miles_core.errors import VersionRegressionError
+from miles_core.errors import VersionRegressionError, int_at_least
 
 INITIAL_WEIGHTS_VERSION = 0
 """Staleness arithmetic treats weights that were never updated as version 0.
@@ -105,7 +105,7 @@ class VersionLedger:
 
     def check_forward(self, version: int, source: str) -> None:
         """Raise if ``version`` is not ahead of the published one."""
-        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        if not int_at_least(version, 1):
             raise VersionRegressionError(
                 f"{source!r} reported weight version {version!r}; versions are integers >= 1"
             )
@@ -130,7 +130,7 @@ class VersionLedger:
                     f"from {self._version} to None; restore the latest checkpoint instead"
                 )
             return
-        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        if not int_at_least(version, 1):
             raise VersionRegressionError(
                 f"checkpoint holds weight version {version!r}; versions are integers >= 1"
             )

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from miles_core.errors import TransitionError
+from miles_core.errors import TransitionError, int_at_least
 
 
 class UpdateKind(StrEnum):
@@ -77,7 +77,7 @@ def plan_update_steps(
     adapter: str | None = None,
 ) -> tuple[UpdateStep, ...]:
     """The steps of one weight update, in the order they must run."""
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+    if not int_at_least(version, 1):
         raise TransitionError(
             f"a weight update carries a version >= 1 from the ledger, got {version!r}"
         )
@@ -87,7 +87,7 @@ def plan_update_steps(
         kind = UpdateKind(kind)
     except ValueError:
         raise TransitionError(f"kind must be 'full' or 'lora', got {kind!r}") from None
-    if isinstance(n_buckets, bool) or not isinstance(n_buckets, int) or n_buckets < 1:
+    if not int_at_least(n_buckets, 1):
         raise TransitionError(
             f"a weight update needs at least one bucket, got n_buckets={n_buckets}"
         )
