@@ -108,24 +108,21 @@ class Group:
     def aborted(self) -> bool:
         return any(s.status is SampleStatus.ABORTED for s in self.samples())
 
+    def _versions(self) -> list[int]:
+        return [
+            INITIAL_WEIGHTS_VERSION if v is None else v
+            for s in self.samples()
+            for v in s.weight_versions
+        ]
+
     @property
     def oldest_version(self) -> int | None:
         """The oldest weight version of any turn; None if no sample recorded one."""
-        versions = [
-            INITIAL_WEIGHTS_VERSION if v is None else v
-            for s in self.samples()
-            for v in s.weight_versions
-        ]
-        return min(versions) if versions else None
+        return min(self._versions(), default=None)
 
     @property
     def newest_version(self) -> int | None:
-        versions = [
-            INITIAL_WEIGHTS_VERSION if v is None else v
-            for s in self.samples()
-            for v in s.weight_versions
-        ]
-        return max(versions) if versions else None
+        return max(self._versions(), default=None)
 
 
 @dataclass(frozen=True)
@@ -304,18 +301,23 @@ class DataBuffer:
         self._queue.append(group)
         return Verdict(group, Fate.QUEUED)
 
+    def _check_forward(self, current_version: int | None) -> None:
+        known = self._known_version
+        if known is not None and (current_version is None or current_version < known):
+            off = " (which would turn the staleness filter off)" if current_version is None else ""
+            raise VersionRegressionError(
+                f"the consumer's weight version went backwards: {known} -> "
+                f"{current_version}{off}; pass the ledger's published version"
+            )
+
     def get(self, current_version: int | None) -> tuple[Verdict, ...]:
         """Pop groups until one may be trained; stale ones go to the unused handler.
 
         Returns the verdicts in order: zero or more RECYCLE/DROP for stale
         groups, then at most one TRAIN (none when the queue ran empty).
         """
+        self._check_forward(current_version)
         if current_version is not None:
-            if self._known_version is not None and current_version < self._known_version:
-                raise VersionRegressionError(
-                    f"the consumer's weight version went backwards: {self._known_version} -> "
-                    f"{current_version}; pass the ledger's published version"
-                )
             # Checked for every queued group before anything is popped: a refusal must not
             # lose the stale groups already popped ahead of the offending one.
             for group in self._queue:
@@ -327,11 +329,6 @@ class DataBuffer:
                         "it was published; publish before resuming the engines"
                     )
             self._known_version = current_version
-        elif self._known_version is not None:
-            raise VersionRegressionError(
-                f"the consumer's weight version went backwards: {self._known_version} -> None "
-                "(which would turn the staleness filter off); pass the ledger's published version"
-            )
         bound = self.config.max_weight_staleness
         verdicts: list[Verdict] = []
         while self._queue:
@@ -358,11 +355,7 @@ class DataBuffer:
         newer than the last get), else against the version of the last get.
         """
         if current_version is not None:
-            if self._known_version is not None and current_version < self._known_version:
-                raise VersionRegressionError(
-                    f"metrics at weight version {current_version} after the consumer saw "
-                    f"{self._known_version}; pass the ledger's published version"
-                )
+            self._check_forward(current_version)
             self._known_version = current_version
         window, self._window = self._window, _Window()
         p = METRIC_PREFIX

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 
 from miles_core.events import (
     BucketSent,
-    EnginesPaused,
     EnginesResumed,
     EngineStamped,
     EngineStateChanged,
@@ -334,13 +333,7 @@ def published_weights(history: History) -> Violation | None:
                     f"{len(got)} of {n} buckets of update {e.update_id}",
                     tuple(x for x in (began, state.partial, (seq, e)) if x),
                 )
-            state.version, state.stamp, state.partial, state.buckets = (
-                e.version,
-                (seq, e),
-                None,
-                set(),
-            )
-            state.unsynced = None
+            engines[e.engine] = _EngineWeights(version=e.version, stamp=(seq, e))
         elif isinstance(e, EnginesResumed):
             for eng in e.engines:
                 state = engine(eng)
@@ -355,12 +348,9 @@ def published_weights(history: History) -> Violation | None:
             if began and began[1].publishes and began[1].version in published:
                 completed = (seq, e)
         elif isinstance(e, EngineStateChanged):
-            state = engine(e.engine)
-            if e.up:
-                state.version, state.stamp, state.partial, state.buckets = None, None, None, set()
-                state.unsynced = (seq, e) if latest_published is not None else None
-        elif isinstance(e, EnginesPaused):
-            continue
+            if e.up:  # a fresh process: initial weights until the published ones arrive
+                unsynced = (seq, e) if latest_published is not None else None
+                engines[e.engine] = _EngineWeights(unsynced=unsynced)
         elif isinstance(e, SampleGenerated) and not e.aborted:
             state = engine(e.engine)
             if e.version is not None and e.version not in published:

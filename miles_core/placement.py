@@ -208,7 +208,7 @@ class LayoutConfig:
                 "both are set, but debug_train_only runs no rollout at all",
                 "choose one of them",
             )
-        if (self.debug_train_only or self.rollout_external) and not self.debug_rollout_only:
+        if self.debug_train_only or self.rollout_external:
             unused = {
                 "rollout_num_gpus": self.rollout_num_gpus,
                 "eval_num_gpus": self.eval_num_gpus,
@@ -326,20 +326,15 @@ def compute_layout(config: LayoutConfig) -> Layout:
     rollout_gpus = config.rollout_num_gpus
     eval_gpus = config.eval_num_gpus
     actor_field = "actor_num_nodes x actor_num_gpus_per_node"
-    if mode is Mode.DEBUG_TRAIN_ONLY:
+    if mode in (Mode.DEBUG_TRAIN_ONLY, Mode.EXTERNAL_ROLLOUT):
         _require(actor_gpus, actor_field, mode, "trainer GPUs")
         actor, rollout, evaluation = Span(0, actor_gpus), Span(actor_gpus, 0), Span(actor_gpus, 0)
     elif mode is Mode.DEBUG_ROLLOUT_ONLY:
         if not config.rollout_external:
             _require(rollout_gpus, "rollout_num_gpus", mode, "engine GPUs")
-        else:
-            rollout_gpus = eval_gpus = 0
         actor = Span(0, 0)
         rollout = Span(0, rollout_gpus)
         evaluation = Span(rollout_gpus, eval_gpus)
-    elif mode is Mode.EXTERNAL_ROLLOUT:
-        _require(actor_gpus, actor_field, mode, "trainer GPUs")
-        actor, rollout, evaluation = Span(0, actor_gpus), Span(actor_gpus, 0), Span(actor_gpus, 0)
     elif mode is Mode.COLOCATE:
         _require(actor_gpus, actor_field, mode, "trainer GPUs")
         _require(rollout_gpus, "rollout_num_gpus", mode, "engine GPUs")
