@@ -8,6 +8,7 @@ import sys
 from collections import Counter
 
 from miles_core.events import (
+    FaultInjected,
     GroupDropped,
     GroupGot,
     GroupRecycled,
@@ -35,6 +36,11 @@ def _summary(result: DemoResult) -> dict[str, object]:
         "groups_recycled": sum(isinstance(e, GroupRecycled) for e in history),
         "groups_dropped": sum(isinstance(e, GroupDropped) for e in history),
         "samples_generated": sum(isinstance(e, SampleGenerated) for e in history),
+        "faults_fired": [
+            f"t={e.t:g} {e.fault.value} cell {e.cell} ({e.detail})"
+            for e in history
+            if isinstance(e, FaultInjected)
+        ],
         "oracles": {k: "pass" if v is None else "fail" for k, v in result.verdicts.items()},
         "history_hash": result.history.hash(),
     }
@@ -44,6 +50,8 @@ def _print_human(result: DemoResult, summary: dict[str, object]) -> None:
     print(f"demo seed={summary['seed']}: {summary['steps']} steps, status {summary['status']}")
     if result.status.value != "completed":
         print(f"  stopped by: {result.reason}")
+    for fault in summary["faults_fired"]:
+        print(f"  fault: {fault}")
     print(f"  version sequence: {summary['versions']}")
     print(
         f"  groups: {summary['groups_trained']} trained, {summary['groups_recycled']} recycled, "

@@ -70,11 +70,15 @@ def test_a_private_counter_is_refused_and_caught_by_the_oracle() -> None:
 
 
 def test_cli_json_summary(capsys) -> None:
-    assert main(["demo", "--seed", "2", "--steps", "5", "--json"]) == 0
+    assert main(["demo", "--seed", "2", "--steps", "6", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["steps"] == 5 and summary["final_version"] == 5
+    assert summary["steps"] == 6 and summary["final_version"] == 6
     assert set(summary["oracles"].values()) == {"pass"}
-    assert summary["history_hash"] == run_demo(DemoConfig(seed=2, steps=5)).history.hash()
+    assert [f.split(" ", 1)[1] for f in summary["faults_fired"]] == [
+        "kill_cell cell 0 (after bucket 1)",
+        "start_cell cell 0 (operator restart)",
+    ]
+    assert summary["history_hash"] == run_demo(DemoConfig(seed=2, steps=6)).history.hash()
 
 
 def test_cli_prints_a_replay_line_on_violation(capsys) -> None:
