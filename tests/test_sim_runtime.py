@@ -1,0 +1,198 @@
+"""The SimPy runtime: virtual time, tasks, signals, cancellation, seeded ties."""
+
+from __future__ import annotations
+
+import pytest
+
+from miles_core.runtime import Cancelled
+from sim.runtime import SimRuntime, derive_seed
+
+
+def test_sleep_advances_virtual_time_only() -> None:
+    rt = SimRuntime(seed=0)
+
+    async def main() -> float:
+        await rt.sleep(2.5)
+        await rt.sleep(0)
+        return rt.now()
+
+    assert rt.run(main()) == 2.5
+
+
+def test_tasks_run_concurrently_and_join_with_values() -> None:
+    rt = SimRuntime(seed=1)
+
+    async def worker(delay: float, value: str) -> str:
+        await rt.sleep(delay)
+        return f"{value}@{rt.now():g}"
+
+    async def main() -> tuple[list[str], float]:
+        tasks = [rt.spawn(worker(3, "a"), "a"), rt.spawn(worker(1, "b"), "b")]
+        values = await rt.wait_all(tasks)
+        return values, rt.now()
+
+    assert rt.run(main()) == (["a@3", "b@1"], 3.0)
+
+
+def test_wait_any_gives_the_first_and_await_task_gives_its_result() -> None:
+    rt = SimRuntime(seed=2)
+
+    async def worker(delay: float) -> float:
+        await rt.sleep(delay)
+        return delay
+
+    async def main() -> tuple[int, float, float]:
+        slow, fast = rt.spawn(worker(5), "slow"), rt.spawn(worker(2), "fast")
+        first = await rt.wait_any([slow, fast])
+        at = rt.now()
+        return first, at, await slow
+
+    assert rt.run(main()) == (1, 2.0, 5)
+
+
+def test_signal_wakes_every_waiter_with_its_value() -> None:
+    rt = SimRuntime(seed=3)
+    ready = rt.signal()
+    seen: list[tuple[str, object, float]] = []
+
+    async def waiter(name: str) -> None:
+        seen.append((name, await ready, rt.now()))
+
+    async def main() -> None:
+        tasks = [rt.spawn(waiter(n), n) for n in ("x", "y")]
+        await rt.sleep(4)
+        ready.set("go")
+        ready.set("ignored: a signal is set once")
+        await rt.wait_all(tasks)
+
+    rt.run(main())
+    assert sorted(seen) == [("x", "go", 4.0), ("y", "go", 4.0)]
+    assert ready.is_set()
+
+
+def test_cancel_raises_inside_the_task_and_in_whoever_awaits_it() -> None:
+    rt = SimRuntime(seed=4)
+    cleanup: list[float] = []
+
+    async def cell() -> None:
+        try:
+            await rt.sleep(100)
+        except Cancelled as stop:
+            cleanup.append(rt.now())
+            assert stop.reason == "kill before allreduce"
+            raise
+
+    async def main() -> str:
+        task = rt.spawn(cell(), "cell-0")
+        await rt.sleep(7)
+        task.cancel("kill before allreduce")
+        try:
+            await task
+        except Cancelled as stop:
+            return f"{stop.reason} at {rt.now():g}"
+        return "not cancelled"
+
+    assert rt.run(main()) == "kill before allreduce at 7"
+    assert cleanup == [7.0]
+
+
+def test_a_cancelled_task_nobody_awaits_does_not_crash_the_run() -> None:
+    rt = SimRuntime(seed=5)
+
+    async def forever() -> None:
+        await rt.sleep(1e9)
+
+    async def main() -> bool:
+        task = rt.spawn(forever(), "engine-0")
+        task.cancel("engine killed")  # even before it started
+        await rt.sleep(1)
+        return task.done()
+
+    assert rt.run(main()) is True
+
+
+def test_a_failure_propagates_to_the_awaiter() -> None:
+    rt = SimRuntime(seed=6)
+
+    async def broken() -> None:
+        await rt.sleep(1)
+        raise ValueError("bucket 3 checksum mismatch")
+
+    async def main() -> None:
+        await rt.spawn(broken(), "updater")
+
+    with pytest.raises(ValueError, match="bucket 3 checksum mismatch"):
+        rt.run(main())
+
+
+def test_a_deadlock_is_reported_not_hung() -> None:
+    rt = SimRuntime(seed=7)
+
+    async def main() -> None:
+        await rt.signal()  # nobody will ever set it
+
+    with pytest.raises(RuntimeError, match="deadlock at t=0"):
+        rt.run(main())
+
+
+def test_awaiting_a_foreign_awaitable_is_refused() -> None:
+    rt = SimRuntime(seed=8)
+
+    class Foreign:
+        def __await__(self):
+            yield "not a simpy event"
+
+    async def main() -> None:
+        await Foreign()
+
+    with pytest.raises(TypeError, match="may await only what the Runtime hands out"):
+        rt.run(main())
+
+
+def _tie_order(seed: int) -> list[str]:
+    rt = SimRuntime(seed=seed)
+    order: list[str] = []
+
+    async def at_one(name: str) -> None:
+        await rt.sleep(1)
+        order.append(name)
+
+    async def main() -> None:
+        await rt.wait_all([rt.spawn(at_one(n), n) for n in "abcdef"])
+
+    rt.run(main())
+    return order
+
+
+def test_simultaneous_events_are_ordered_by_the_seed() -> None:
+    orders = {tuple(_tie_order(seed)) for seed in range(12)}
+    assert len(orders) > 1  # insertion order does not decide
+    assert _tie_order(3) == _tie_order(3)  # the seed does
+
+
+def test_rng_streams_are_named_seeded_and_independent() -> None:
+    a, b = SimRuntime(seed=9), SimRuntime(seed=9)
+    assert a.rng("engine-0") is a.rng("engine-0")
+    assert [a.rng("engine-0").random() for _ in range(3)] == [
+        b.rng("engine-0").random() for _ in range(3)
+    ]
+    b.rng("a-new-stream").random()  # drawing elsewhere does not shift engine-0's stream
+    assert a.rng("engine-0").random() == b.rng("engine-0").random()
+    assert a.rng("engine-1").random() != SimRuntime(seed=9).rng("engine-0").random()
+    assert derive_seed(9, "x") == derive_seed(9, "x") != derive_seed(10, "x")
+
+
+def test_run_until_stops_virtual_time() -> None:
+    rt = SimRuntime(seed=10)
+
+    async def main() -> None:
+        await rt.sleep(50)
+
+    with pytest.raises(TimeoutError, match="main did not finish by t=5"):
+        rt.run(main(), until=5)
+    assert rt.now() == 5.0
+
+
+def test_negative_sleep_is_refused() -> None:
+    with pytest.raises(ValueError, match="seconds >= 0, got -1"):
+        SimRuntime(seed=0).sleep(-1)
