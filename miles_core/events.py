@@ -15,7 +15,7 @@ import dataclasses
 import hashlib
 import json
 import typing
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -326,8 +326,13 @@ class History:
 
     def __init__(self, events: Iterable[Event] = ()) -> None:
         self._events: list[Event] = []
+        self._observers: list[Callable[[Event], None]] = []
         for event in events:
             self.append(event)
+
+    def observe(self, callback: Callable[[Event], None]) -> None:
+        """Call ``callback`` with every event appended from now on (fault injectors, traces)."""
+        self._observers.append(callback)
 
     def append(self, event: Event) -> Event:
         if not isinstance(event, Event):
@@ -340,6 +345,8 @@ class History:
                 "append events in time order",
             )
         self._events.append(event)
+        for callback in self._observers:
+            callback(event)
         return event
 
     def extend(self, events: Iterable[Event]) -> None:

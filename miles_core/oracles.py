@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from miles_core.events import (
     BucketSent,
+    CellStateChanged,
     EnginesResumed,
     EngineStamped,
     EngineStateChanged,
@@ -486,6 +487,16 @@ def _missing_witness(fault: FaultInjected, after: list[Indexed], published: bool
     cell, engine = fault.cell, fault.engine
     if fault.fault in (FaultKind.KILL_CELL, FaultKind.STOP_CELL):
         if _first(after, lambda x: isinstance(x, QuorumChanged) and cell not in x.members):
+            return None
+        # with no cell left there is no quorum to shrink: the witness is the cell's
+        # failure followed by the run's clear error
+        failed = _first(
+            after,
+            lambda x: isinstance(x, CellStateChanged) and x.cell == cell and x.new == "errored",
+        )
+        if failed and _first(
+            after, lambda x: isinstance(x, RunEnded) and x.status is RunStatus.FAILED
+        ):
             return None
         return f"no later quorum excluded cell {cell}"
     if fault.fault is FaultKind.START_CELL:

@@ -1,0 +1,117 @@
+"""What the orchestration needs from a world: trainer cells, engines, a router, a transport.
+
+The simulator implements these over SimPy models, the CPU backend over Ray
+actors. Each call is a coroutine; a component that died raises
+ComponentFailure (naming what died), and the orchestration decides what that
+means through the cell group and the ledger. Implementations translate; they
+never decide (no retries, no version numbers of their own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from miles_core.buffer import Group
+from miles_core.cells import Heal, Outcome
+from miles_core.transfer import Bucket, UpdateUnit
+
+
+class ComponentFailure(Exception):
+    """A cell or an engine died (or was unreachable) during a call."""
+
+    def __init__(self, component: str, reason: str) -> None:
+        super().__init__(f"{component}: {reason}")
+        self.component = component
+        self.reason = reason
+
+
+class CellFailure(ComponentFailure):
+    def __init__(self, cell: int, reason: str) -> None:
+        super().__init__(f"cell-{cell}", reason)
+        self.cell = cell
+
+
+class EngineFailure(ComponentFailure):
+    def __init__(self, engine: str, reason: str) -> None:
+        super().__init__(engine, reason)
+        self.engine = engine
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    group_id: int
+    prompt_id: int
+    sample: int
+    turn: int = 0
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    """What SGLang's /generate returns that the control plane reads (meta_info)."""
+
+    engine: str
+    weight_version: int | None
+    aborted: bool
+    reward: float = 0.0
+
+
+class TrainCell(Protocol):
+    index: int
+
+    async def train(
+        self, step: int, attempt: int, batch: Sequence[Group], members: tuple[int, ...]
+    ) -> Outcome:
+        """One attempt of a step: NORMAL, or DISCARDED when the cross-cell exchange failed.
+
+        Raises CellFailure when this cell dies.
+        """
+        ...
+
+    async def heal(self, heal: Heal) -> None:
+        """Receive a checkpoint from ``heal.src_cell`` (raises CellFailure naming who died)."""
+        ...
+
+
+class RolloutEngine(Protocol):
+    id: str
+
+    async def pause(self) -> None:
+        """Stop generating: in-flight requests return aborted, new ones wait for resume."""
+        ...
+
+    async def resume(self) -> None: ...
+
+    async def stamp(self, version: int) -> None:
+        """Set the weight_version the engine reports in meta_info (update_weight_version)."""
+        ...
+
+
+class Router(Protocol):
+    async def generate(self, engine: str, request: GenerateRequest) -> GenerateResult:
+        """Send one generate call to ``engine``; raises EngineFailure if it is dead."""
+        ...
+
+
+class WeightTransport(Protocol):
+    async def send_bucket(
+        self, update_id: int, source_cell: int, bucket: Bucket, engines: tuple[str, ...]
+    ) -> None:
+        """Move one bucket from the source cell to the engines; raises Cell/EngineFailure."""
+        ...
+
+
+class Cluster(Protocol):
+    """One world: its components, and the model's parameters for the bucket plan."""
+
+    num_cells: int
+    gpus_per_cell: int
+    engine_ids: tuple[str, ...]
+    units: tuple[UpdateUnit, ...]
+    router: Router
+    transport: WeightTransport
+
+    def cell(self, index: int) -> TrainCell: ...
+
+    def engine(self, engine_id: str) -> RolloutEngine: ...

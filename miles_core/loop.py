@@ -1,0 +1,545 @@
+"""The fully-async training loop, written once against a Runtime and a Cluster.
+
+Where each decision is made:
+
+- the producer keeps up to ``in_flight_groups`` prompt groups generating; a
+  recycled prompt is regenerated before a new one is drawn;
+- each sample goes to the live, synced engine with the fewest requests in
+  flight (ties broken by the "router" random stream); an engine that fails a
+  call is taken out of rotation until it is restarted and synced;
+- the consumer drains ``rollout_batch_size`` groups through the data buffer at
+  the ledger's published version;
+- the step runs on every alive cell after the cell group's refresh (quorum,
+  heals); the group's verdict retries or commits it;
+- the weight update runs on the first alive cell in the order of
+  miles_core.weight_update; a cell failure fails over to the next alive cell
+  with the same reserved version; an engine failure drops that engine and
+  retries; a restarted engine serves only after an update stamped it.
+
+Every action is recorded in the event history, stamped with ``rt.now()``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from miles_core.backend import (
+    CellFailure,
+    Cluster,
+    ComponentFailure,
+    EngineFailure,
+    GenerateRequest,
+)
+from miles_core.buffer import (
+    BufferConfig,
+    DataBuffer,
+    Fate,
+    Group,
+    Sample,
+    SampleStatus,
+    UnusedHandler,
+    Verdict,
+)
+from miles_core.cells import CellGroup, Decision, Heal, Outcome
+from miles_core.errors import ConfigError, MilesCoreError, int_at_least
+from miles_core.events import (
+    AttemptBegan,
+    AttemptEnded,
+    BucketSent,
+    CellStateChanged,
+    EnginesPaused,
+    EnginesResumed,
+    EngineStamped,
+    EngineStateChanged,
+    Event,
+    GroupDropped,
+    GroupGot,
+    GroupPut,
+    GroupRecycled,
+    GroupTrained,
+    HealBegan,
+    HealEnded,
+    History,
+    PromptDrawn,
+    QuorumChanged,
+    RunEnded,
+    RunStarted,
+    RunStatus,
+    SampleGenerated,
+    StepBegan,
+    StepCommitted,
+    UpdateAborted,
+    UpdateBegan,
+    VersionPublished,
+)
+from miles_core.runtime import Cancelled, Runtime
+from miles_core.sync import Notifier
+from miles_core.transfer import (
+    DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE,
+    Bucket,
+    TransferMode,
+    plan_buckets,
+)
+from miles_core.versions import VersionLedger
+from miles_core.weight_update import (
+    PauseEngines,
+    PublishVersion,
+    ResumeEngines,
+    SendBucket,
+    StampEngines,
+    UpdateStep,
+    WeightUpdate,
+)
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """The loop's flags (miles' names where the concept is the same)."""
+
+    steps: int
+    rollout_batch_size: int = 4
+    n_samples_per_prompt: int = 2
+    max_weight_staleness: int | None = None
+    unused_samples_handler: UnusedHandler = UnusedHandler.RETRY
+    capacity_factor: float = 2.0
+    in_flight_groups: int | None = None
+    """Producer budget in groups; defaults to rollout_batch_size (miles)."""
+    update_weight_buffer_size: int = DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE
+    transfer_mode: TransferMode = TransferMode.BROADCAST
+    max_step_attempts: int = 30
+    max_route_attempts: int = 30
+    scenario: str = "custom"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not int_at_least(self.steps, 1):
+            raise ConfigError("steps", f"got {self.steps!r}", "pass an integer >= 1")
+        budget = self.in_flight_groups
+        if budget is not None and not int_at_least(budget, 1):
+            raise ConfigError("in_flight_groups", f"got {budget!r}", "pass an integer >= 1")
+
+    def buffer_config(self) -> BufferConfig:
+        return BufferConfig(
+            rollout_batch_size=self.rollout_batch_size,
+            capacity_factor=self.capacity_factor,
+            max_weight_staleness=self.max_weight_staleness,
+            unused_samples_handler=self.unused_samples_handler,
+            n_samples_per_prompt=self.n_samples_per_prompt,
+        )
+
+
+@dataclass
+class RunReport:
+    status: RunStatus
+    reason: str
+    steps_done: int
+    versions: list[int] = field(default_factory=list)
+
+
+class Orchestrator:
+    """One run of the fully-async loop over one cluster."""
+
+    def __init__(
+        self, rt: Runtime, cluster: Cluster, config: LoopConfig, history: History | None = None
+    ) -> None:
+        self.rt = rt
+        self.cluster = cluster
+        self.config = config
+        self.history = history if history is not None else History()
+        self.ledger = VersionLedger()
+        self.cells = CellGroup(
+            cluster.num_cells,
+            cluster.gpus_per_cell,
+            max_step_attempts=config.max_step_attempts,
+            max_route_attempts=config.max_route_attempts,
+        )
+        self.buffer = DataBuffer(config.buffer_config())
+        self.buckets: tuple[Bucket, ...] = plan_buckets(
+            cluster.units, config.update_weight_buffer_size
+        )
+        self.live: dict[str, bool] = {e: True for e in cluster.engine_ids}
+        """Engines in rotation -> whether they serve the published weights."""
+        self.load: dict[str, int] = {e: 0 for e in cluster.engine_ids}
+        self._incarnation: dict[str, int] = {e: 0 for e in cluster.engine_ids}
+        """Bumped when an engine comes back up: failures of an older process are stale news."""
+        self._batch: list[Group] = []
+        self._prompts = itertools.count()
+        self._groups = itertools.count()
+        self._updates = itertools.count()
+        self._recycled: deque[int] = deque()
+        self._in_flight: dict[int, int] = {}  # group_id -> prompt_id
+        self._blocked: dict[int, int] = {}
+        self._arrived = Notifier(rt)
+        self._space = Notifier(rt)
+        self._progress = Notifier(rt)
+        self._engines_changed = Notifier(rt)
+        self._stopping = False
+        self.versions: list[int] = []
+
+    # -- recording ---------------------------------------------------------------
+
+    def emit(self, event_type: type[Event], **fields: Any) -> None:
+        self.history.append(event_type(t=self.rt.now(), **fields))
+
+    def _record_cells(self) -> None:
+        for tr in self.cells.take_transitions():
+            self.emit(
+                CellStateChanged, cell=tr.cell, old=tr.old.value, new=tr.new.value, reason=tr.reason
+            )
+
+    def _cell_failed(self, cell: int, reason: str) -> None:
+        """A failed cell is marked errored and stopped (its actors are gone)."""
+        self.cells.mark_failed(cell, reason)
+        self.cells.stop(cell, reason)
+        self._record_cells()
+
+    # -- control (operators and fault injectors call these) ------------------------
+
+    def start_cell(self, cell: int, reason: str) -> None:
+        """Bring a stopped cell back: it is healed at the next step's refresh."""
+        self.cells.restart(cell, reason)
+        self._record_cells()
+
+    def engine_down(self, engine: str, reason: str) -> None:
+        if self.live.pop(engine, None) is not None:
+            self.emit(EngineStateChanged, engine=engine, up=False, reason=reason)
+            self._engines_changed.notify()
+
+    def engine_up(self, engine: str, reason: str) -> None:
+        """A (re)started engine: it serves once an update stamped it, or at once before any."""
+        if engine in self.live:
+            return
+        self.emit(EngineStateChanged, engine=engine, up=True, reason=reason)
+        self._incarnation[engine] = self._incarnation.get(engine, 0) + 1
+        self.live[engine] = self.ledger.current is None
+        self.load.setdefault(engine, 0)
+        self._engines_changed.notify()
+
+    # -- rollout -----------------------------------------------------------------------
+
+    def _serving(self) -> list[str]:
+        return [e for e, synced in self.live.items() if synced]
+
+    async def _pick_engine(self) -> str:
+        while not (candidates := self._serving()):
+            await self._engines_changed.wait()
+        least = min(self.load[e] for e in candidates)
+        return self.rt.rng("router").choice(sorted(e for e in candidates if self.load[e] == least))
+
+    async def _generate_sample(self, group_id: int, prompt_id: int, index: int) -> Sample:
+        engine = await self._pick_engine()
+        incarnation = self._incarnation[engine]
+        self.load[engine] += 1
+        request = GenerateRequest(group_id=group_id, prompt_id=prompt_id, sample=index)
+        try:
+            result = await self.cluster.router.generate(engine, request)
+        except EngineFailure as failure:
+            if self._incarnation[engine] == incarnation:
+                self.engine_down(failure.engine, failure.reason)
+            self.emit(
+                SampleGenerated,
+                group_id=group_id,
+                prompt_id=prompt_id,
+                sample=index,
+                turn=0,
+                engine=engine,
+                version=None,
+                aborted=True,
+            )
+            return Sample(index, (), SampleStatus.ABORTED)
+        finally:
+            self.load[engine] -= 1
+        self.emit(
+            SampleGenerated,
+            group_id=group_id,
+            prompt_id=prompt_id,
+            sample=index,
+            turn=0,
+            engine=result.engine,
+            version=result.weight_version,
+            aborted=result.aborted,
+        )
+        if result.aborted:
+            return Sample(index, (), SampleStatus.ABORTED)
+        return Sample(index, (result.weight_version,), reward=result.reward)
+
+    async def _generate_group(self, group_id: int, prompt_id: int) -> None:
+        n = self.config.n_samples_per_prompt
+        tasks = [
+            self.rt.spawn(self._generate_sample(group_id, prompt_id, i), f"g{group_id}s{i}")
+            for i in range(n)
+        ]
+        samples = await self.rt.wait_all(tasks)
+        group = Group(group_id, prompt_id, tuple(samples))
+        del self._in_flight[group_id]
+        await self._put(group)
+        self._progress.notify()
+
+    async def _put(self, group: Group) -> None:
+        while True:
+            verdict = self.buffer.put(group)
+            if verdict.fate is Fate.QUEUED:
+                self._blocked.pop(group.group_id, None)
+                self.emit(
+                    GroupPut, group_id=group.group_id, prompt_id=group.prompt_id, fate="queued"
+                )
+                self._arrived.notify()
+                return
+            if verdict.fate is not Fate.BLOCKED:
+                self._unused(verdict)
+                return
+            if group.group_id not in self._blocked:
+                self._blocked[group.group_id] = group.prompt_id
+                self.emit(
+                    GroupPut, group_id=group.group_id, prompt_id=group.prompt_id, fate="blocked"
+                )
+            await self._space.wait()
+
+    def _unused(self, verdict: Verdict) -> None:
+        group, reason = verdict.group, str(verdict.reason)
+        if verdict.detail:
+            reason = f"{reason}:{verdict.detail}"
+        if verdict.fate is Fate.RECYCLE:
+            self._recycled.append(group.prompt_id)
+            self.emit(
+                GroupRecycled, group_id=group.group_id, prompt_id=group.prompt_id, reason=reason
+            )
+        else:
+            self.emit(
+                GroupDropped, group_id=group.group_id, prompt_id=group.prompt_id, reason=reason
+            )
+
+    def _next_prompt(self) -> int:
+        if self._recycled:
+            return self._recycled.popleft()
+        prompt = next(self._prompts)
+        self.emit(PromptDrawn, prompt_id=prompt)
+        return prompt
+
+    async def _producer(self) -> None:
+        budget = self.config.in_flight_groups or self.config.rollout_batch_size
+        while not self._stopping:
+            while len(self._in_flight) + len(self._blocked) < budget:
+                group_id, prompt_id = next(self._groups), self._next_prompt()
+                self._in_flight[group_id] = prompt_id
+                self.rt.spawn(self._generate_group(group_id, prompt_id), f"group-{group_id}")
+            await self._progress.wait()
+
+    async def _drain(self) -> list[Group]:
+        batch: list[Group] = []
+        while len(batch) < self.config.rollout_batch_size:
+            current = self.ledger.current
+            verdicts = self.buffer.get(current)
+            if verdicts:
+                self._space.notify()
+            for verdict in verdicts:
+                group = verdict.group
+                if verdict.fate is Fate.TRAIN:
+                    self.emit(
+                        GroupGot,
+                        group_id=group.group_id,
+                        prompt_id=group.prompt_id,
+                        current_version=current,
+                        staleness=verdict.staleness,
+                    )
+                    batch.append(group)
+                else:
+                    self._unused(verdict)
+            if not verdicts or verdicts[-1].fate is not Fate.TRAIN:
+                self._progress.notify()  # recycled prompts may be regenerated now
+                await self._arrived.wait()
+        return batch
+
+    # -- training ---------------------------------------------------------------------
+
+    async def _heal(self, heal: Heal, quorum_id: int) -> None:
+        self.emit(
+            HealBegan,
+            quorum_id=quorum_id,
+            src_cell=heal.src_cell,
+            dst_cell=heal.dst_cell,
+            src_ranks=heal.src_ranks,
+            dst_ranks=heal.dst_ranks,
+        )
+        try:
+            await self.cluster.cell(heal.dst_cell).heal(heal)
+        except CellFailure as failure:
+            if failure.cell == heal.src_cell:
+                self._cell_failed(heal.src_cell, f"died sending a checkpoint: {failure.reason}")
+            else:
+                self.cells.heal_failed(heal.dst_cell, failure.reason)
+                self._cell_failed(heal.dst_cell, failure.reason)
+            self.emit(HealEnded, dst_cell=heal.dst_cell, ok=False)
+            return
+        self.cells.heal_done(heal.dst_cell)
+        self._record_cells()
+        self.emit(HealEnded, dst_cell=heal.dst_cell, ok=True)
+
+    async def _refresh(self) -> None:
+        plan = self.cells.refresh()
+        self._record_cells()
+        if plan.reconfigure:
+            self.emit(QuorumChanged, quorum_id=plan.quorum_id, members=plan.members)
+        for heal in plan.heals:
+            await self._heal(heal, plan.quorum_id)
+
+    async def _train_on(
+        self, cell: int, step: int, attempt: int, batch: Sequence[Group], members: tuple[int, ...]
+    ) -> Outcome:
+        try:
+            return await self.cluster.cell(cell).train(step, attempt, batch, members)
+        except CellFailure:
+            return Outcome.ERRORED
+
+    async def _train(self, step: int, batch: list[Group]) -> None:
+        self.emit(StepBegan, step=step)
+        while True:
+            await self._refresh()
+            attempt = self.cells.begin_attempt(step)
+            self.emit(
+                AttemptBegan,
+                step=step,
+                attempt=attempt.attempt,
+                quorum_id=attempt.quorum_id,
+                cells=attempt.cells,
+            )
+            tasks = [
+                self.rt.spawn(
+                    self._train_on(c, step, attempt.attempt, batch, attempt.cells), f"train-{c}"
+                )
+                for c in attempt.cells
+            ]
+            outcomes = await self.rt.wait_all(tasks)
+            result = self.cells.finish_attempt(dict(zip(attempt.cells, outcomes, strict=True)))
+            for cell in result.errored:
+                self.cells.stop(cell, f"step {step} attempt {attempt.attempt} errored")
+            self._record_cells()
+            self.emit(
+                AttemptEnded,
+                step=step,
+                attempt=attempt.attempt,
+                decision=result.decision.value,
+                normal=result.normal,
+                discarded=result.discarded,
+                errored=result.errored,
+            )
+            if result.decision is Decision.COMMIT:
+                break
+        self.emit(StepCommitted, step=step, attempt=attempt.attempt, n_groups=len(batch))
+        for group in batch:
+            self.emit(GroupTrained, group_id=group.group_id, prompt_id=group.prompt_id, step=step)
+
+    # -- weight updates -------------------------------------------------------------------
+
+    async def _each_engine(self, engines: tuple[str, ...], method: str, *args: Any) -> None:
+        calls = [getattr(self.cluster.engine(e), method)(*args) for e in engines]
+        tasks = [
+            self.rt.spawn(call, f"{method}-{e}") for e, call in zip(engines, calls, strict=True)
+        ]
+        await self.rt.wait_all(tasks)
+
+    async def _run_step(self, update_id: int, cell: int, step: UpdateStep) -> None:
+        if isinstance(step, PauseEngines):
+            await self._each_engine(step.engines, "pause")
+            self.emit(EnginesPaused, update_id=update_id, engines=step.engines)
+        elif isinstance(step, SendBucket):
+            bucket = self.buckets[step.bucket]
+            await self.cluster.transport.send_bucket(update_id, cell, bucket, step.engines)
+            self.emit(
+                BucketSent,
+                update_id=update_id,
+                bucket=step.bucket,
+                n_buckets=step.n_buckets,
+                engines=step.engines,
+                nbytes=bucket.nbytes,
+            )
+        elif isinstance(step, StampEngines):
+            await self._each_engine(step.engines, "stamp", step.version)
+            for engine in step.engines:
+                self.emit(EngineStamped, update_id=update_id, engine=engine, version=step.version)
+        elif isinstance(step, PublishVersion):
+            self.ledger.publish(step.version, f"cell-{cell}")
+            self.versions.append(step.version)
+            self.emit(VersionPublished, update_id=update_id, version=step.version, updater=cell)
+        elif isinstance(step, ResumeEngines):
+            for engine in step.engines:
+                if engine in self.live:
+                    self.live[engine] = True
+            await self._each_engine(step.engines, "resume")
+            self.emit(EnginesResumed, update_id=update_id, engines=step.engines)
+            self._engines_changed.notify()
+        else:  # pragma: no cover - UnloadAdapter arrives with the LoRA path
+            raise ConfigError("update step", f"{step!r} is not supported yet", "use a full update")
+
+    async def _update_weights(self) -> None:
+        call = self.cells.routed("update_weights")
+        while True:
+            cell = call.target()
+            engines = tuple(sorted(self.live))
+            version = self.ledger.reserve(f"cell-{cell}")
+            update_id = next(self._updates)
+            update = WeightUpdate(version, engines, len(self.buckets))
+            self.emit(
+                UpdateBegan,
+                update_id=update_id,
+                version=version,
+                updater=cell,
+                kind=update.kind.value,
+                n_buckets=len(self.buckets),
+                engines=engines,
+            )
+            try:
+                while (step := update.next_step()) is not None:
+                    await self._run_step(update_id, cell, step)
+                    update.complete(step)
+                return
+            except ComponentFailure as failure:
+                self.ledger.abandon(version)
+                self.emit(UpdateAborted, update_id=update_id, version=version, reason=str(failure))
+                if isinstance(failure, EngineFailure):
+                    self.engine_down(failure.engine, failure.reason)
+                else:
+                    call.failed(failure.reason)
+                    self.cells.stop(cell, failure.reason)
+                    self._record_cells()
+
+    # -- the run --------------------------------------------------------------------------
+
+    def outstanding(self) -> tuple[int, ...]:
+        """Prompts drawn but neither trained nor dropped: queued, in the batch, or generating."""
+        held = [g.prompt_id for g in (*self.buffer.queued(), *self._batch)]
+        waiting = [*self._recycled, *self._in_flight.values(), *self._blocked.values()]
+        return tuple(sorted([*held, *waiting]))
+
+    async def run(self) -> RunReport:
+        c = self.config
+        self.emit(
+            RunStarted,
+            seed=c.seed,
+            scenario=c.scenario,
+            engines=tuple(sorted(self.live)),
+            num_cells=self.cells.num_cells,
+            max_weight_staleness=c.max_weight_staleness,
+        )
+        producer = self.rt.spawn(self._producer(), "producer")
+        status, reason, steps = RunStatus.COMPLETED, f"{c.steps} steps", 0
+        try:
+            for step in range(c.steps):
+                self._batch = await self._drain()
+                await self._train(step, self._batch)
+                self._batch = []
+                await self._update_weights()
+                steps += 1
+        except MilesCoreError as error:
+            status, reason = RunStatus.FAILED, f"{type(error).__name__}: {error}"
+        self._stopping = True
+        producer.cancel("run ended")
+        self.emit(RunEnded, status=status, reason=reason, outstanding_prompts=self.outstanding())
+        return RunReport(status, reason, steps, list(self.versions))
+
+
+__all__ = ["Cancelled", "LoopConfig", "Orchestrator", "RunReport"]

@@ -1,0 +1,310 @@
+"""A simulated cluster: trainer cells, engines, a router and a weight transport in virtual time.
+
+It implements miles_core.backend's protocols with time models and nothing
+else: it does what it is asked, takes as long as the models say, and fails
+when a fault says so. It never retries, never picks an engine, never numbers
+a version; the orchestration decides all of that.
+
+Time models (all parameters in SimConfig):
+
+- generation: response length ~ lognormal(mean, sigma) tokens x decode time per
+  token, slowed by (1 + slowdown x concurrent requests on the engine);
+- a train step: compute time with jitter, then the cross-cell gradient
+  exchange, which fails for every member if one member died before it;
+- a bucket: link latency + bytes / bandwidth (once for broadcast, once per
+  engine for p2p);
+- healing: checkpoint bytes / checkpoint bandwidth.
+
+A killed component stops at its current await: work in progress raises its
+CellFailure or EngineFailure at once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from miles_core.backend import (
+    CellFailure,
+    EngineFailure,
+    GenerateRequest,
+    GenerateResult,
+)
+from miles_core.buffer import Group
+from miles_core.cells import Heal, Outcome
+from miles_core.transfer import Bucket, ParamSpec, TransferMode, UpdateUnit, units_of
+from sim.runtime import SimRuntime, SimSignal
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """The simulated hardware and model; presets live in sim/presets.py."""
+
+    num_cells: int = 2
+    gpus_per_cell: int = 1
+    num_engines: int = 2
+    param_bytes: int = 64 * 1024**2
+    num_tensors: int = 16
+    response_tokens_mean: float = 256.0
+    response_tokens_sigma: float = 0.5
+    decode_seconds_per_token: float = 0.01
+    concurrency_slowdown: float = 0.02
+    train_step_seconds: float = 5.0
+    train_jitter: float = 0.1
+    allreduce_seconds: float = 0.2
+    link_latency_seconds: float = 1e-4
+    link_bytes_per_second: float = 10e9
+    checkpoint_bytes_per_second: float = 2e9
+    transfer_mode: TransferMode = TransferMode.BROADCAST
+
+    def units(self) -> tuple[UpdateUnit, ...]:
+        """num_tensors bf16 tensors of equal size adding up to param_bytes."""
+        per_tensor = max(1, self.param_bytes // (2 * self.num_tensors))
+        params = [
+            ParamSpec.of(f"layer{i}.weight", (per_tensor,), "bfloat16")
+            for i in range(self.num_tensors)
+        ]
+        return units_of(params)
+
+
+class _Mortal:
+    """Shared by cells and engines: work that a kill interrupts."""
+
+    def __init__(self, rt: SimRuntime, name: str) -> None:
+        self.rt = rt
+        self.name = name
+        self.dead = False
+        self._death: SimSignal = rt.signal()
+
+    def kill(self) -> None:
+        if not self.dead:
+            self.dead = True
+            self._death.set()
+
+    def revive(self) -> None:
+        self.dead = False
+        self._death = self.rt.signal()
+
+    async def _sleep(self, seconds: float) -> None:
+        await self.rt.sleep(seconds)
+
+    async def work(self, seconds: float, *interrupts: SimSignal) -> int:
+        """Take ``seconds``; 0 when done, 1 when killed, 2+i when interrupts[i] fired."""
+        timer = self.rt.spawn(self._sleep(seconds), f"{self.name}-work")
+        return await self.rt.wait_any([timer, self._death, *interrupts])
+
+
+class SimCell(_Mortal):
+    def __init__(self, cluster: SimCluster, index: int) -> None:
+        super().__init__(cluster.rt, f"cell-{index}")
+        self.cluster = cluster
+        self.index = index
+
+    def failure(self, reason: str) -> CellFailure:
+        return CellFailure(self.index, reason)
+
+    async def train(
+        self, step: int, attempt: int, batch: Sequence[Group], members: tuple[int, ...]
+    ) -> Outcome:
+        c = self.cluster.config
+        if self.dead:
+            raise self.failure("dead")
+        jitter = self.rt.rng(f"cell-{self.index}.compute").uniform(
+            1 - c.train_jitter, 1 + c.train_jitter
+        )
+        if await self.work(c.train_step_seconds * jitter):
+            raise self.failure("killed during forward/backward")
+        if self.cluster.faults.fire("before_allreduce", cell=self.index, step=step):
+            raise self.failure("killed before the gradient allreduce")
+        exchange = self.cluster.exchange(step, attempt, members)
+        exchange.arrive(self.index)
+        if await self.rt.wait_any([exchange.done, self._death]) == 1:
+            raise self.failure("killed during the gradient allreduce")
+        if await self.work(c.allreduce_seconds):
+            raise self.failure("killed during the gradient allreduce")
+        return Outcome.DISCARDED if exchange.failed else Outcome.NORMAL
+
+    async def heal(self, heal: Heal) -> None:
+        c = self.cluster.config
+        source = self.cluster.cells[heal.src_cell]
+        if source.dead:
+            raise source.failure("dead before sending its checkpoint")
+        self.revive()
+        self.cluster.faults.fire("during_heal", cell=heal.dst_cell)
+        self.cluster.faults.fire("during_heal", cell=heal.src_cell)
+        seconds = 3 * c.param_bytes / c.checkpoint_bytes_per_second  # weights + 2 Adam moments
+        outcome = await self.work(seconds, source._death)
+        if outcome == 1:
+            raise self.failure("killed while receiving a checkpoint")
+        if outcome == 2:
+            raise source.failure("killed while sending a checkpoint")
+
+
+class _Exchange:
+    """One cross-cell gradient all-reduce of a step attempt."""
+
+    def __init__(self, cluster: SimCluster, members: tuple[int, ...]) -> None:
+        self.members = set(members)
+        self.arrived: set[int] = set()
+        self.failed = False
+        self.done = cluster.rt.signal()
+        for cell in members:
+            if cluster.cells[cell].dead:
+                self.fail()
+
+    def arrive(self, cell: int) -> None:
+        self.arrived.add(cell)
+        if self.arrived >= self.members:
+            self.done.set()
+
+    def fail(self) -> None:
+        self.failed = True
+        self.done.set()
+
+
+class SimEngine(_Mortal):
+    def __init__(self, cluster: SimCluster, engine_id: str) -> None:
+        super().__init__(cluster.rt, engine_id)
+        self.cluster = cluster
+        self.id = engine_id
+        self.version: int | None = None
+        self.paused = False
+        self._resumed = cluster.rt.signal()
+        self._abort = cluster.rt.signal()
+        self.in_flight = 0
+
+    def failure(self, reason: str) -> EngineFailure:
+        return EngineFailure(self.id, reason)
+
+    def restart(self) -> None:
+        """A fresh process: initial weights, no version, not paused."""
+        self.revive()
+        self.version = None
+        self.paused = False
+        self._resumed = self.rt.signal()
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        c = self.cluster.config
+        if self.dead:
+            raise self.failure("dead")
+        death = self._death  # the request belongs to this process, not to a restarted one
+        while self.paused:
+            await self.rt.wait_any([self._resumed, death])
+            if death.is_set():
+                raise self.failure("killed while the request waited for resume")
+        rng = self.rt.rng(f"{self.id}.lengths")
+        sigma = c.response_tokens_sigma
+        tokens = rng.lognormvariate(math.log(c.response_tokens_mean) - sigma**2 / 2, sigma)
+        self.in_flight += 1
+        seconds = (
+            tokens * c.decode_seconds_per_token * (1 + c.concurrency_slowdown * self.in_flight)
+        )
+        self.cluster.faults.fire("mid_generation", engine=self.id, delay=seconds / 2)
+        outcome = await self.work(seconds, self._abort)
+        self.in_flight -= 1
+        if outcome == 1:
+            raise self.failure("killed mid-generation")
+        reward = self.rt.rng(f"{self.id}.rewards").random()
+        return GenerateResult(self.id, self.version, aborted=outcome == 2, reward=reward)
+
+    async def pause(self) -> None:
+        if self.dead:
+            raise self.failure("dead")
+        self.paused = True
+        self._abort.set()  # in-flight requests return aborted (SGLang's abort mode)
+        self._abort = self.rt.signal()
+        self._resumed = self.rt.signal()
+
+    async def resume(self) -> None:
+        if self.dead:
+            raise self.failure("dead")
+        self.paused = False
+        self._resumed.set()
+
+    async def stamp(self, version: int) -> None:
+        if self.dead:
+            raise self.failure("dead")
+        self.version = version
+
+
+class SimRouter:
+    def __init__(self, cluster: SimCluster) -> None:
+        self.cluster = cluster
+
+    async def generate(self, engine: str, request: GenerateRequest) -> GenerateResult:
+        return await self.cluster.engines[engine].generate(request)
+
+
+class SimTransport:
+    def __init__(self, cluster: SimCluster) -> None:
+        self.cluster = cluster
+
+    async def send_bucket(
+        self, update_id: int, source_cell: int, bucket: Bucket, engines: tuple[str, ...]
+    ) -> None:
+        c = self.cluster.config
+        source = self.cluster.cells[source_cell]
+        for engine in engines:
+            if self.cluster.engines[engine].dead:
+                raise self.cluster.engines[engine].failure("dead during a weight update")
+        copies = 1 if c.transfer_mode is TransferMode.BROADCAST else len(engines)
+        seconds = copies * (c.link_latency_seconds + bucket.nbytes / c.link_bytes_per_second)
+        if await source.work(seconds):
+            raise source.failure(f"killed sending bucket {bucket.index}")
+        if self.cluster.faults.fire("after_bucket", cell=source_cell, bucket=bucket.index):
+            raise source.failure(f"killed after bucket {bucket.index}")
+
+
+class SimCluster:
+    """The whole simulated world for one run."""
+
+    def __init__(
+        self, rt: SimRuntime, config: SimConfig, faults: FaultPoints | None = None
+    ) -> None:
+        self.rt = rt
+        self.config = config
+        self.faults = faults if faults is not None else FaultPoints()
+        self.num_cells = config.num_cells
+        self.gpus_per_cell = config.gpus_per_cell
+        self.engine_ids = tuple(f"engine-{i}" for i in range(config.num_engines))
+        self.units = config.units()
+        self.cells = [SimCell(self, i) for i in range(config.num_cells)]
+        self.engines = {e: SimEngine(self, e) for e in self.engine_ids}
+        self.router = SimRouter(self)
+        self.transport = SimTransport(self)
+        self._exchanges: dict[tuple[int, int], _Exchange] = {}
+
+    def cell(self, index: int) -> SimCell:
+        return self.cells[index]
+
+    def engine(self, engine_id: str) -> SimEngine:
+        return self.engines[engine_id]
+
+    def exchange(self, step: int, attempt: int, members: tuple[int, ...]) -> _Exchange:
+        key = (step, attempt)
+        if key not in self._exchanges:
+            self._exchanges[key] = _Exchange(self, members)
+        return self._exchanges[key]
+
+    def kill_cell(self, index: int) -> None:
+        self.cells[index].kill()
+        for exchange in self._exchanges.values():
+            if index in exchange.members and not exchange.done.is_set():
+                exchange.fail()
+
+    def kill_engine(self, engine_id: str) -> None:
+        self.engines[engine_id].kill()
+
+
+class FaultPoints:
+    """Named points in the cluster's code where a scheduled fault may fire.
+
+    ``fire`` applies every matching fault (the kill happens inside it, or after
+    ``delay`` virtual seconds) and says whether one fired. The default fires
+    nothing; sim/faults.py installs a scenario's faults.
+    """
+
+    def fire(self, point: str, **where: object) -> bool:
+        del point, where
+        return False

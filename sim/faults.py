@@ -1,0 +1,198 @@
+"""Scheduled faults: at a virtual time, or at a named point in the cluster's code.
+
+A fault names what it does (FaultKind), its target (a cell index or an engine
+id) and when: ``at`` seconds of virtual time, or a ``point``:
+
+    before_allreduce   a cell dies after its forward/backward, before the exchange (with step)
+    after_bucket       the updating cell dies right after bucket k reached the engines (bucket)
+    during_heal        a healing source or destination dies (cell)
+    mid_generation     an engine dies halfway through a request
+    step_begin         when step ``step`` begins (for start_cell / stop_cell / engine faults)
+
+``after_step`` arms a point fault only once that step has committed, so "the
+updater dies after many updates" is one line. Each fault fires once. Firing
+records FaultInjected in the history, then acts on the cluster; a start_cell
+waits until the control plane has stopped the cell (it must notice the death
+first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from miles_core.cells import CellState
+from miles_core.errors import ConfigError
+from miles_core.events import (
+    CellStateChanged,
+    Event,
+    FaultInjected,
+    FaultKind,
+    StepBegan,
+    StepCommitted,
+)
+from miles_core.loop import Orchestrator
+from sim.cluster import FaultPoints, SimCluster
+
+POINTS = ("before_allreduce", "after_bucket", "during_heal", "mid_generation", "step_begin")
+_CELL_FAULTS = (FaultKind.KILL_CELL, FaultKind.STOP_CELL, FaultKind.START_CELL)
+_ENGINE_FAULTS = (FaultKind.KILL_ENGINE, FaultKind.RESTART_ENGINE)
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: FaultKind
+    cell: int | None = None
+    engine: str | None = None
+    at: float | None = None
+    point: str | None = None
+    step: int | None = None
+    bucket: int | None = None
+    after_step: int | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "kind", FaultKind(self.kind))
+        except ValueError:
+            raise ConfigError(
+                "fault.kind",
+                f"unknown kind {self.kind!r}",
+                f"use one of {[k.value for k in FaultKind]}",
+            ) from None
+        where = f"fault {self.kind.value}"
+        if self.kind in _CELL_FAULTS and self.cell is None:
+            raise ConfigError(f"{where}.cell", "is missing", "name the cell index")
+        if self.kind in _ENGINE_FAULTS and self.engine is None:
+            raise ConfigError(f"{where}.engine", "is missing", "name the engine id, e.g. engine-0")
+        if self.kind not in (*_CELL_FAULTS, *_ENGINE_FAULTS):
+            raise ConfigError(
+                f"{where}.kind",
+                "is not simulated yet",
+                f"use one of {[k.value for k in (*_CELL_FAULTS, *_ENGINE_FAULTS)]}",
+            )
+        if (self.at is None) == (self.point is None):
+            raise ConfigError(
+                where,
+                "needs exactly one of 'at' (seconds) and 'point'",
+                f"set at, or point to one of {POINTS}",
+            )
+        if self.point is not None and self.point not in POINTS:
+            raise ConfigError(
+                f"{where}.point", f"unknown point {self.point!r}", f"use one of {POINTS}"
+            )
+        if self.at is not None and self.at < 0:
+            raise ConfigError(f"{where}.at", f"got {self.at}", "pass seconds >= 0")
+        if self.point == "after_bucket" and self.bucket is None:
+            raise ConfigError(
+                f"{where}.bucket", "is missing for point after_bucket", "name the bucket index"
+            )
+        if self.point in ("before_allreduce", "step_begin") and self.step is None:
+            raise ConfigError(
+                f"{where}.step", f"is missing for point {self.point}", "name the step"
+            )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> Fault:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError("fault", f"unknown keys {unknown}", f"use only {sorted(known)}")
+        return cls(**data)  # type: ignore[arg-type]
+
+
+class ScheduledFaults(FaultPoints):
+    """The faults of one run, wired to its cluster and control plane."""
+
+    def __init__(self, faults: tuple[Fault, ...]) -> None:
+        self.faults = faults
+        self._fired: set[int] = set()
+        self._committed = -1
+        self._pending_starts: list[Fault] = []
+        self.cluster: SimCluster | None = None
+        self.control: Orchestrator | None = None
+
+    def install(self, cluster: SimCluster, control: Orchestrator) -> None:
+        self.cluster, self.control = cluster, control
+        control.history.observe(self._observe)
+        for index, fault in enumerate(self.faults):
+            if fault.at is not None:
+                cluster.rt.spawn(self._timed(index, fault), f"fault-{index}")
+
+    async def _timed(self, index: int, fault: Fault) -> None:
+        assert self.cluster is not None
+        await self.cluster.rt.sleep(fault.at or 0.0)
+        self._apply(index, fault)
+
+    def _armed(self, fault: Fault) -> bool:
+        return fault.after_step is None or self._committed >= fault.after_step
+
+    def fire(self, point: str, **where: object) -> bool:
+        fired = False
+        for index, fault in enumerate(self.faults):
+            if index in self._fired or fault.point != point or not self._armed(fault):
+                continue
+            if fault.step is not None and "step" in where and where["step"] != fault.step:
+                continue
+            if fault.bucket is not None and where.get("bucket") != fault.bucket:
+                continue
+            if fault.cell is not None and where.get("cell", fault.cell) != fault.cell:
+                continue
+            if fault.engine is not None and where.get("engine", fault.engine) != fault.engine:
+                continue
+            delay = float(where.get("delay", 0.0))  # type: ignore[arg-type]
+            if delay > 0:
+                self._fired.add(index)
+                assert self.cluster is not None
+                self.cluster.rt.spawn(self._later(index, fault, delay), f"fault-{index}")
+            else:
+                self._apply(index, fault)
+            fired = True
+        return fired
+
+    async def _later(self, index: int, fault: Fault, delay: float) -> None:
+        assert self.cluster is not None
+        await self.cluster.rt.sleep(delay)
+        self._fired.discard(index)
+        self._apply(index, fault)
+
+    def _observe(self, event: Event) -> None:
+        if isinstance(event, StepCommitted):
+            self._committed = max(self._committed, event.step)
+        elif isinstance(event, StepBegan):
+            self.fire("step_begin", step=event.step)
+        elif isinstance(event, CellStateChanged) and event.new == CellState.STOPPED.value:
+            for fault in [f for f in self._pending_starts if f.cell == event.cell]:
+                self._pending_starts.remove(fault)
+                self._start(fault)
+
+    def _apply(self, index: int, fault: Fault) -> None:
+        if index in self._fired:
+            return
+        self._fired.add(index)
+        cluster, control = self.cluster, self.control
+        assert cluster is not None and control is not None
+        detail = fault.point or f"at t={fault.at:g}"
+        control.emit(
+            FaultInjected, fault=fault.kind, cell=fault.cell, engine=fault.engine, detail=detail
+        )
+        if fault.kind in (FaultKind.KILL_CELL, FaultKind.STOP_CELL):
+            cluster.kill_cell(fault.cell)  # type: ignore[arg-type]
+        elif fault.kind is FaultKind.START_CELL:
+            if control.cells.state(fault.cell) in (CellState.STOPPED, CellState.ERRORED):  # type: ignore[arg-type]
+                self._start(fault)
+            else:  # the control plane has not noticed the death yet
+                self._pending_starts.append(fault)
+        elif fault.kind is FaultKind.KILL_ENGINE:
+            cluster.kill_engine(fault.engine)  # type: ignore[arg-type]
+        elif fault.kind is FaultKind.RESTART_ENGINE:
+            engine = cluster.engines[fault.engine]  # type: ignore[index]
+            engine.kill()
+            engine.restart()
+            control.engine_down(engine.id, "process restarted")
+            control.engine_up(engine.id, "process restarted")
+
+    def _start(self, fault: Fault) -> None:
+        assert self.control is not None
+        self.control.start_cell(fault.cell, f"{fault.kind.value} fault")  # type: ignore[arg-type]
+
+
+__all__ = ["POINTS", "Fault", "ScheduledFaults"]

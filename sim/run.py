@@ -1,0 +1,79 @@
+"""One simulated run: a scenario and a seed in, an event history and the oracles' verdicts out."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from miles_core.events import History, RunEnded, RunStatus
+from miles_core.loop import LoopConfig, Orchestrator, RunReport
+from miles_core.oracles import Violation, check_all
+from sim.cluster import SimCluster, SimConfig
+from sim.faults import Fault, ScheduledFaults
+from sim.runtime import SimRuntime
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    sim: SimConfig = field(default_factory=SimConfig)
+    loop: LoopConfig = field(default_factory=lambda: LoopConfig(steps=8))
+    faults: tuple[Fault, ...] = ()
+    progress_window: float = 600.0
+    """Virtual seconds within which a step must commit after the last fault."""
+
+
+@dataclass
+class SimResult:
+    scenario: Scenario
+    seed: int
+    history: History
+    report: RunReport
+    verdicts: dict[str, Violation | None]
+
+    @property
+    def ok(self) -> bool:
+        return all(v is None for v in self.verdicts.values())
+
+    @property
+    def hash(self) -> str:
+        return self.history.hash()
+
+    def replay_line(self) -> str:
+        return (
+            f"python -m sim run {self.scenario.name} --seed {self.seed} --steps {self.report_steps}"
+        )
+
+    @property
+    def report_steps(self) -> int:
+        return self.scenario.loop.steps
+
+
+def run_scenario(scenario: Scenario, seed: int, steps: int | None = None) -> SimResult:
+    """Run ``scenario`` under ``seed``; the same arguments give the same history hash."""
+    loop = dataclasses.replace(
+        scenario.loop, seed=seed, scenario=scenario.name, steps=steps or scenario.loop.steps
+    )
+    scenario = dataclasses.replace(scenario, loop=loop)
+    rt = SimRuntime(seed)
+    faults = ScheduledFaults(scenario.faults)
+    cluster = SimCluster(rt, scenario.sim, faults)
+    history = History()
+    control = Orchestrator(rt, cluster, loop, history)
+    faults.install(cluster, control)
+    try:
+        report = rt.run(control.run())
+    except RuntimeError as deadlock:
+        reason = str(deadlock)
+        control.history.append(
+            RunEnded(
+                t=rt.now(),
+                status=RunStatus.STALLED,
+                reason=reason,
+                outstanding_prompts=control.outstanding(),
+            )
+        )
+        report = RunReport(RunStatus.STALLED, reason, 0, list(control.versions))
+    verdicts = check_all(history, scenario.progress_window)
+    return SimResult(scenario, seed, history, report, verdicts)
