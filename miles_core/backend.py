@@ -73,6 +73,10 @@ class TrainCell(Protocol):
         """Receive a checkpoint from ``heal.src_cell`` (raises CellFailure naming who died)."""
         ...
 
+    async def ping(self) -> None:
+        """Raise CellFailure if the cell is dead (its rank 0 stamps and publishes)."""
+        ...
+
 
 class RolloutEngine(Protocol):
     id: str

@@ -115,6 +115,16 @@ class RunEnded(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class FaultScheduled(Event):
+    """A fault the run is set to inject; failover_witness checks that it fired."""
+
+    fault: FaultKind
+    cell: int | None = None
+    engine: str | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
 class FaultInjected(Event):
     fault: FaultKind
     cell: int | None = None

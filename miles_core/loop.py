@@ -83,6 +83,7 @@ from miles_core.transfer import (
     Bucket,
     TransferMode,
     plan_buckets,
+    plan_transfer,
 )
 from miles_core.versions import VersionLedger
 from miles_core.weight_update import (
@@ -448,7 +449,9 @@ class Orchestrator:
             self.emit(EnginesPaused, update_id=update_id, engines=step.engines)
         elif isinstance(step, SendBucket):
             bucket = self.buckets[step.bucket]
-            await self.cluster.transport.send_bucket(update_id, cell, bucket, step.engines)
+            plan = plan_transfer(self.config.transfer_mode, (bucket,), step.engines)
+            for transfer in plan.transfers:  # broadcast: one call; p2p: one per engine
+                await self.cluster.transport.send_bucket(update_id, cell, bucket, transfer.targets)
             self.emit(
                 BucketSent,
                 update_id=update_id,
@@ -458,6 +461,7 @@ class Orchestrator:
                 nbytes=bucket.nbytes,
             )
         elif isinstance(step, StampEngines):
+            await self.cluster.cell(cell).ping()  # the updater's rank 0 stamps: it must be alive
             await self._each_engine(step.engines, "stamp", step.version)
             for engine in step.engines:
                 self.emit(EngineStamped, update_id=update_id, engine=engine, version=step.version)

@@ -33,6 +33,7 @@ from miles_core.events import (
     Event,
     FaultInjected,
     FaultKind,
+    FaultScheduled,
     GroupDropped,
     GroupGot,
     GroupTrained,
@@ -466,8 +467,26 @@ def progress(history: History, window: float) -> Violation | None:
 
 def failover_witness(history: History) -> Violation | None:
     """Each cell kill/stop shrank a later quorum; each cell start was healed into one;
-    each engine kill took the engine down; each restart brought it up and synced it."""
+    each engine kill took the engine down; each restart brought it up and synced it.
+    In a run that completed, every scheduled fault fired (a fault that never fired
+    tested nothing)."""
     events = list(history.indexed())
+    scheduled = [(s, e) for s, e in events if isinstance(e, FaultScheduled)]
+    fired = [(s, e) for s, e in events if isinstance(e, FaultInjected)]
+    ended = _run_ended(history)
+    if ended is not None and ended[1].status is RunStatus.COMPLETED:
+        remaining = [(e.fault, e.cell, e.engine, e.detail) for _, e in fired]
+        for seq, e in scheduled:
+            key = (e.fault, e.cell, e.engine, e.detail)
+            if key in remaining:
+                remaining.remove(key)
+                continue
+            return Violation(
+                "failover_witness",
+                f"scheduled fault {e.fault.value} ({e.detail}) never fired: the run did not "
+                "reach its point; make the run longer or move the fault",
+                ((seq, e), ended),
+            )
     for i, (seq, e) in enumerate(events):
         if not isinstance(e, FaultInjected):
             continue

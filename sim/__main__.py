@@ -1,100 +1,160 @@
-"""Command line: ``python -m sim demo [--seed N] [--steps K] [--private-counter] [--json]``."""
+"""Command line of the simulator.
+
+    python -m sim list
+    python -m sim run NAME_OR_FILE --seed N [--steps K] [--trace out.json] [--json]
+
+A run whose history violates an oracle exits 1 and prints, as its last line on
+stderr, the command that replays it exactly.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
+import time
 from collections import Counter
+from pathlib import Path
 
+from tqdm import tqdm
+
+from miles_core.errors import ConfigError
 from miles_core.events import (
     FaultInjected,
     GroupDropped,
     GroupGot,
     GroupRecycled,
     GroupTrained,
-    SampleGenerated,
+    StepCommitted,
 )
-from sim.demo import DemoConfig, DemoResult, run_demo
+from sim.run import SimResult, run_scenario
+from sim.scenarios import SCENARIOS, find_scenario
+from sim.trace import write_trace
 
 
-def _replay_line(args: argparse.Namespace) -> str:
-    flags = " --private-counter" if args.private_counter else ""
-    return f"python -m sim demo --seed {args.seed} --steps {args.steps}{flags}"
-
-
-def _summary(result: DemoResult) -> dict[str, object]:
+def summary(result: SimResult) -> dict[str, object]:
+    """The --json object."""
     history = result.history
+    ages = Counter(
+        e.staleness for e in history if isinstance(e, GroupGot) and e.staleness is not None
+    )
+    recycled = Counter(e.reason for e in history if isinstance(e, GroupRecycled))
+    dropped = Counter(e.reason for e in history if isinstance(e, GroupDropped))
     return {
-        "scenario": "demo-private-counter" if result.config.private_counter else "demo",
-        "seed": result.config.seed,
-        "steps": result.steps_done,
-        "status": result.status.value,
-        "final_version": result.versions[-1] if result.versions else None,
-        "versions": result.versions,
+        "scenario": result.scenario.name,
+        "seed": result.seed,
+        "status": result.report.status.value,
+        "reason": result.report.reason,
+        "steps": result.report.steps_done,
+        "final_version": result.report.versions[-1] if result.report.versions else None,
+        "versions": result.report.versions,
+        "simulated_seconds": history[len(history) - 1].t if len(history) else 0.0,
         "groups_trained": sum(isinstance(e, GroupTrained) for e in history),
-        "groups_recycled": sum(isinstance(e, GroupRecycled) for e in history),
-        "groups_dropped": sum(isinstance(e, GroupDropped) for e in history),
-        "samples_generated": sum(isinstance(e, SampleGenerated) for e in history),
+        "groups_recycled": dict(sorted(recycled.items())),
+        "groups_dropped": dict(sorted(dropped.items())),
+        "staleness_histogram": {str(k): v for k, v in sorted(ages.items())},
         "faults_fired": [
-            f"t={e.t:g} {e.fault.value} cell {e.cell} ({e.detail})"
+            {
+                "t": e.t,
+                "fault": e.fault.value,
+                "cell": e.cell,
+                "engine": e.engine,
+                "detail": e.detail,
+            }
             for e in history
             if isinstance(e, FaultInjected)
         ],
         "oracles": {k: "pass" if v is None else "fail" for k, v in result.verdicts.items()},
-        "history_hash": result.history.hash(),
+        "history_hash": result.hash,
     }
 
 
-def _print_human(result: DemoResult, summary: dict[str, object]) -> None:
-    print(f"demo seed={summary['seed']}: {summary['steps']} steps, status {summary['status']}")
-    if result.status.value != "completed":
-        print(f"  stopped by: {result.reason}")
-    for fault in summary["faults_fired"]:
-        print(f"  fault: {fault}")
-    print(f"  version sequence: {summary['versions']}")
+def _print_human(result: SimResult, info: dict[str, object], wall: float) -> None:
+    planned = result.scenario.loop.steps
     print(
-        f"  groups: {summary['groups_trained']} trained, {summary['groups_recycled']} recycled, "
-        f"{summary['groups_dropped']} dropped"
+        f"{info['scenario']} seed={info['seed']}: {info['steps']}/{planned} steps, "
+        f"{info['status']} ({info['simulated_seconds']:.1f} s simulated in {wall:.2f} s)"
     )
-    ages = Counter(
-        e.staleness for e in result.history if isinstance(e, GroupGot) and e.staleness is not None
+    if info["status"] != "completed":
+        print(f"  stopped by: {info['reason']}")
+    for fault in info["faults_fired"]:  # type: ignore[union-attr]
+        target = f"cell {fault['cell']}" if fault["cell"] is not None else fault["engine"]
+        print(f"  fault at t={fault['t']:.2f}: {fault['fault']} {target} ({fault['detail']})")
+    print(f"  version sequence: {info['versions']}")
+    print(
+        f"  groups: {info['groups_trained']} trained, recycled {info['groups_recycled']}, "
+        f"dropped {info['groups_dropped']}"
     )
-    print(f"  staleness of trained groups: {dict(sorted(ages.items()))}")
+    print(f"  staleness of trained groups (staleness: groups): {info['staleness_histogram']}")
     for name, verdict in result.verdicts.items():
         print(f"  oracle {name:20s} {'pass' if verdict is None else 'FAIL'}")
         if verdict is not None:
             print("    " + str(verdict).replace("\n", "\n    "))
-    print(f"  history hash: {summary['history_hash']}")
+    print(f"  history hash: {info['history_hash']}")
+
+
+def _run(args: argparse.Namespace) -> int:
+    scenario = find_scenario(args.scenario)
+    steps = args.steps or scenario.loop.steps
+    replay = shlex.join(
+        [
+            "python",
+            "-m",
+            "sim",
+            "run",
+            args.scenario,
+            "--seed",
+            str(args.seed),
+            "--steps",
+            str(steps),
+        ]
+    )
+    bar = tqdm(total=steps, unit="step", disable=None if not args.json else True, leave=False)
+    started = time.perf_counter()
+    result = run_scenario(
+        scenario,
+        args.seed,
+        steps,
+        observers=[lambda e: bar.update(1) if isinstance(e, StepCommitted) else None],
+    )
+    bar.close()
+    info = summary(result)
+    if args.trace:
+        write_trace(result.history, Path(args.trace))
+    if args.json:
+        print(json.dumps(info, sort_keys=True))
+    else:
+        _print_human(result, info, time.perf_counter() - started)
+    if not result.ok:
+        print(f"replay: {replay}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sim", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m sim", description="the simulated cluster")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="core demonstration: a cell failover mid weight update")
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--steps", type=int, default=DemoConfig.steps)
-    demo.add_argument(
-        "--private-counter",
-        action="store_true",
-        help="replay the seed-report bug: each cell counts weight versions itself",
-    )
-    demo.add_argument("--json", action="store_true", help="print one JSON summary")
+    sub.add_parser("list", help="the named scenarios, one line each")
+    run = sub.add_parser("run", help="run a named scenario or a .toml scenario file")
+    run.add_argument("scenario", help="a name from 'python -m sim list', or a .toml file")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--steps", type=int, default=None, help="override the scenario's steps")
+    run.add_argument("--trace", help="write a Chrome trace (open it in Perfetto)")
+    run.add_argument("--json", action="store_true", help="print one JSON summary")
     args = parser.parse_args(argv)
-    if args.steps < 1:
+    if args.command == "list":
+        width = max(map(len, SCENARIOS))
+        for name, scenario in SCENARIOS.items():
+            print(f"{name:{width}s}  {scenario.description}")
+        return 0
+    if args.steps is not None and args.steps < 1:
         parser.error(f"--steps must be >= 1, got {args.steps}")
-    result = run_demo(
-        DemoConfig(seed=args.seed, steps=args.steps, private_counter=args.private_counter)
-    )
-    summary = _summary(result)
-    if args.json:
-        print(json.dumps(summary, sort_keys=True))
-    else:
-        _print_human(result, summary)
-    if not result.ok:
-        print(f"replay: {_replay_line(args)}", file=sys.stderr)
-        return 1
-    return 0
+    try:
+        return _run(args)
+    except ConfigError as error:
+        parser.error(str(error))
+    return 2  # unreachable: parser.error exits
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@ Time models (all parameters in SimConfig):
   token, slowed by (1 + slowdown x concurrent requests on the engine);
 - a train step: compute time with jitter, then the cross-cell gradient
   exchange, which fails for every member if one member died before it;
-- a bucket: link latency + bytes / bandwidth (once for broadcast, once per
-  engine for p2p);
+- a bucket: link latency + bytes / bandwidth per send (a broadcast is one
+  send to all engines, p2p one send per engine);
 - healing: checkpoint bytes / checkpoint bandwidth.
 
 A killed component stops at its current await: work in progress raises its
@@ -33,7 +33,7 @@ from miles_core.backend import (
 )
 from miles_core.buffer import Group
 from miles_core.cells import Heal, Outcome
-from miles_core.transfer import Bucket, ParamSpec, TransferMode, UpdateUnit, units_of
+from miles_core.transfer import Bucket, ParamSpec, UpdateUnit, units_of
 from sim.runtime import SimRuntime, SimSignal
 
 
@@ -56,7 +56,6 @@ class SimConfig:
     link_latency_seconds: float = 1e-4
     link_bytes_per_second: float = 10e9
     checkpoint_bytes_per_second: float = 2e9
-    transfer_mode: TransferMode = TransferMode.BROADCAST
 
     def units(self) -> tuple[UpdateUnit, ...]:
         """num_tensors bf16 tensors of equal size adding up to param_bytes."""
@@ -124,6 +123,10 @@ class SimCell(_Mortal):
         if await self.work(c.allreduce_seconds):
             raise self.failure("killed during the gradient allreduce")
         return Outcome.DISCARDED if exchange.failed else Outcome.NORMAL
+
+    async def ping(self) -> None:
+        if self.dead:
+            raise self.failure("dead")
 
     async def heal(self, heal: Heal) -> None:
         c = self.cluster.config
@@ -211,10 +214,11 @@ class SimEngine(_Mortal):
     async def pause(self) -> None:
         if self.dead:
             raise self.failure("dead")
-        self.paused = True
+        if not self.paused:  # a second pause (a retried update) keeps the waiters' signal
+            self.paused = True
+            self._resumed = self.rt.signal()
         self._abort.set()  # in-flight requests return aborted (SGLang's abort mode)
         self._abort = self.rt.signal()
-        self._resumed = self.rt.signal()
 
     async def resume(self) -> None:
         if self.dead:
@@ -248,12 +252,11 @@ class SimTransport:
         for engine in engines:
             if self.cluster.engines[engine].dead:
                 raise self.cluster.engines[engine].failure("dead during a weight update")
-        copies = 1 if c.transfer_mode is TransferMode.BROADCAST else len(engines)
-        seconds = copies * (c.link_latency_seconds + bucket.nbytes / c.link_bytes_per_second)
+        seconds = c.link_latency_seconds + bucket.nbytes / c.link_bytes_per_second
         if await source.work(seconds):
             raise source.failure(f"killed sending bucket {bucket.index}")
-        if self.cluster.faults.fire("after_bucket", cell=source_cell, bucket=bucket.index):
-            raise source.failure(f"killed after bucket {bucket.index}")
+        # the bucket arrived; a fault here kills the updater before its next step
+        self.cluster.faults.fire("after_bucket", cell=source_cell, bucket=bucket.index)
 
 
 class SimCluster:

@@ -27,6 +27,7 @@ from miles_core.events import (
     Event,
     FaultInjected,
     FaultKind,
+    FaultScheduled,
     StepBegan,
     StepCommitted,
 )
@@ -90,6 +91,19 @@ class Fault:
                 f"{where}.step", f"is missing for point {self.point}", "name the step"
             )
 
+    @property
+    def detail(self) -> str:
+        """Where the fault strikes, in words (recorded with the fault)."""
+        if self.at is not None:
+            return f"at t={self.at:g}"
+        parts = [self.point or ""]
+        parts += [
+            f"{k}={v}"
+            for k in ("step", "bucket", "after_step")
+            if (v := getattr(self, k)) is not None
+        ]
+        return " ".join(parts)
+
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> Fault:
         known = {f.name for f in fields(cls)}
@@ -113,6 +127,14 @@ class ScheduledFaults(FaultPoints):
     def install(self, cluster: SimCluster, control: Orchestrator) -> None:
         self.cluster, self.control = cluster, control
         control.history.observe(self._observe)
+        for fault in self.faults:
+            control.emit(
+                FaultScheduled,
+                fault=fault.kind,
+                cell=fault.cell,
+                engine=fault.engine,
+                detail=fault.detail,
+            )
         for index, fault in enumerate(self.faults):
             if fault.at is not None:
                 cluster.rt.spawn(self._timed(index, fault), f"fault-{index}")
@@ -170,9 +192,12 @@ class ScheduledFaults(FaultPoints):
         self._fired.add(index)
         cluster, control = self.cluster, self.control
         assert cluster is not None and control is not None
-        detail = fault.point or f"at t={fault.at:g}"
         control.emit(
-            FaultInjected, fault=fault.kind, cell=fault.cell, engine=fault.engine, detail=detail
+            FaultInjected,
+            fault=fault.kind,
+            cell=fault.cell,
+            engine=fault.engine,
+            detail=fault.detail,
         )
         if fault.kind in (FaultKind.KILL_CELL, FaultKind.STOP_CELL):
             cluster.kill_cell(fault.cell)  # type: ignore[arg-type]

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from miles_core.events import History, RunEnded, RunStatus
+from miles_core.events import Event, History, RunEnded, RunStatus
 from miles_core.loop import LoopConfig, Orchestrator, RunReport
 from miles_core.oracles import Violation, check_all
 from sim.cluster import SimCluster, SimConfig
@@ -50,8 +51,16 @@ class SimResult:
         return self.scenario.loop.steps
 
 
-def run_scenario(scenario: Scenario, seed: int, steps: int | None = None) -> SimResult:
-    """Run ``scenario`` under ``seed``; the same arguments give the same history hash."""
+def run_scenario(
+    scenario: Scenario,
+    seed: int,
+    steps: int | None = None,
+    observers: Sequence[Callable[[Event], None]] = (),
+) -> SimResult:
+    """Run ``scenario`` under ``seed``; the same arguments give the same history hash.
+
+    ``observers`` see every event as it is recorded (progress bars, live checks).
+    """
     loop = dataclasses.replace(
         scenario.loop, seed=seed, scenario=scenario.name, steps=steps or scenario.loop.steps
     )
@@ -60,6 +69,8 @@ def run_scenario(scenario: Scenario, seed: int, steps: int | None = None) -> Sim
     faults = ScheduledFaults(scenario.faults)
     cluster = SimCluster(rt, scenario.sim, faults)
     history = History()
+    for observer in observers:
+        history.observe(observer)
     control = Orchestrator(rt, cluster, loop, history)
     faults.install(cluster, control)
     try:

@@ -54,7 +54,8 @@ PRESETS: Mapping[str, SimConfig] = {
     ),
 }
 
-_LOOP = LoopConfig(steps=8)
+_LOOP = LoopConfig(steps=8, update_weight_buffer_size=16 * 1024**2)
+"""The small preset's 64 MiB of weights go in 4 buckets, so bucket faults have room."""
 
 
 def _scenario(name: str, description: str, faults: tuple[Fault, ...] = (), **loop: Any) -> Scenario:

@@ -1,0 +1,233 @@
+"""Each named scenario: what it is about, plus all six oracles.
+
+A failure message ends with the command that replays the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from miles_core.events import (
+    AttemptEnded,
+    BucketSent,
+    EngineStamped,
+    EngineStateChanged,
+    Event,
+    FaultInjected,
+    GroupDropped,
+    GroupGot,
+    GroupPut,
+    GroupRecycled,
+    HealEnded,
+    QuorumChanged,
+    RunStatus,
+    SampleGenerated,
+    StepBegan,
+    UpdateAborted,
+    UpdateBegan,
+    VersionPublished,
+)
+from sim.run import SimResult, run_scenario
+from sim.scenarios import SCENARIOS
+
+
+def run(name: str, seed: int = 0) -> SimResult:
+    result = run_scenario(SCENARIOS[name], seed)
+    failed = "\n".join(str(v) for v in result.verdicts.values() if v)
+    replay = f"python -m sim run {name} --seed {seed}"
+    assert result.ok, f"{failed}\nreplay: {replay}"
+    return result
+
+
+def of(
+    result: SimResult, kind: type[Event], where: Callable[[Event], bool] = lambda e: True
+) -> list:
+    return [e for e in result.history if isinstance(e, kind) and where(e)]
+
+
+def index(result: SimResult, event: Event) -> int:
+    return next(i for i, e in enumerate(result.history) if e is event)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_no_failure(seed: int) -> None:
+    result = run("no_failure", seed)
+    assert result.report.status is RunStatus.COMPLETED
+    assert result.report.versions == list(range(1, 9))
+    assert all(e.decision == "commit" and e.attempt == 1 for e in of(result, AttemptEnded))
+    stamps = of(result, EngineStamped)
+    assert {(e.engine, e.version) for e in stamps} == {
+        (engine, v) for engine in ("engine-0", "engine-1") for v in range(1, 9)
+    }
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_cell_crash_before_allreduce_retries_shrinks_and_heals(seed: int) -> None:
+    result = run("cell_crash_before_allreduce", seed)
+    (crashed,) = of(result, AttemptEnded, lambda e: e.decision == "retry")
+    assert (crashed.step, crashed.attempt) == (2, 1)
+    assert crashed.errored == (1,) and crashed.discarded == (0,) and crashed.normal == ()
+    shrink = of(result, QuorumChanged, lambda e: e.members == (0,))
+    assert shrink and index(result, shrink[0]) > index(result, crashed)
+    (retried,) = of(result, AttemptEnded, lambda e: e.step == 2 and e.attempt == 2)
+    assert retried.decision == "commit" and retried.normal == (0,)
+    (heal,) = of(result, HealEnded)
+    assert heal.dst_cell == 1 and heal.ok
+    (step5,) = of(result, StepBegan, lambda e: e.step == 5)
+    assert index(result, heal) > index(result, step5)
+    assert of(result, AttemptEnded, lambda e: e.step == 5)[0].normal == (0, 1)
+    assert result.report.versions == list(range(1, 9))
+
+
+def test_updater_dying_after_many_updates_continues_the_version() -> None:
+    result = run("updater_dies_after_many_updates")
+    (aborted,) = of(result, UpdateAborted)
+    assert aborted.version == 13  # the update after step 12: steps 0..11 published 1..12
+    takeover = of(result, VersionPublished, lambda e: e.version == aborted.version)
+    assert [e.updater for e in takeover] == [1]
+    assert result.report.versions == list(range(1, 17))
+    later = of(result, UpdateBegan, lambda e: e.update_id > aborted.update_id)
+    assert later and all(e.updater == 1 for e in later)
+
+
+def test_a_private_counter_like_the_seed_report_is_caught(monkeypatch) -> None:
+    """The updater counts versions itself (PR #2244's P2): the oracle must catch it."""
+    import sim.run
+    from miles_core.loop import Orchestrator
+
+    class PrivateCounters:
+        """Each cell's own weight_version += 1, published as is (no ledger)."""
+
+        def __init__(self) -> None:
+            self.counters: dict[str, int] = {}
+            self.current: int | None = None
+
+        def reserve(self, updater: str) -> int:
+            self.counters[updater] = self.counters.get(updater, 0) + 1
+            return self.counters[updater]
+
+        def abandon(self, version: int) -> None:
+            del version
+
+        def publish(self, version: int, updater: str) -> int:
+            self.current = version
+            return version
+
+    class BuggyOrchestrator(Orchestrator):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.ledger = PrivateCounters()  # type: ignore[assignment]
+
+    monkeypatch.setattr(sim.run, "Orchestrator", BuggyOrchestrator)
+    result = run_scenario(SCENARIOS["updater_dies_after_many_updates"], seed=0)
+    violation = result.verdicts["monotonic_versions"]
+    assert violation is not None
+    assert "stamped 1 after 12" in violation.message  # cell 1's counter restarts at 1
+    assert result.report.status is RunStatus.FAILED
+    assert "VersionRegressionError" in result.report.reason  # the buffer refuses it too
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_crash_mid_weight_update_serves_no_mixed_weights(seed: int) -> None:
+    result = run("crash_mid_weight_update", seed)
+    (aborted,) = of(result, UpdateAborted)
+    assert aborted.version == 1
+    partial = of(result, BucketSent, lambda e: e.update_id == aborted.update_id)
+    assert [e.bucket for e in partial] == [0, 1, 2]
+    assert len(of(result, VersionPublished, lambda e: e.version == 1)) == 1
+    assert result.report.versions == list(range(1, 9))
+    # the oracle that would catch a mix of two versions ran and passed (see run())
+    assert result.verdicts["published_weights"] is None
+
+
+@pytest.mark.parametrize("handler", ["", "_drop"])
+def test_engine_crash_mid_generation_aborts_its_groups(handler: str) -> None:
+    result = run(f"engine_crash_mid_generation{handler}")
+    (down,) = of(result, EngineStateChanged, lambda e: e.engine == "engine-1" and not e.up)
+    lost = of(result, SampleGenerated, lambda e: e.engine == "engine-1" and e.aborted)
+    assert lost, "some request on engine-1 was cut short"
+    groups = {e.group_id for e in lost}
+    fate = GroupDropped if handler else GroupRecycled
+    assert groups & {e.group_id for e in of(result, fate, lambda e: e.reason == "aborted")}
+    after = of(result, SampleGenerated, lambda e: e.engine == "engine-1" and not e.aborted)
+    assert all(index(result, e) < index(result, down) for e in after)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_restarted_engine_serves_only_after_it_received_the_current_weights(seed: int) -> None:
+    result = run("engine_restart", seed)
+    (up,) = of(result, EngineStateChanged, lambda e: e.engine == "engine-0" and e.up)
+    start = index(result, up)
+    served = [
+        e
+        for e in of(result, SampleGenerated, lambda e: e.engine == "engine-0" and not e.aborted)
+        if index(result, e) > start
+    ]
+    assert served
+    stamps = of(result, EngineStamped, lambda e: e.engine == "engine-0")
+    before = [e for e in stamps if start < index(result, e) < index(result, served[0])]
+    assert before, "the restarted engine served before any stamp"
+    assert served[0].version == before[-1].version
+
+
+def test_first_update_turns_the_staleness_filter_off_not_to_zero() -> None:
+    result = run("first_update")
+    got = of(result, GroupGot)
+    assert len(got) == 4
+    assert all(e.current_version is None and e.staleness is None for e in got)
+    assert not of(result, GroupRecycled, lambda e: e.reason == "stale")
+    assert result.report.versions == [1]
+
+
+@pytest.mark.parametrize("handler", ["retry", "drop"])
+def test_staleness_bound_under_fast_rollout_and_slow_training(handler: str) -> None:
+    result = run(f"staleness_{handler}")
+    fate = GroupRecycled if handler == "retry" else GroupDropped
+    assert of(result, fate, lambda e: e.reason == "stale"), (
+        "rollout ran ahead: some group went stale"
+    )
+    assert all(e.staleness is not None and 0 <= e.staleness <= 1 for e in of(result, GroupGot)[4:])
+
+
+def test_buffer_backpressure_blocks_puts_until_a_get() -> None:
+    result = run("buffer_backpressure")
+    blocked = of(result, GroupPut, lambda e: e.fate == "blocked")
+    assert blocked
+    queued_later = {e.group_id for e in of(result, GroupPut, lambda e: e.fate == "queued")}
+    outstanding = set(result.history[len(result.history) - 1].outstanding_prompts)
+    for put in blocked:
+        assert put.group_id in queued_later or put.prompt_id in outstanding
+
+
+def test_all_cells_dead_is_a_clear_error_not_a_hang() -> None:
+    result = run("all_cells_dead")
+    assert result.report.status is RunStatus.FAILED
+    assert result.report.reason.startswith("NoAliveCellError: no trainer cell is alive")
+    assert result.report.steps_done == 1
+    assert len(of(result, FaultInjected)) == 2
+
+
+def test_p2p_sends_each_bucket_once_per_engine() -> None:
+    def update_seconds(name: str) -> float:
+        result = run(name)
+        begun = of(result, UpdateBegan)[0]
+        done = of(result, VersionPublished)[0]
+        return done.t - begun.t
+
+    ratio = update_seconds("p2p_transfer") / update_seconds("no_failure")
+    assert 1.9 < ratio < 2.1  # two engines: twice the bytes on the wire
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_same_seed_same_history_hash(name: str) -> None:
+    first, again = run_scenario(SCENARIOS[name], 7), run_scenario(SCENARIOS[name], 7)
+    assert first.hash == again.hash
+
+
+def test_seeds_give_different_runs() -> None:
+    hashes = {
+        run_scenario(SCENARIOS["cell_crash_before_allreduce"], seed).hash for seed in range(5)
+    }
+    assert len(hashes) == 5
