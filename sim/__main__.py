@@ -1,7 +1,7 @@
 """Command line of the simulator.
 
     python -m sim list
-    python -m sim run NAME_OR_FILE --seed N [--steps K] [--trace out.json] [--json]
+    python -m sim run [NAME_OR_FILE] [--seed N] [--steps K] [--trace out.json] [--json]
 
 A run whose history violates an oracle exits 1 and prints, as its last line on
 stderr, the command that replays it exactly.
@@ -31,6 +31,8 @@ from miles_core.events import (
 from sim.run import SimResult, run_scenario
 from sim.scenarios import SCENARIOS, find_scenario
 from sim.trace import write_trace
+
+DEFAULT_SCENARIO = "cell_crash_before_allreduce"
 
 
 def summary(result: SimResult) -> dict[str, object]:
@@ -137,7 +139,12 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="the named scenarios, one line each")
     run = sub.add_parser("run", help="run a named scenario or a .toml scenario file")
-    run.add_argument("scenario", help="a name from 'python -m sim list', or a .toml file")
+    run.add_argument(
+        "scenario",
+        nargs="?",
+        default=DEFAULT_SCENARIO,
+        help=f"a name from 'python -m sim list', or a .toml file (default: {DEFAULT_SCENARIO})",
+    )
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--steps", type=int, default=None, help="override the scenario's steps")
     run.add_argument("--trace", help="write a Chrome trace (open it in Perfetto)")

@@ -179,10 +179,15 @@ def load_scenario_file(path: Path) -> Scenario:
         raise ConfigError("preset", f"unknown preset {preset!r}", f"use one of {sorted(PRESETS)}")
     sim = _apply(PRESETS[preset], data.get("sim", {}), "sim")
     loop_data = dict(data.get("loop", {}))
-    if "transfer_mode" in loop_data:
-        loop_data["transfer_mode"] = TransferMode(loop_data["transfer_mode"])
-    if "unused_samples_handler" in loop_data:
-        loop_data["unused_samples_handler"] = UnusedHandler(loop_data["unused_samples_handler"])
+    for key, enum in (("transfer_mode", TransferMode), ("unused_samples_handler", UnusedHandler)):
+        if key in loop_data:
+            try:
+                loop_data[key] = enum(loop_data[key])
+            except ValueError:
+                choices = [e.value for e in enum]
+                raise ConfigError(
+                    f"[loop].{key}", f"got {loop_data[key]!r}", f"use one of {choices}"
+                ) from None
     loop = _apply(_LOOP, loop_data, "loop")
     faults = data.get("faults", [])
     if not isinstance(faults, list):

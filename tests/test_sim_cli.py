@@ -1,0 +1,141 @@
+"""python -m sim: list, run by name or file, JSON, trace, violations and replay."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from sim.__main__ import main
+from sim.scenarios import SCENARIOS, find_scenario, load_scenario_file
+
+FILES = Path(__file__).resolve().parents[1] / "scenarios" / "files"
+
+
+def run_json(capsys, *args: str) -> dict:
+    assert main(["run", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_list_names_every_scenario_with_a_description(capsys) -> None:
+    assert main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == list(SCENARIOS)
+    assert len(SCENARIOS) >= 12
+    assert all(len(line.split(None, 1)[1]) > 20 for line in lines)
+
+
+def test_json_summary_has_the_promised_fields(capsys) -> None:
+    info = run_json(capsys, "cell_crash_before_allreduce", "--seed", "4")
+    for key in (
+        "scenario",
+        "seed",
+        "steps",
+        "final_version",
+        "faults_fired",
+        "oracles",
+        "history_hash",
+    ):
+        assert key in info
+    assert info["steps"] == 8 and info["final_version"] == 8
+    assert [f["fault"] for f in info["faults_fired"]] == ["kill_cell", "start_cell"]
+    assert set(info["oracles"].values()) == {"pass"} and len(info["oracles"]) == 6
+
+
+def test_a_hand_written_scenario_file_runs(capsys) -> None:
+    info = run_json(capsys, str(FILES / "heal_twice.toml"), "--seed", "3")
+    assert info["scenario"] == "heal_twice"
+    assert len(info["faults_fired"]) == 4
+    assert info["versions"] == list(range(1, 11))
+
+
+def test_a_violation_exits_1_and_the_replay_line_reproduces_the_hash(tmp_path, capsys) -> None:
+    bad = tmp_path / "too_short.toml"
+    bad.write_text(
+        'name = "too_short"\n[loop]\nsteps = 3\n'
+        '[[faults]]\nkind = "kill_cell"\ncell = 1\npoint = "before_allreduce"\nstep = 5\n'
+    )
+    assert main(["run", str(bad), "--seed", "2", "--json"]) == 1
+    captured = capsys.readouterr()
+    info = json.loads(captured.out)
+    assert info["oracles"]["failover_witness"] == "fail"
+    replay = captured.err.strip().splitlines()[-1]
+    assert replay.startswith("replay: python -m sim run ")
+    argv = shlex.split(replay.removeprefix("replay: "))[3:]
+    assert main([*argv, "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["history_hash"] == info["history_hash"]
+
+
+def test_trace_opens_as_chrome_trace_json(tmp_path, capsys) -> None:
+    trace = tmp_path / "run.json"
+    assert main(["run", "cell_crash_before_allreduce", "--trace", str(trace)]) == 0
+    capsys.readouterr()
+    events = json.loads(trace.read_text())["traceEvents"]
+    names = {e["args"]["name"] for e in events if e["ph"] == "M" and "tid" in e}
+    assert {"cell-0", "cell-1", "engine-0", "engine-1"} <= names
+    assert any(e["ph"] == "i" and e["name"] == "fault kill_cell cell-1" for e in events)
+    assert {e["name"] for e in events if e["ph"] == "C"} >= {
+        "weight version",
+        "staleness",
+        "buffer depth",
+    }
+    spans = [e for e in events if e["ph"] == "X"]
+    assert spans and all(e["dur"] >= 0 for e in spans)
+
+
+def test_human_output_names_the_verdicts(capsys) -> None:
+    assert main(["run", "first_update"]) == 0
+    out = capsys.readouterr().out
+    assert "first_update seed=0: 1/1 steps, completed" in out
+    assert out.count(" pass") == 6 and "history hash:" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["run", "no_such_scenario"], "unknown scenario 'no_such_scenario'"),
+        (["run", "missing.toml"], "file 'missing.toml' does not exist"),
+        (["run", "no_failure", "--steps", "0"], "--steps must be >= 1, got 0"),
+    ],
+)
+def test_bad_input_is_named(argv, message, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("stepz = 3", "unknown top-level keys ['stepz']"),
+        ("[loop]\nsteps = 0", "steps: got 0"),
+        ("[sim]\ncores = 4", "[sim]: unknown keys ['cores']"),
+        ("preset = 'huge'", "unknown preset 'huge'"),
+        (
+            "[[faults]]\nkind = 'kill_cell'\npoint = 'before_allreduce'\nstep = 1",
+            "fault kill_cell.cell: is missing",
+        ),
+        ("[[faults]]\nkind = 'kill_cell'\ncell = 0", "needs exactly one of 'at'"),
+        (
+            "[[faults]]\nkind = 'kill_cell'\ncell = 0\nat = 1.0\nwhen = 3",
+            "fault: unknown keys ['when']",
+        ),
+        ("[[faults]]\nkind = 'melt'\ncell = 0\nat = 1.0", "unknown kind 'melt'"),
+        ("name = [", "is not valid TOML"),
+        ("[loop]\nunused_samples_handler = 'keep'", "[loop].unused_samples_handler: got 'keep'"),
+    ],
+)
+def test_malformed_scenario_files_name_the_field(tmp_path, text: str, message: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ValueError) as error:
+        load_scenario_file(path)
+    assert message in str(error.value)
+
+
+def test_find_scenario_prefers_names_then_files() -> None:
+    assert find_scenario("no_failure") is SCENARIOS["no_failure"]
+    assert find_scenario(str(FILES / "heal_twice.toml")).name == "heal_twice"
