@@ -1,5 +1,4 @@
-"""The simulated world: miles_core driven in virtual time.
+"""The simulated world: miles_core's loop driven in SimPy virtual time, with faults.
 
-SimPy arrives with the simulator issue; until then ``python -m sim demo`` steps
-the core state machines directly.
+``python -m sim list`` names the scenarios; ``python -m sim run NAME --seed N`` replays one.
 """
