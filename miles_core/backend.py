@@ -39,6 +39,13 @@ class EngineFailure(ComponentFailure):
         self.engine = engine
 
 
+class RouterFailure(ComponentFailure):
+    """The router could not deliver a request; the engine behind it may be fine."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__("router", reason)
+
+
 @dataclass(frozen=True)
 class GenerateRequest:
     group_id: int
@@ -75,6 +82,14 @@ class TrainCell(Protocol):
 
     async def ping(self) -> None:
         """Raise CellFailure if the cell is dead (its rank 0 stamps and publishes)."""
+        ...
+
+    async def heartbeat(self) -> None:
+        """Return when the cell answers a heartbeat; a dead or muted cell never answers."""
+        ...
+
+    def stop(self) -> None:
+        """Kill the cell's processes (the control plane declared it failed)."""
         ...
 
 

@@ -33,6 +33,7 @@ from miles_core.backend import (
     ComponentFailure,
     EngineFailure,
     GenerateRequest,
+    RouterFailure,
 )
 from miles_core.buffer import (
     BufferConfig,
@@ -44,7 +45,7 @@ from miles_core.buffer import (
     UnusedHandler,
     Verdict,
 )
-from miles_core.cells import CellGroup, Decision, Heal, Outcome
+from miles_core.cells import CellGroup, CellState, Decision, Heal, Outcome
 from miles_core.errors import ConfigError, MilesCoreError, int_at_least
 from miles_core.events import (
     AttemptBegan,
@@ -113,6 +114,12 @@ class LoopConfig:
     transfer_mode: TransferMode = TransferMode.BROADCAST
     max_step_attempts: int = 30
     max_route_attempts: int = 30
+    heartbeat_interval: float | None = None
+    """--trainer-heartbeat-checker-interval; None turns the monitor off."""
+    heartbeat_timeout: float = 10.0
+    """--trainer-heartbeat-checker-timeout: seconds a cell has to answer."""
+    heartbeat_failure_threshold: int = 3
+    """--trainer-heartbeat-checker-failure-threshold: misses in a row that fail a cell."""
     scenario: str = "custom"
     seed: int = 0
 
@@ -179,6 +186,7 @@ class Orchestrator:
         self._progress = Notifier(rt)
         self._engines_changed = Notifier(rt)
         self._stopping = False
+        self._monitor_paused = 0
         self.versions: list[int] = []
 
     # -- recording ---------------------------------------------------------------
@@ -193,9 +201,11 @@ class Orchestrator:
             )
 
     def _cell_failed(self, cell: int, reason: str) -> None:
-        """A failed cell is marked errored and stopped (its actors are gone)."""
+        """A failed cell is marked errored and stopped: its processes are killed, so a
+        cell that was only suspected (missed heartbeats) cannot come back as a zombie."""
         self.cells.mark_failed(cell, reason)
         self.cells.stop(cell, reason)
+        self.cluster.cell(cell).stop()
         self._record_cells()
 
     # -- control (operators and fault injectors call these) ------------------------
@@ -238,8 +248,8 @@ class Orchestrator:
         request = GenerateRequest(group_id=group_id, prompt_id=prompt_id, sample=index)
         try:
             result = await self.cluster.router.generate(engine, request)
-        except EngineFailure as failure:
-            if self._incarnation[engine] == incarnation:
+        except (EngineFailure, RouterFailure) as failure:
+            if isinstance(failure, EngineFailure) and self._incarnation[engine] == incarnation:
                 self.engine_down(failure.engine, failure.reason)
             self.emit(
                 SampleGenerated,
@@ -357,7 +367,7 @@ class Orchestrator:
 
     # -- training ---------------------------------------------------------------------
 
-    async def _heal(self, heal: Heal, quorum_id: int) -> None:
+    async def _heal(self, heal: Heal, quorum_id: int) -> bool:
         self.emit(
             HealBegan,
             quorum_id=quorum_id,
@@ -375,18 +385,29 @@ class Orchestrator:
                 self.cells.heal_failed(heal.dst_cell, failure.reason)
                 self._cell_failed(heal.dst_cell, failure.reason)
             self.emit(HealEnded, dst_cell=heal.dst_cell, ok=False)
-            return
+            return False
         self.cells.heal_done(heal.dst_cell)
         self._record_cells()
         self.emit(HealEnded, dst_cell=heal.dst_cell, ok=True)
+        return True
 
     async def _refresh(self) -> None:
-        plan = self.cells.refresh()
-        self._record_cells()
-        if plan.reconfigure:
-            self.emit(QuorumChanged, quorum_id=plan.quorum_id, members=plan.members)
-        for heal in plan.heals:
-            await self._heal(heal, plan.quorum_id)
+        self._monitor_paused += 1
+        try:
+            await self._refresh_cells()
+        finally:
+            self._monitor_paused -= 1
+
+    async def _refresh_cells(self) -> None:
+        """Refresh until the quorum is stable: a failed heal changes membership again."""
+        while True:
+            plan = self.cells.refresh()
+            self._record_cells()
+            if plan.reconfigure:
+                self.emit(QuorumChanged, quorum_id=plan.quorum_id, members=plan.members)
+            healed = [await self._heal(heal, plan.quorum_id) for heal in plan.heals]
+            if all(healed):
+                return
 
     async def _train_on(
         self, cell: int, step: int, attempt: int, batch: Sequence[Group], members: tuple[int, ...]
@@ -417,8 +438,7 @@ class Orchestrator:
             outcomes = await self.rt.wait_all(tasks)
             result = self.cells.finish_attempt(dict(zip(attempt.cells, outcomes, strict=True)))
             for cell in result.errored:
-                self.cells.stop(cell, f"step {step} attempt {attempt.attempt} errored")
-            self._record_cells()
+                self._cell_failed(cell, f"step {step} attempt {attempt.attempt} errored")
             self.emit(
                 AttemptEnded,
                 step=step,
@@ -433,6 +453,41 @@ class Orchestrator:
         self.emit(StepCommitted, step=step, attempt=attempt.attempt, n_groups=len(batch))
         for group in batch:
             self.emit(GroupTrained, group_id=group.group_id, prompt_id=group.prompt_id, step=step)
+
+    # -- failure detection ------------------------------------------------------------
+
+    async def _heartbeat(self, cell: int) -> bool:
+        reply = self.rt.spawn(self.cluster.cell(cell).heartbeat(), f"heartbeat-{cell}")
+        timeout = self.rt.spawn(self._sleep(self.config.heartbeat_timeout), "heartbeat-timeout")
+        answered = await self.rt.wait_any([reply, timeout]) == 0
+        if not answered:
+            reply.cancel("heartbeat timed out")
+        return answered
+
+    async def _sleep(self, seconds: float) -> None:
+        await self.rt.sleep(seconds)
+
+    async def _monitor(self, interval: float) -> None:
+        """miles' trainer heartbeat checker: N missed beats in a row fail a cell.
+
+        Paused while weights are updated or cells healed, as in miles, so that a
+        busy cell is not taken for a dead one.
+        """
+        misses = {cell: 0 for cell in range(self.cells.num_cells)}
+        while not self._stopping:
+            await self.rt.sleep(interval)
+            if self._monitor_paused or len(self.cells.alive()) < 2:
+                continue
+            for cell in self.cells.alive():
+                answered = await self._heartbeat(cell)
+                if self._monitor_paused or self.cells.state(cell) is not CellState.ALIVE:
+                    break
+                misses[cell] = 0 if answered else misses[cell] + 1
+                if misses[cell] >= self.config.heartbeat_failure_threshold:
+                    misses[cell] = 0
+                    self._cell_failed(
+                        cell, f"missed {self.config.heartbeat_failure_threshold} heartbeats"
+                    )
 
     # -- weight updates -------------------------------------------------------------------
 
@@ -480,6 +535,13 @@ class Orchestrator:
             raise ConfigError("update step", f"{step!r} is not supported yet", "use a full update")
 
     async def _update_weights(self) -> None:
+        self._monitor_paused += 1
+        try:
+            await self._route_update()
+        finally:
+            self._monitor_paused -= 1
+
+    async def _route_update(self) -> None:
         call = self.cells.routed("update_weights")
         while True:
             cell = call.target()
@@ -508,8 +570,7 @@ class Orchestrator:
                     self.engine_down(failure.engine, failure.reason)
                 else:
                     call.failed(failure.reason)
-                    self.cells.stop(cell, failure.reason)
-                    self._record_cells()
+                    self._cell_failed(cell, failure.reason)
 
     # -- the run --------------------------------------------------------------------------
 
@@ -530,6 +591,8 @@ class Orchestrator:
             max_weight_staleness=c.max_weight_staleness,
         )
         producer = self.rt.spawn(self._producer(), "producer")
+        if c.heartbeat_interval is not None:
+            monitor = self.rt.spawn(self._monitor(c.heartbeat_interval), "heartbeat-monitor")
         status, reason, steps = RunStatus.COMPLETED, f"{c.steps} steps", 0
         try:
             for step in range(c.steps):
@@ -542,6 +605,8 @@ class Orchestrator:
             status, reason = RunStatus.FAILED, f"{type(error).__name__}: {error}"
         self._stopping = True
         producer.cancel("run ended")
+        if c.heartbeat_interval is not None:
+            monitor.cancel("run ended")
         self.emit(RunEnded, status=status, reason=reason, outstanding_prompts=self.outstanding())
         return RunReport(status, reason, steps, list(self.versions))
 

@@ -12,6 +12,7 @@ import pytest
 from miles_core.events import (
     AttemptEnded,
     BucketSent,
+    CellStateChanged,
     EngineStamped,
     EngineStateChanged,
     Event,
@@ -20,6 +21,7 @@ from miles_core.events import (
     GroupGot,
     GroupPut,
     GroupRecycled,
+    HealBegan,
     HealEnded,
     QuorumChanged,
     RunStatus,
@@ -231,3 +233,85 @@ def test_seeds_give_different_runs() -> None:
         run_scenario(SCENARIOS["cell_crash_before_allreduce"], seed).hash for seed in range(5)
     }
     assert len(hashes) == 5
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_cell_killed_while_idle_is_noticed_and_healed(seed: int) -> None:
+    result = run("cell_killed_between_steps", seed)
+    (kill,) = of(result, FaultInjected, lambda e: e.fault == "kill_cell")
+    failed = of(result, CellStateChanged, lambda e: e.cell == 1 and e.new == "errored")
+    assert failed and failed[0].t >= kill.t
+    assert of(result, QuorumChanged, lambda e: e.members == (0,))
+    assert of(result, HealEnded, lambda e: e.dst_cell == 1 and e.ok)
+
+
+def test_the_healing_source_dying_mid_checkpoint_fails_over_to_another_source() -> None:
+    result = run("kill_during_heal")
+    heals = of(result, HealEnded, lambda e: e.dst_cell == 2)
+    assert [h.ok for h in heals] == [False, True]
+    began = of(result, HealBegan, lambda e: e.dst_cell == 2)
+    assert [b.src_cell for b in began] == [0, 1]  # the next alive cell takes over as source
+    assert began[1].quorum_id == began[0].quorum_id + 1
+    assert of(result, HealEnded, lambda e: e.dst_cell == 0 and e.ok)
+    assert result.report.versions == list(range(1, 9))
+
+
+def test_an_engine_dead_at_update_time_is_dropped_and_the_update_retried() -> None:
+    result = run("engine_killed_mid_update")
+    (down,) = of(result, EngineStateChanged, lambda e: e.engine == "engine-1" and not e.up)
+    aborted = of(result, UpdateAborted)
+    for event in aborted:  # an aborted update is retried with the same version
+        assert of(result, VersionPublished, lambda e, v=event.version: e.version == v)
+    later = [e for e in of(result, UpdateBegan) if index(result, e) > index(result, down)]
+    assert later and all(e.engines == ("engine-0",) for e in later)
+    assert result.report.versions == list(range(1, 9))
+
+
+def test_a_heartbeat_false_positive_stops_the_cell_and_heals_it_back() -> None:
+    result = run("heartbeat_false_positive")
+    (suspected,) = of(
+        result, CellStateChanged, lambda e: e.reason == "missed 3 heartbeats" and e.new == "errored"
+    )
+    (mute,) = of(result, FaultInjected, lambda e: e.fault == "drop_heartbeat")
+    assert suspected.cell == 1
+    assert suspected.t - mute.t >= 3 * 1.0  # three timeouts of 1 s at least: the detection delay
+    assert of(result, QuorumChanged, lambda e: e.members == (0,))
+    assert of(result, HealEnded, lambda e: e.dst_cell == 1 and e.ok)
+
+
+def _step_seconds(result: SimResult) -> list[float]:
+    began = {e.step: e.t for e in of(result, StepBegan)}
+    return [e.t - began[e.step] for e in of(result, AttemptEnded, lambda e: e.decision == "commit")]
+
+
+def test_a_slow_cell_slows_steps_without_failing_anything() -> None:
+    slow, base = run("slow_cell"), run("no_failure")
+    assert max(_step_seconds(slow)) > 3 * max(_step_seconds(base))
+    assert all(e.decision == "commit" for e in of(slow, AttemptEnded))
+    assert slow.report.versions == base.report.versions
+
+
+def test_a_slow_link_stretches_weight_updates() -> None:
+    def update_seconds(result: SimResult) -> float:
+        return max(
+            p.t - b.t
+            for b in of(result, UpdateBegan)
+            for p in of(result, VersionPublished, lambda e, u=b.update_id: e.update_id == u)
+        )
+
+    slow, base = run("slow_link"), run("no_failure")
+    assert update_seconds(slow) > 20 * update_seconds(base)
+
+
+def test_router_trouble_aborts_groups_which_are_recycled() -> None:
+    result = run("router_trouble")
+    (failing,) = of(result, FaultInjected, lambda e: e.fault == "fail_router")
+    aborted = [
+        e
+        for e in of(result, SampleGenerated, lambda e: e.aborted)
+        if failing.t <= e.t <= failing.t + 5.5
+    ]
+    assert aborted
+    recycled = {e.group_id for e in of(result, GroupRecycled, lambda e: e.reason == "aborted")}
+    assert {e.group_id for e in aborted} <= recycled
+    assert not of(result, EngineStateChanged)  # a router failure is not an engine failure

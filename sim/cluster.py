@@ -30,6 +30,7 @@ from miles_core.backend import (
     EngineFailure,
     GenerateRequest,
     GenerateResult,
+    RouterFailure,
 )
 from miles_core.buffer import Group
 from miles_core.cells import Heal, Outcome
@@ -56,6 +57,9 @@ class SimConfig:
     link_latency_seconds: float = 1e-4
     link_bytes_per_second: float = 10e9
     checkpoint_bytes_per_second: float = 2e9
+    heartbeat_reply_seconds: float = 0.01
+    router_failure_seconds: float = 0.5
+    """How long a failing router takes to answer with an error."""
 
     def units(self) -> tuple[UpdateUnit, ...]:
         """num_tensors bf16 tensors of equal size adding up to param_bytes."""
@@ -112,7 +116,8 @@ class SimCell(_Mortal):
         jitter = self.rt.rng(f"cell-{self.index}.compute").uniform(
             1 - c.train_jitter, 1 + c.train_jitter
         )
-        if await self.work(c.train_step_seconds * jitter):
+        slow = self.cluster.slowdown(f"cell-{self.index}")
+        if await self.work(c.train_step_seconds * jitter * slow):
             raise self.failure("killed during forward/backward")
         if self.cluster.faults.fire("before_allreduce", cell=self.index, step=step):
             raise self.failure("killed before the gradient allreduce")
@@ -127,6 +132,14 @@ class SimCell(_Mortal):
     async def ping(self) -> None:
         if self.dead:
             raise self.failure("dead")
+
+    def stop(self) -> None:
+        self.cluster.kill_cell(self.index)
+
+    async def heartbeat(self) -> None:
+        while self.dead or self.cluster.impaired(f"heartbeat-{self.index}"):
+            await self.rt.sleep(self.cluster.config.heartbeat_reply_seconds * 10)
+        await self.rt.sleep(self.cluster.config.heartbeat_reply_seconds)
 
     async def heal(self, heal: Heal) -> None:
         c = self.cluster.config
@@ -237,6 +250,12 @@ class SimRouter:
         self.cluster = cluster
 
     async def generate(self, engine: str, request: GenerateRequest) -> GenerateResult:
+        delay = self.cluster.slowdown("router-delay") - 1.0
+        if delay > 0:
+            await self.cluster.rt.sleep(delay)
+        if self.cluster.impaired("router-fail"):
+            await self.cluster.rt.sleep(self.cluster.config.router_failure_seconds)
+            raise RouterFailure(f"request for group {request.group_id} to {engine} failed")
         return await self.cluster.engines[engine].generate(request)
 
 
@@ -252,7 +271,8 @@ class SimTransport:
         for engine in engines:
             if self.cluster.engines[engine].dead:
                 raise self.cluster.engines[engine].failure("dead during a weight update")
-        seconds = c.link_latency_seconds + bucket.nbytes / c.link_bytes_per_second
+        slow = self.cluster.slowdown("link")
+        seconds = c.link_latency_seconds + bucket.nbytes * slow / c.link_bytes_per_second
         if await source.work(seconds):
             raise source.failure(f"killed sending bucket {bucket.index}")
         # the bucket arrived; a fault here kills the updater before its next step
@@ -277,6 +297,19 @@ class SimCluster:
         self.router = SimRouter(self)
         self.transport = SimTransport(self)
         self._exchanges: dict[tuple[int, int], _Exchange] = {}
+        self._impairments: dict[str, tuple[float, float]] = {}
+        """what -> (factor, until): slow cells and links, router delays and failures."""
+
+    def impair(self, what: str, factor: float, seconds: float) -> None:
+        """Slow ``what`` by ``factor`` for ``seconds`` (router-delay: add factor - 1 seconds)."""
+        self._impairments[what] = (factor, self.rt.now() + seconds)
+
+    def slowdown(self, what: str) -> float:
+        factor, until = self._impairments.get(what, (1.0, 0.0))
+        return factor if self.rt.now() < until else 1.0
+
+    def impaired(self, what: str) -> bool:
+        return self.rt.now() < self._impairments.get(what, (1.0, 0.0))[1]
 
     def cell(self, index: int) -> SimCell:
         return self.cells[index]

@@ -35,8 +35,22 @@ from miles_core.loop import Orchestrator
 from sim.cluster import FaultPoints, SimCluster
 
 POINTS = ("before_allreduce", "after_bucket", "during_heal", "mid_generation", "step_begin")
-_CELL_FAULTS = (FaultKind.KILL_CELL, FaultKind.STOP_CELL, FaultKind.START_CELL)
+_CELL_FAULTS = (
+    FaultKind.KILL_CELL,
+    FaultKind.STOP_CELL,
+    FaultKind.START_CELL,
+    FaultKind.SLOW_CELL,
+    FaultKind.DROP_HEARTBEAT,
+)
 _ENGINE_FAULTS = (FaultKind.KILL_ENGINE, FaultKind.RESTART_ENGINE)
+_TIMED = (
+    FaultKind.SLOW_CELL,
+    FaultKind.SLOW_LINK,
+    FaultKind.DELAY_ROUTER,
+    FaultKind.FAIL_ROUTER,
+    FaultKind.DROP_HEARTBEAT,
+)
+"""Faults that last ``duration`` seconds."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +63,12 @@ class Fault:
     step: int | None = None
     bucket: int | None = None
     after_step: int | None = None
+    duration: float | None = None
+    """How long a slow_*, *_router or drop_heartbeat fault lasts (seconds)."""
+    factor: float | None = None
+    """slow_cell / slow_link: how many times slower."""
+    seconds: float | None = None
+    """delay_router: extra seconds per request."""
 
     def __post_init__(self) -> None:
         try:
@@ -64,12 +84,14 @@ class Fault:
             raise ConfigError(f"{where}.cell", "is missing", "name the cell index")
         if self.kind in _ENGINE_FAULTS and self.engine is None:
             raise ConfigError(f"{where}.engine", "is missing", "name the engine id, e.g. engine-0")
-        if self.kind not in (*_CELL_FAULTS, *_ENGINE_FAULTS):
-            raise ConfigError(
-                f"{where}.kind",
-                "is not simulated yet",
-                f"use one of {[k.value for k in (*_CELL_FAULTS, *_ENGINE_FAULTS)]}",
-            )
+        if self.kind in _TIMED and (self.duration is None or self.duration <= 0):
+            raise ConfigError(f"{where}.duration", f"got {self.duration!r}", "pass seconds > 0")
+        if self.kind in (FaultKind.SLOW_CELL, FaultKind.SLOW_LINK) and (
+            self.factor is None or self.factor < 1
+        ):
+            raise ConfigError(f"{where}.factor", f"got {self.factor!r}", "pass a slowdown >= 1")
+        if self.kind is FaultKind.DELAY_ROUTER and (self.seconds is None or self.seconds <= 0):
+            raise ConfigError(f"{where}.seconds", f"got {self.seconds!r}", "pass seconds > 0")
         if (self.at is None) == (self.point is None):
             raise ConfigError(
                 where,
@@ -208,6 +230,16 @@ class ScheduledFaults(FaultPoints):
                 self._pending_starts.append(fault)
         elif fault.kind is FaultKind.KILL_ENGINE:
             cluster.kill_engine(fault.engine)  # type: ignore[arg-type]
+        elif fault.kind is FaultKind.SLOW_CELL:
+            cluster.impair(f"cell-{fault.cell}", fault.factor, fault.duration)  # type: ignore[arg-type]
+        elif fault.kind is FaultKind.SLOW_LINK:
+            cluster.impair("link", fault.factor, fault.duration)  # type: ignore[arg-type]
+        elif fault.kind is FaultKind.DELAY_ROUTER:
+            cluster.impair("router-delay", 1.0 + fault.seconds, fault.duration)  # type: ignore[operator, arg-type]
+        elif fault.kind is FaultKind.FAIL_ROUTER:
+            cluster.impair("router-fail", 1.0, fault.duration)  # type: ignore[arg-type]
+        elif fault.kind is FaultKind.DROP_HEARTBEAT:
+            cluster.impair(f"heartbeat-{fault.cell}", 1.0, fault.duration)  # type: ignore[arg-type]
         elif fault.kind is FaultKind.RESTART_ENGINE:
             engine = cluster.engines[fault.engine]  # type: ignore[index]
             engine.kill()

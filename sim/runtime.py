@@ -36,12 +36,35 @@ def derive_seed(root: int, stream: str) -> int:
     return int.from_bytes(digest[:8], "big")
 
 
-class SeededEnvironment(simpy.Environment):
-    """A SimPy environment whose simultaneous events are ordered by the seed."""
+class Livelock(RuntimeError):
+    """Virtual time stopped advancing: events keep firing at one instant."""
 
-    def __init__(self, seed: int) -> None:
+
+class SeededEnvironment(simpy.Environment):
+    """A SimPy environment whose simultaneous events are ordered by the seed.
+
+    It also refuses to process more than ``max_events_per_instant`` events at one
+    virtual instant: a zero-delay retry loop would otherwise spin forever.
+    """
+
+    def __init__(self, seed: int, max_events_per_instant: int = 200_000) -> None:
         super().__init__()
         self._tiebreak = random.Random(derive_seed(seed, "simpy.tiebreak"))
+        self._limit = max_events_per_instant
+        self._instant = -1.0
+        self._at_instant = 0
+
+    def step(self) -> None:
+        super().step()
+        if self._now != self._instant:
+            self._instant, self._at_instant = self._now, 0
+        else:
+            self._at_instant += 1
+            if self._at_instant > self._limit:
+                raise Livelock(
+                    f"livelock at t={self._now}: {self._limit} events without time advancing "
+                    "(a zero-delay retry loop?)"
+                )
 
     def schedule(self, event: Event, priority: EventPriority = NORMAL, delay: SimTime = 0) -> None:
         key = (self._tiebreak.getrandbits(32), next(self._eid))
@@ -181,6 +204,8 @@ class SimRuntime:
         )
         try:
             self.env.run(until=stop)
+        except Livelock:
+            raise
         except RuntimeError as error:
             if "No scheduled events left" in str(error) or not task.done():
                 raise RuntimeError(

@@ -54,8 +54,15 @@ PRESETS: Mapping[str, SimConfig] = {
     ),
 }
 
-_LOOP = LoopConfig(steps=8, update_weight_buffer_size=16 * 1024**2)
-"""The small preset's 64 MiB of weights go in 4 buckets, so bucket faults have room."""
+_LOOP = LoopConfig(
+    steps=8,
+    update_weight_buffer_size=16 * 1024**2,
+    heartbeat_interval=2.0,
+    heartbeat_timeout=1.0,
+    heartbeat_failure_threshold=3,
+)
+"""The small preset's 64 MiB of weights go in 4 buckets, so bucket faults have room;
+heartbeats every 2 s, 3 misses of 1 s fail a cell (miles' checker, scaled down)."""
 
 
 def _scenario(name: str, description: str, faults: tuple[Fault, ...] = (), **loop: Any) -> Scenario:
@@ -140,6 +147,63 @@ SCENARIOS: Mapping[str, Scenario] = {
             (
                 Fault("kill_cell", cell=0, point="before_allreduce", step=1),
                 Fault("kill_cell", cell=1, point="before_allreduce", step=1),
+            ),
+        ),
+        _scenario(
+            "cell_killed_between_steps",
+            "cell 1 dies at t=10 s while idle: the heartbeat checker or the next call "
+            "notices, the quorum shrinks; the cell is restarted and healed at step 5",
+            (
+                Fault("kill_cell", cell=1, at=10.0),
+                Fault("start_cell", cell=1, point="step_begin", step=5),
+            ),
+        ),
+        Scenario(
+            "kill_during_heal",
+            "three cells; cell 2 dies at step 1 and is restarted at step 3; the healing "
+            "source, cell 0, dies while sending the checkpoint, so cell 2 is healed from "
+            "cell 1 at the next refresh; cell 0 comes back at step 5",
+            SimConfig(num_cells=3),
+            _LOOP,
+            (
+                Fault("kill_cell", cell=2, point="before_allreduce", step=1),
+                Fault("start_cell", cell=2, point="step_begin", step=3),
+                Fault("kill_cell", cell=0, point="during_heal"),
+                Fault("start_cell", cell=0, point="step_begin", step=5),
+            ),
+        ),
+        _scenario(
+            "engine_killed_mid_update",
+            "engine-1 dies between two updates; the next update finds it dead, drops it and "
+            "retries with the same version",
+            (Fault("kill_engine", engine="engine-1", point="step_begin", step=3),),
+        ),
+        _scenario(
+            "heartbeat_false_positive",
+            "cell 1 stops answering heartbeats for 12 s while healthy: after 3 misses it is "
+            "declared dead and stopped (a false positive), and healed back at step 5",
+            (
+                Fault("drop_heartbeat", cell=1, at=9.0, duration=12.0),
+                Fault("start_cell", cell=1, point="step_begin", step=5),
+            ),
+        ),
+        _scenario(
+            "slow_cell",
+            "cell 0 computes 4x slower for 30 s: steps take longer, nothing fails",
+            (Fault("slow_cell", cell=0, at=5.0, duration=30.0, factor=4.0),),
+        ),
+        _scenario(
+            "slow_link",
+            "the weight-transfer link is 50x slower for 40 s",
+            (Fault("slow_link", at=5.0, duration=40.0, factor=50.0),),
+        ),
+        _scenario(
+            "router_trouble",
+            "the router adds 2 s to every request for 20 s, then fails every request for 5 s: "
+            "failed requests abort their groups, which are recycled",
+            (
+                Fault("delay_router", at=5.0, duration=20.0, seconds=2.0),
+                Fault("fail_router", at=30.0, duration=5.0),
             ),
         ),
         _scenario(

@@ -196,3 +196,17 @@ def test_run_until_stops_virtual_time() -> None:
 def test_negative_sleep_is_refused() -> None:
     with pytest.raises(ValueError, match="seconds >= 0, got -1"):
         SimRuntime(seed=0).sleep(-1)
+
+
+def test_a_zero_delay_loop_is_reported_as_a_livelock() -> None:
+    from sim.runtime import Livelock, SeededEnvironment
+
+    rt = SimRuntime(seed=11)
+    rt.env = SeededEnvironment(11, max_events_per_instant=500)
+
+    async def spin() -> None:
+        while True:
+            await rt.sleep(0)
+
+    with pytest.raises(Livelock, match="livelock at t=0: 500 events without time advancing"):
+        rt.run(spin())
