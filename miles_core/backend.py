@@ -19,17 +19,25 @@ from miles_core.transfer import Bucket, UpdateUnit
 
 
 class ComponentFailure(Exception):
-    """A cell or an engine died (or was unreachable) during a call."""
+    """A cell, an engine or the router failed (died, or was unreachable) during a call.
+
+    ``args`` are exactly the constructor's arguments, so the exception can be
+    re-created from them (SimPy and Ray both do).
+    """
 
     def __init__(self, component: str, reason: str) -> None:
-        super().__init__(f"{component}: {reason}")
+        super().__init__(component, reason)
         self.component = component
         self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.component}: {self.reason}"
 
 
 class CellFailure(ComponentFailure):
     def __init__(self, cell: int, reason: str) -> None:
         super().__init__(f"cell-{cell}", reason)
+        self.args = (cell, reason)
         self.cell = cell
 
 
@@ -44,6 +52,7 @@ class RouterFailure(ComponentFailure):
 
     def __init__(self, reason: str) -> None:
         super().__init__("router", reason)
+        self.args = (reason,)
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,7 @@ from miles_core.events import (
     VersionPublished,
 )
 from miles_core.runtime import Cancelled, Runtime
-from miles_core.sync import Notifier
+from miles_core.sync import Lock, Notifier
 from miles_core.transfer import (
     DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE,
     Bucket,
@@ -187,6 +187,7 @@ class Orchestrator:
         self._engines_changed = Notifier(rt)
         self._stopping = False
         self._monitor_paused = 0
+        self._update_lock = Lock(rt)
         self.versions: list[int] = []
 
     # -- recording ---------------------------------------------------------------
@@ -203,6 +204,8 @@ class Orchestrator:
     def _cell_failed(self, cell: int, reason: str) -> None:
         """A failed cell is marked errored and stopped: its processes are killed, so a
         cell that was only suspected (missed heartbeats) cannot come back as a zombie."""
+        if self.cells.state(cell) in (CellState.PENDING, CellState.STOPPED):
+            return  # already stopped (and maybe restarting): old news about a dead process
         self.cells.mark_failed(cell, reason)
         self.cells.stop(cell, reason)
         self.cluster.cell(cell).stop()
@@ -227,6 +230,8 @@ class Orchestrator:
         self.emit(EngineStateChanged, engine=engine, up=True, reason=reason)
         self._incarnation[engine] = self._incarnation.get(engine, 0) + 1
         self.live[engine] = self.ledger.current is None
+        if self.ledger.current is not None:
+            self.rt.spawn(self._sync(engine), f"sync-{engine}")
         self.load.setdefault(engine, 0)
         self._engines_changed.notify()
 
@@ -491,12 +496,21 @@ class Orchestrator:
 
     # -- weight updates -------------------------------------------------------------------
 
+    async def _call_engine(self, engine: str, method: str, *args: Any) -> EngineFailure | None:
+        try:
+            await getattr(self.cluster.engine(engine), method)(*args)
+        except EngineFailure as failure:
+            return failure
+        return None
+
     async def _each_engine(self, engines: tuple[str, ...], method: str, *args: Any) -> None:
-        calls = [getattr(self.cluster.engine(e), method)(*args) for e in engines]
+        """Call every engine at once; raise the first failure (engine order) once all ended."""
         tasks = [
-            self.rt.spawn(call, f"{method}-{e}") for e, call in zip(engines, calls, strict=True)
+            self.rt.spawn(self._call_engine(e, method, *args), f"{method}-{e}") for e in engines
         ]
-        await self.rt.wait_all(tasks)
+        failures = [f for f in await self.rt.wait_all(tasks) if f is not None]
+        if failures:
+            raise failures[0]
 
     async def _run_step(self, update_id: int, cell: int, step: UpdateStep) -> None:
         if isinstance(step, PauseEngines):
@@ -535,20 +549,43 @@ class Orchestrator:
             raise ConfigError("update step", f"{step!r} is not supported yet", "use a full update")
 
     async def _update_weights(self) -> None:
+        await self._update_lock.acquire()
         self._monitor_paused += 1
         try:
-            await self._route_update()
+            while not self.live:  # every engine is down: wait for one to come back
+                await self._engines_changed.wait()
+            await self._route_update(publish=True)
         finally:
             self._monitor_paused -= 1
+            self._update_lock.release()
 
-    async def _route_update(self) -> None:
-        call = self.cells.routed("update_weights")
+    async def _sync(self, engine: str) -> None:
+        """Bring a restarted engine to the published weights before it serves."""
+        await self._update_lock.acquire()
+        try:
+            if not self.live.get(engine, True) and not self._stopping:
+                await self._route_update(publish=False, only=(engine,))
+        except MilesCoreError:
+            pass  # no cell can send now: the next full update includes the engine
+        finally:
+            self._update_lock.release()
+
+    async def _route_update(self, publish: bool, only: tuple[str, ...] | None = None) -> None:
+        """Run one update on the first alive cell, failing over; ``publish=False`` re-sends
+        the published version to ``only`` (a sync of restarted engines)."""
+        call = self.cells.routed("update_weights" if publish else "sync_engines")
         while True:
             cell = call.target()
-            engines = tuple(sorted(self.live))
-            version = self.ledger.reserve(f"cell-{cell}")
+            engines = tuple(sorted(e for e in self.live if only is None or e in only))
+            if not engines:
+                return  # a sync whose engine died again
+            if publish:
+                version = self.ledger.reserve(f"cell-{cell}")
+            else:
+                version = self.ledger.current
+                assert version is not None
             update_id = next(self._updates)
-            update = WeightUpdate(version, engines, len(self.buckets))
+            update = WeightUpdate(version, engines, len(self.buckets), publish=publish)
             self.emit(
                 UpdateBegan,
                 update_id=update_id,
@@ -557,6 +594,7 @@ class Orchestrator:
                 kind=update.kind.value,
                 n_buckets=len(self.buckets),
                 engines=engines,
+                publishes=publish,
             )
             try:
                 while (step := update.next_step()) is not None:
@@ -564,7 +602,8 @@ class Orchestrator:
                     update.complete(step)
                 return
             except ComponentFailure as failure:
-                self.ledger.abandon(version)
+                if publish:
+                    self.ledger.abandon(version)
                 self.emit(UpdateAborted, update_id=update_id, version=version, reason=str(failure))
                 if isinstance(failure, EngineFailure):
                     self.engine_down(failure.engine, failure.reason)

@@ -505,19 +505,23 @@ def _missing_witness(fault: FaultInjected, after: list[Indexed], published: bool
     """What the fault should have caused and did not; None when it is witnessed."""
     cell, engine = fault.cell, fault.engine
     if fault.fault in (FaultKind.KILL_CELL, FaultKind.STOP_CELL):
-        if _first(after, lambda x: isinstance(x, QuorumChanged) and cell not in x.members):
-            return None
-        # with no cell left there is no quorum to shrink: the witness is the cell's
-        # failure followed by the run's clear error
+        # the control plane noticed (the cell failed), and acted on it: a later quorum
+        # left the cell out, or the cell was healed back, or - with no cell left to
+        # form a quorum - the run stopped with its clear error
         failed = _first(
             after,
             lambda x: isinstance(x, CellStateChanged) and x.cell == cell and x.new == "errored",
         )
-        if failed and _first(
-            after, lambda x: isinstance(x, RunEnded) and x.status is RunStatus.FAILED
-        ):
+        if failed is None:
+            return f"cell {cell} was never marked failed"
+        later = [p for p in after if p[0] > failed[0]]
+        if _first(later, lambda x: isinstance(x, QuorumChanged) and cell not in x.members):
             return None
-        return f"no later quorum excluded cell {cell}"
+        if _first(later, lambda x: isinstance(x, HealEnded) and x.dst_cell == cell and x.ok):
+            return None
+        if _first(later, lambda x: isinstance(x, RunEnded) and x.status is RunStatus.FAILED):
+            return None
+        return f"cell {cell} failed but no later quorum excluded it and it was not healed"
     if fault.fault is FaultKind.START_CELL:
         healed = _first(after, lambda x: isinstance(x, HealEnded) and x.dst_cell == cell and x.ok)
         grown = _first(after, lambda x: isinstance(x, QuorumChanged) and cell in x.members)

@@ -24,3 +24,20 @@ class Notifier:
     def notify(self) -> None:
         signal, self._signal = self._signal, self._rt.signal()
         signal.set()
+
+
+class Lock:
+    """Mutual exclusion between coroutines (weight updates and engine syncs)."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self._held = False
+        self._released = Notifier(rt)
+
+    async def acquire(self) -> None:
+        while self._held:
+            await self._released.wait()
+        self._held = True
+
+    def release(self) -> None:
+        self._held = False
+        self._released.notify()

@@ -75,8 +75,13 @@ def plan_update_steps(
     n_buckets: int,
     kind: UpdateKind = UpdateKind.FULL,
     adapter: str | None = None,
+    publish: bool = True,
 ) -> tuple[UpdateStep, ...]:
-    """The steps of one weight update, in the order they must run."""
+    """The steps of one weight update, in the order they must run.
+
+    ``publish=False`` is a sync: restarted engines receive the already published
+    version, so there is nothing new to publish.
+    """
     if not int_at_least(version, 1):
         raise TransitionError(
             f"a weight update carries a version >= 1 from the ledger, got {version!r}"
@@ -101,7 +106,8 @@ def plan_update_steps(
         steps.append(UnloadAdapter(engines, adapter))
     steps.extend(SendBucket(k, n_buckets, engines) for k in range(n_buckets))
     steps.append(StampEngines(version, engines))
-    steps.append(PublishVersion(version))
+    if publish:
+        steps.append(PublishVersion(version))
     steps.append(ResumeEngines(engines))
     return tuple(steps)
 
@@ -116,8 +122,10 @@ class WeightUpdate:
         n_buckets: int,
         kind: UpdateKind = UpdateKind.FULL,
         adapter: str | None = None,
+        publish: bool = True,
     ) -> None:
-        self.steps = plan_update_steps(version, engines, n_buckets, kind, adapter)
+        self.steps = plan_update_steps(version, engines, n_buckets, kind, adapter, publish)
+        self.publish = publish
         self.version = version
         self.kind = UpdateKind(kind)
         self._done = 0

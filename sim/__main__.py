@@ -30,6 +30,7 @@ from miles_core.events import (
 )
 from sim.run import SimResult, run_scenario
 from sim.scenarios import SCENARIOS, find_scenario
+from sim.swarm import SWARM, SWARM_TOTAL_LOSS
 from sim.trace import write_trace
 
 DEFAULT_SCENARIO = "cell_crash_before_allreduce"
@@ -81,7 +82,9 @@ def _print_human(result: SimResult, info: dict[str, object], wall: float) -> Non
     if info["status"] != "completed":
         print(f"  stopped by: {info['reason']}")
     for fault in info["faults_fired"]:  # type: ignore[union-attr]
-        target = f"cell {fault['cell']}" if fault["cell"] is not None else fault["engine"]
+        target = (
+            f"cell {fault['cell']}" if fault["cell"] is not None else fault["engine"] or "cluster"
+        )
         print(f"  fault at t={fault['t']:.2f}: {fault['fault']} {target} ({fault['detail']})")
     print(f"  version sequence: {info['versions']}")
     print(
@@ -97,7 +100,7 @@ def _print_human(result: SimResult, info: dict[str, object], wall: float) -> Non
 
 
 def _run(args: argparse.Namespace) -> int:
-    scenario = find_scenario(args.scenario)
+    scenario = find_scenario(args.scenario, args.seed)
     steps = args.steps or scenario.loop.steps
     replay = shlex.join(
         [
@@ -154,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         width = max(map(len, SCENARIOS))
         for name, scenario in SCENARIOS.items():
             print(f"{name:{width}s}  {scenario.description}")
+        print(f"{SWARM:{width}s}  random: each seed draws its cluster, flags and fault mix")
+        loss = "random: every cell dies; the run must stop with a clear error"
+        print(f"{SWARM_TOTAL_LOSS:{width}s}  {loss}")
         return 0
     if args.steps is not None and args.steps < 1:
         parser.error(f"--steps must be >= 1, got {args.steps}")

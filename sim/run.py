@@ -23,6 +23,8 @@ class Scenario:
     faults: tuple[Fault, ...] = ()
     progress_window: float = 600.0
     """Virtual seconds within which a step must commit after the last fault."""
+    max_seconds: float | None = None
+    """Virtual-time horizon; a run still going then is STALLED (default: 100 s per step)."""
 
 
 @dataclass
@@ -73,10 +75,11 @@ def run_scenario(
         history.observe(observer)
     control = Orchestrator(rt, cluster, loop, history)
     faults.install(cluster, control)
+    horizon = scenario.max_seconds or 100.0 * loop.steps
     try:
-        report = rt.run(control.run())
-    except RuntimeError as deadlock:
-        reason = str(deadlock)
+        report = rt.run(control.run(), until=horizon)
+    except (RuntimeError, TimeoutError) as stuck:  # deadlock, livelock, or past the horizon
+        reason = str(stuck)
         control.history.append(
             RunEnded(
                 t=rt.now(),

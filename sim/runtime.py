@@ -151,8 +151,13 @@ class SimSignal:
         return (yield self.event)
 
 
-def _event_of(waitable: SimTask | SimSignal) -> Event:
-    return waitable.process if isinstance(waitable, SimTask) else waitable.event
+def _awaited(waitables: Sequence[SimTask | SimSignal]) -> list[Event]:
+    """The events behind ``waitables``, defused: the waiter receives the first failure;
+    a later failure among them has been waited for too and must not crash the run."""
+    events = [w.process if isinstance(w, SimTask) else w.event for w in waitables]
+    for event in events:
+        event.defused = True
+    return events
 
 
 class SimRuntime:
@@ -178,11 +183,11 @@ class SimRuntime:
         return SimSignal(self.env)
 
     def wait_any(self, waitables: Sequence[SimTask | SimSignal]) -> _Index:
-        events = [_event_of(w) for w in waitables]
+        events = _awaited(waitables)
         return _Index(self.env.any_of(events), events)
 
     def wait_all(self, waitables: Sequence[SimTask | SimSignal]) -> _Values:
-        events = [_event_of(w) for w in waitables]
+        events = _awaited(waitables)
         return _Values(self.env.all_of(events), events)
 
     def rng(self, stream: str) -> random.Random:

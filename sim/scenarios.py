@@ -34,6 +34,7 @@ from miles_core.transfer import TransferMode
 from sim.cluster import SimConfig
 from sim.faults import Fault
 from sim.run import Scenario
+from sim.swarm import SWARM, SWARM_TOTAL_LOSS, swarm_scenario
 
 PRESETS: Mapping[str, SimConfig] = {
     "small": SimConfig(),
@@ -266,10 +267,12 @@ def load_scenario_file(path: Path) -> Scenario:
     )
 
 
-def find_scenario(name_or_file: str) -> Scenario:
-    """A named scenario, or a scenario file's path."""
+def find_scenario(name_or_file: str, seed: int = 0) -> Scenario:
+    """A named scenario, a swarm drawn from ``seed``, or a scenario file's path."""
     if name_or_file in SCENARIOS:
         return SCENARIOS[name_or_file]
+    if name_or_file in (SWARM, SWARM_TOTAL_LOSS):
+        return swarm_scenario(seed, total_loss=name_or_file == SWARM_TOTAL_LOSS)
     path = Path(name_or_file)
     if path.suffix == ".toml" or path.exists():
         if not path.exists():

@@ -22,7 +22,7 @@ def run_json(capsys, *args: str) -> dict:
 def test_list_names_every_scenario_with_a_description(capsys) -> None:
     assert main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in lines] == list(SCENARIOS)
+    assert [line.split()[0] for line in lines] == [*SCENARIOS, "swarm", "swarm_total_loss"]
     assert len(SCENARIOS) >= 12
     assert all(len(line.split(None, 1)[1]) > 20 for line in lines)
 
