@@ -8,6 +8,7 @@ import pytest
 
 from miles_core.events import (
     BucketSent,
+    CellStateChanged,
     EnginesPaused,
     EnginesResumed,
     EngineStamped,
@@ -15,6 +16,7 @@ from miles_core.events import (
     Event,
     FaultInjected,
     FaultKind,
+    FaultScheduled,
     GroupDropped,
     GroupGot,
     GroupTrained,
@@ -386,21 +388,39 @@ def test_a_hang_late_in_the_quiet_phase_is_caught() -> None:
 # -- 6. failover witnesses -------------------------------------------------------------
 
 
-def test_a_kill_that_shrank_the_quorum_is_witnessed() -> None:
-    h = hist(
-        E(FaultInjected, fault=FaultKind.KILL_CELL, cell=1),
+KILL = E(FaultInjected, fault=FaultKind.KILL_CELL, cell=1)
+FAILED_1 = E(CellStateChanged, cell=1, old="alive", new="errored", reason="crash")
+
+
+@pytest.mark.parametrize(
+    "consequence",
+    [
         E(QuorumChanged, quorum_id=1, members=(0,)),
-    )
-    assert failover_witness(h) is None
+        E(HealEnded, dst_cell=1, ok=True),
+        E(RunEnded, status=RunStatus.FAILED, reason="no cell", outstanding_prompts=()),
+    ],
+)
+def test_a_kill_noticed_and_acted_on_is_witnessed(consequence) -> None:
+    assert failover_witness(hist(KILL, FAILED_1, consequence)) is None
 
 
 def test_a_kill_with_no_effect_is_caught() -> None:
-    h = hist(
-        E(FaultInjected, fault=FaultKind.KILL_CELL, cell=1),
-        E(QuorumChanged, quorum_id=1, members=(0, 1)),
+    unnoticed = failover_witness(hist(KILL, E(QuorumChanged, quorum_id=1, members=(0,))))
+    assert unnoticed is not None and "cell 1 was never marked failed" in unnoticed.message
+    ignored = failover_witness(hist(KILL, FAILED_1, E(QuorumChanged, quorum_id=1, members=(0, 1))))
+    assert ignored is not None
+    assert "no later quorum excluded it and it was not healed" in ignored.message
+
+
+def test_a_scheduled_fault_that_never_fired_is_caught_in_a_completed_run() -> None:
+    scheduled = E(
+        FaultScheduled, fault=FaultKind.KILL_CELL, cell=1, detail="before_allreduce step=9"
     )
-    violation = failover_witness(h)
-    assert violation is not None and "no later quorum excluded cell 1" in violation.message
+    completed = hist(scheduled, _end())
+    violation = failover_witness(completed)
+    assert violation is not None and "never fired" in violation.message
+    failed = E(RunEnded, status=RunStatus.FAILED, reason="x", outstanding_prompts=())
+    assert failover_witness(hist(scheduled, failed)) is None  # the run stopped before it
 
 
 def test_a_start_needs_a_heal_and_a_quorum_with_the_cell() -> None:
