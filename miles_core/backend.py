@@ -15,7 +15,7 @@ from typing import Protocol
 
 from miles_core.buffer import Group
 from miles_core.cells import Heal, Outcome
-from miles_core.transfer import Bucket, UpdateUnit
+from miles_core.transfer import Bucket, ParamSpec, UpdateUnit
 
 
 class ComponentFailure(Exception):
@@ -115,6 +115,10 @@ class RolloutEngine(Protocol):
         """Set the weight_version the engine reports in meta_info (update_weight_version)."""
         ...
 
+    async def unload_adapter(self, adapter: str) -> None:
+        """Drop a LoRA adapter (SGLang's unload_lora_adapter) before its new weights load."""
+        ...
+
 
 class Router(Protocol):
     async def generate(self, engine: str, request: GenerateRequest) -> GenerateResult:
@@ -137,6 +141,9 @@ class Cluster(Protocol):
     gpus_per_cell: int
     engine_ids: tuple[str, ...]
     units: tuple[UpdateUnit, ...]
+    """The full model's parameters, grouped into update units."""
+    lora_params: tuple[ParamSpec, ...]
+    """The LoRA adapter's parameters (lora_A / lora_B), when training one."""
     router: Router
     transport: WeightTransport
 

@@ -217,6 +217,15 @@ class EnginesPaused(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class AdapterUnloaded(Event):
+    """LoRA: the engines dropped the old adapter before the new one's buckets arrive."""
+
+    update_id: int
+    adapter: str
+    engines: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
 class BucketSent(Event):
     update_id: int
     bucket: int

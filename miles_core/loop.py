@@ -48,6 +48,7 @@ from miles_core.buffer import (
 from miles_core.cells import CellGroup, CellState, Decision, Heal, Outcome
 from miles_core.errors import ConfigError, MilesCoreError, int_at_least
 from miles_core.events import (
+    AdapterUnloaded,
     AttemptBegan,
     AttemptEnded,
     BucketSent,
@@ -83,6 +84,7 @@ from miles_core.transfer import (
     DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE,
     Bucket,
     TransferMode,
+    lora_unit,
     plan_buckets,
     plan_transfer,
 )
@@ -93,6 +95,8 @@ from miles_core.weight_update import (
     ResumeEngines,
     SendBucket,
     StampEngines,
+    UnloadAdapter,
+    UpdateKind,
     UpdateStep,
     WeightUpdate,
 )
@@ -114,6 +118,8 @@ class LoopConfig:
     transfer_mode: TransferMode = TransferMode.BROADCAST
     max_step_attempts: int = 30
     max_route_attempts: int = 30
+    lora_adapter: str | None = None
+    """Train and push only this LoRA adapter (one atomic unit, unload-then-load)."""
     heartbeat_interval: float | None = None
     """--trainer-heartbeat-checker-interval; None turns the monitor off."""
     heartbeat_timeout: float = 10.0
@@ -166,9 +172,10 @@ class Orchestrator:
             max_route_attempts=config.max_route_attempts,
         )
         self.buffer = DataBuffer(config.buffer_config())
-        self.buckets: tuple[Bucket, ...] = plan_buckets(
-            cluster.units, config.update_weight_buffer_size
-        )
+        units = cluster.units
+        if config.lora_adapter is not None:  # the base model stays; the adapter travels whole
+            units = (lora_unit(config.lora_adapter, cluster.lora_params),)
+        self.buckets: tuple[Bucket, ...] = plan_buckets(units, config.update_weight_buffer_size)
         self.live: dict[str, bool] = {e: True for e in cluster.engine_ids}
         """Engines in rotation -> whether they serve the published weights."""
         self.load: dict[str, int] = {e: 0 for e in cluster.engine_ids}
@@ -545,8 +552,11 @@ class Orchestrator:
             await self._each_engine(step.engines, "resume")
             self.emit(EnginesResumed, update_id=update_id, engines=step.engines)
             self._engines_changed.notify()
-        else:  # pragma: no cover - UnloadAdapter arrives with the LoRA path
-            raise ConfigError("update step", f"{step!r} is not supported yet", "use a full update")
+        elif isinstance(step, UnloadAdapter):
+            await self._each_engine(step.engines, "unload_adapter", step.adapter)
+            self.emit(
+                AdapterUnloaded, update_id=update_id, adapter=step.adapter, engines=step.engines
+            )
 
     async def _update_weights(self) -> None:
         await self._update_lock.acquire()
@@ -585,7 +595,9 @@ class Orchestrator:
                 version = self.ledger.current
                 assert version is not None
             update_id = next(self._updates)
-            update = WeightUpdate(version, engines, len(self.buckets), publish=publish)
+            adapter = self.config.lora_adapter
+            kind = UpdateKind.FULL if adapter is None else UpdateKind.LORA
+            update = WeightUpdate(version, engines, len(self.buckets), kind, adapter, publish)
             self.emit(
                 UpdateBegan,
                 update_id=update_id,

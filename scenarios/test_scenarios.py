@@ -256,12 +256,15 @@ def test_the_healing_source_dying_mid_checkpoint_fails_over_to_another_source() 
     assert result.report.versions == list(range(1, 9))
 
 
-def test_an_engine_dead_at_update_time_is_dropped_and_the_update_retried() -> None:
+def test_an_engine_killed_mid_update_is_dropped_and_the_update_retried() -> None:
     result = run("engine_killed_mid_update")
     (down,) = of(result, EngineStateChanged, lambda e: e.engine == "engine-1" and not e.up)
-    aborted = of(result, UpdateAborted)
-    for event in aborted:  # an aborted update is retried with the same version
-        assert of(result, VersionPublished, lambda e, v=event.version: e.version == v)
+    (aborted,) = of(result, UpdateAborted)
+    assert "engine-1" in aborted.reason
+    partial = of(result, BucketSent, lambda e: e.update_id == aborted.update_id)
+    assert [b.bucket for b in partial] == [0, 1]
+    retry = of(result, VersionPublished, lambda e: e.version == aborted.version)
+    assert len(retry) == 1
     later = [e for e in of(result, UpdateBegan) if index(result, e) > index(result, down)]
     assert later and all(e.engines == ("engine-0",) for e in later)
     assert result.report.versions == list(range(1, 9))
@@ -315,3 +318,22 @@ def test_router_trouble_aborts_groups_which_are_recycled() -> None:
     recycled = {e.group_id for e in of(result, GroupRecycled, lambda e: e.reason == "aborted")}
     assert {e.group_id for e in aborted} <= recycled
     assert not of(result, EngineStateChanged)  # a router failure is not an engine failure
+
+
+def test_lora_update_is_one_unit_unloaded_then_loaded_and_stamped() -> None:
+    from miles_core.events import AdapterUnloaded
+
+    result = run("lora_update")
+    updates = of(result, UpdateBegan)
+    assert updates and all(e.kind == "lora" and e.n_buckets == 1 for e in updates)
+    for update in updates:  # unload comes before the adapter's single bucket
+        unload = of(result, AdapterUnloaded, lambda e, u=update.update_id: e.update_id == u)
+        bucket = of(result, BucketSent, lambda e, u=update.update_id: e.update_id == u)
+        assert unload and bucket and index(result, unload[0]) < index(result, bucket[0])
+        assert bucket[0].nbytes > 64 * 1024  # larger than the budget, still one bucket
+    stamped = {(e.engine, e.version) for e in of(result, EngineStamped)}
+    assert stamped >= {(f"engine-{i}", v) for i in range(2) for v in range(1, 9)}
+    (aborted,) = of(result, UpdateAborted)
+    assert [
+        e.updater for e in of(result, VersionPublished, lambda e: e.version == aborted.version)
+    ] == [1]

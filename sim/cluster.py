@@ -61,6 +61,14 @@ class SimConfig:
     router_failure_seconds: float = 0.5
     """How long a failing router takes to answer with an error."""
 
+    def lora_params(self) -> tuple[ParamSpec, ...]:
+        """A rank-16 adapter on each layer: lora_A (16 x 1024) and lora_B (1024 x 16), bf16."""
+        return tuple(
+            ParamSpec.of(f"layer{i}.{name}.weight", shape, "bfloat16")
+            for i in range(self.num_tensors)
+            for name, shape in (("lora_A", (16, 1024)), ("lora_B", (1024, 16)))
+        )
+
     def units(self) -> tuple[UpdateUnit, ...]:
         """num_tensors bf16 tensors of equal size adding up to param_bytes."""
         per_tensor = max(1, self.param_bytes // (2 * self.num_tensors))
@@ -185,6 +193,7 @@ class SimEngine(_Mortal):
         self.cluster = cluster
         self.id = engine_id
         self.version: int | None = None
+        self.adapter: str | None = None
         self.paused = False
         self._resumed = cluster.rt.signal()
         self._abort = cluster.rt.signal()
@@ -244,6 +253,11 @@ class SimEngine(_Mortal):
             raise self.failure("dead")
         self.version = version
 
+    async def unload_adapter(self, adapter: str) -> None:
+        if self.dead:
+            raise self.failure("dead")
+        self.adapter = None
+
 
 class SimRouter:
     def __init__(self, cluster: SimCluster) -> None:
@@ -292,6 +306,7 @@ class SimCluster:
         self.gpus_per_cell = config.gpus_per_cell
         self.engine_ids = tuple(f"engine-{i}" for i in range(config.num_engines))
         self.units = config.units()
+        self.lora_params = config.lora_params()
         self.cells = [SimCell(self, i) for i in range(config.num_cells)]
         self.engines = {e: SimEngine(self, e) for e in self.engine_ids}
         self.router = SimRouter(self)

@@ -175,9 +175,13 @@ SCENARIOS: Mapping[str, Scenario] = {
         ),
         _scenario(
             "engine_killed_mid_update",
-            "engine-1 dies between two updates; the next update finds it dead, drops it and "
-            "retries with the same version",
-            (Fault("kill_engine", engine="engine-1", point="step_begin", step=3),),
+            "engine-1 dies right after bucket 1 of the update following step 2: the update "
+            "drops it and is retried with the same version on engine-0",
+            (
+                Fault(
+                    "kill_engine", engine="engine-1", point="after_bucket", bucket=1, after_step=2
+                ),
+            ),
         ),
         _scenario(
             "heartbeat_false_positive",
@@ -206,6 +210,15 @@ SCENARIOS: Mapping[str, Scenario] = {
                 Fault("delay_router", at=5.0, duration=20.0, seconds=2.0),
                 Fault("fail_router", at=30.0, duration=5.0),
             ),
+        ),
+        _scenario(
+            "lora_update",
+            "only a LoRA adapter is trained and pushed: one atomic unit, unload-then-load, "
+            "and the engines are stamped with the version like a full update; the updater "
+            "dies mid-push once",
+            (Fault("kill_cell", cell=0, point="after_bucket", bucket=0, after_step=2),),
+            lora_adapter="policy",
+            update_weight_buffer_size=64 * 1024,
         ),
         _scenario(
             "p2p_transfer",
