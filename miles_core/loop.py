@@ -101,6 +101,8 @@ from miles_core.weight_update import (
     WeightUpdate,
 )
 
+MODES = ("fully_async", "one_step_off")
+
 
 @dataclass(frozen=True)
 class LoopConfig:
@@ -120,6 +122,10 @@ class LoopConfig:
     max_route_attempts: int = 30
     lora_adapter: str | None = None
     """Train and push only this LoRA adapter (one atomic unit, unload-then-load)."""
+    mode: str = "fully_async"
+    """fully_async (a producer keeps generating, updates abort what is in flight) or
+    one_step_off (batch k+1 is generated during step k and weights are updated when
+    both are done: staleness 1, no aborts)."""
     heartbeat_interval: float | None = None
     """--trainer-heartbeat-checker-interval; None turns the monitor off."""
     heartbeat_timeout: float = 10.0
@@ -135,6 +141,15 @@ class LoopConfig:
         budget = self.in_flight_groups
         if budget is not None and not int_at_least(budget, 1):
             raise ConfigError("in_flight_groups", f"got {budget!r}", "pass an integer >= 1")
+        if self.mode not in MODES:
+            raise ConfigError("mode", f"got {self.mode!r}", f"choose one of {MODES}")
+        if self.mode == "one_step_off" and self.capacity_factor < 1:
+            raise ConfigError(
+                "capacity_factor",
+                f"{self.capacity_factor} holds less than one batch, but one_step_off puts a "
+                "whole batch before it is drained",
+                "use --async-data-buffer-capacity-factor >= 1 with one_step_off",
+            )
 
     def buffer_config(self) -> BufferConfig:
         return BufferConfig(
@@ -231,13 +246,15 @@ class Orchestrator:
             self._engines_changed.notify()
 
     def engine_up(self, engine: str, reason: str) -> None:
-        """A (re)started engine: it serves once an update stamped it, or at once before any."""
+        """A (re)started engine serves once it holds the published weights: at once if no
+        update was ever started, else after a sync (or the next update) stamped it."""
         if engine in self.live:
             return
         self.emit(EngineStateChanged, engine=engine, up=True, reason=reason)
         self._incarnation[engine] = self._incarnation.get(engine, 0) + 1
-        self.live[engine] = self.ledger.current is None
-        if self.ledger.current is not None:
+        pristine = self.ledger.current is None and self.ledger.reservation is None
+        self.live[engine] = pristine
+        if not pristine:
             self.rt.spawn(self._sync(engine), f"sync-{engine}")
         self.load.setdefault(engine, 0)
         self._engines_changed.notify()
@@ -290,7 +307,7 @@ class Orchestrator:
             return Sample(index, (), SampleStatus.ABORTED)
         return Sample(index, (result.weight_version,), reward=result.reward)
 
-    async def _generate_group(self, group_id: int, prompt_id: int) -> None:
+    async def _generate_group(self, group_id: int, prompt_id: int) -> bool:
         n = self.config.n_samples_per_prompt
         tasks = [
             self.rt.spawn(self._generate_sample(group_id, prompt_id, i), f"g{group_id}s{i}")
@@ -299,10 +316,12 @@ class Orchestrator:
         samples = await self.rt.wait_all(tasks)
         group = Group(group_id, prompt_id, tuple(samples))
         del self._in_flight[group_id]
-        await self._put(group)
+        queued = await self._put(group)
         self._progress.notify()
+        return queued
 
-    async def _put(self, group: Group) -> None:
+    async def _put(self, group: Group) -> bool:
+        """Put with backpressure; True when the group was queued for training."""
         while True:
             verdict = self.buffer.put(group)
             if verdict.fate is Fate.QUEUED:
@@ -311,10 +330,10 @@ class Orchestrator:
                     GroupPut, group_id=group.group_id, prompt_id=group.prompt_id, fate="queued"
                 )
                 self._arrived.notify()
-                return
+                return True
             if verdict.fate is not Fate.BLOCKED:
                 self._unused(verdict)
-                return
+                return False
             if group.group_id not in self._blocked:
                 self._blocked[group.group_id] = group.prompt_id
                 self.emit(
@@ -343,13 +362,23 @@ class Orchestrator:
         self.emit(PromptDrawn, prompt_id=prompt)
         return prompt
 
+    def _start_group(self) -> Any:
+        group_id, prompt_id = next(self._groups), self._next_prompt()
+        self._in_flight[group_id] = prompt_id
+        return self.rt.spawn(self._generate_group(group_id, prompt_id), f"group-{group_id}")
+
+    async def _rollout(self, groups: int) -> None:
+        """One-step-off: generate until ``groups`` more groups are queued (aborted ones redone)."""
+        queued = 0
+        while queued < groups:
+            tasks = [self._start_group() for _ in range(groups - queued)]
+            queued += sum(await self.rt.wait_all(tasks))
+
     async def _producer(self) -> None:
         budget = self.config.in_flight_groups or self.config.rollout_batch_size
         while not self._stopping:
             while len(self._in_flight) + len(self._blocked) < budget:
-                group_id, prompt_id = next(self._groups), self._next_prompt()
-                self._in_flight[group_id] = prompt_id
-                self.rt.spawn(self._generate_group(group_id, prompt_id), f"group-{group_id}")
+                self._start_group()
             await self._progress.wait()
 
     async def _drain(self) -> list[Group]:
@@ -373,8 +402,11 @@ class Orchestrator:
                 else:
                     self._unused(verdict)
             if not verdicts or verdicts[-1].fate is not Fate.TRAIN:
-                self._progress.notify()  # recycled prompts may be regenerated now
-                await self._arrived.wait()
+                if self.config.mode == "one_step_off":  # no producer: top the batch up now
+                    await self._rollout(self.config.rollout_batch_size - len(batch))
+                else:
+                    self._progress.notify()  # recycled prompts may be regenerated now
+                    await self._arrived.wait()
         return batch
 
     # -- training ---------------------------------------------------------------------
@@ -574,7 +606,11 @@ class Orchestrator:
         await self._update_lock.acquire()
         try:
             if not self.live.get(engine, True) and not self._stopping:
-                await self._route_update(publish=False, only=(engine,))
+                if self.ledger.current is None:  # the update under way was abandoned
+                    self.live[engine] = True
+                    self._engines_changed.notify()
+                else:
+                    await self._route_update(publish=False, only=(engine,))
         except MilesCoreError:
             pass  # no cell can send now: the next full update includes the engine
         finally:
@@ -595,6 +631,7 @@ class Orchestrator:
                 version = self.ledger.current
                 assert version is not None
             update_id = next(self._updates)
+            incarnations = {e: self._incarnation[e] for e in engines}
             adapter = self.config.lora_adapter
             kind = UpdateKind.FULL if adapter is None else UpdateKind.LORA
             update = WeightUpdate(version, engines, len(self.buckets), kind, adapter, publish)
@@ -618,10 +655,27 @@ class Orchestrator:
                     self.ledger.abandon(version)
                 self.emit(UpdateAborted, update_id=update_id, version=version, reason=str(failure))
                 if isinstance(failure, EngineFailure):
-                    self.engine_down(failure.engine, failure.reason)
+                    if self._incarnation.get(failure.engine) == incarnations.get(failure.engine):
+                        self.engine_down(failure.engine, failure.reason)
+                    # else: the process that failed was replaced meanwhile; retry with the new one
                 else:
                     call.failed(failure.reason)
                     self._cell_failed(cell, failure.reason)
+
+    async def _one_step_off(self) -> None:
+        """Batch k+1 is generated while step k trains; the update waits for both, so it
+        never interrupts generation and every batch is exactly one version old."""
+        rbs = self.config.rollout_batch_size
+        next_batch = self.rt.spawn(self._rollout(rbs), "rollout-0")
+        for step in range(self.config.steps):
+            await next_batch
+            self._batch = await self._drain()
+            if step + 1 < self.config.steps:
+                next_batch = self.rt.spawn(self._rollout(rbs), f"rollout-{step + 1}")
+            await self._train(step, self._batch)
+            self._batch = []
+            await next_batch
+            await self._update_weights()
 
     # -- the run --------------------------------------------------------------------------
 
@@ -641,24 +695,29 @@ class Orchestrator:
             num_cells=self.cells.num_cells,
             max_weight_staleness=c.max_weight_staleness,
         )
-        producer = self.rt.spawn(self._producer(), "producer")
+        if c.mode == "fully_async":
+            producer = self.rt.spawn(self._producer(), "producer")
         if c.heartbeat_interval is not None:
             monitor = self.rt.spawn(self._monitor(c.heartbeat_interval), "heartbeat-monitor")
-        status, reason, steps = RunStatus.COMPLETED, f"{c.steps} steps", 0
+        status, reason = RunStatus.COMPLETED, f"{c.steps} steps"
         try:
-            for step in range(c.steps):
-                self._batch = await self._drain()
-                await self._train(step, self._batch)
-                self._batch = []
-                await self._update_weights()
-                steps += 1
+            if c.mode == "one_step_off":
+                await self._one_step_off()
+            else:
+                for step in range(c.steps):
+                    self._batch = await self._drain()
+                    await self._train(step, self._batch)
+                    self._batch = []
+                    await self._update_weights()
         except MilesCoreError as error:
             status, reason = RunStatus.FAILED, f"{type(error).__name__}: {error}"
         self._stopping = True
-        producer.cancel("run ended")
+        if c.mode == "fully_async":
+            producer.cancel("run ended")
         if c.heartbeat_interval is not None:
             monitor.cancel("run ended")
         self.emit(RunEnded, status=status, reason=reason, outstanding_prompts=self.outstanding())
+        steps = sum(isinstance(e, StepCommitted) for e in self.history)
         return RunReport(status, reason, steps, list(self.versions))
 
 

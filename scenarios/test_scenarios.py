@@ -337,3 +337,13 @@ def test_lora_update_is_one_unit_unloaded_then_loaded_and_stamped() -> None:
     assert [
         e.updater for e in of(result, VersionPublished, lambda e: e.version == aborted.version)
     ] == [1]
+
+
+@pytest.mark.parametrize("name", ["one_step_off", "one_step_off_crash"])
+def test_one_step_off_trains_every_group_exactly_one_version_old(name: str) -> None:
+    result = run(name)
+    got = of(result, GroupGot)
+    assert all(e.current_version is None for e in got[:4])  # step 0: before any update
+    assert {e.staleness for e in got[4:]} == {1}
+    assert not of(result, GroupRecycled) and not of(result, GroupDropped)  # nothing aborted
+    assert result.report.versions == list(range(1, 9))

@@ -194,6 +194,7 @@ class SimEngine(_Mortal):
         self.id = engine_id
         self.version: int | None = None
         self.adapter: str | None = None
+        self.incarnation = 0
         self.paused = False
         self._resumed = cluster.rt.signal()
         self._abort = cluster.rt.signal()
@@ -204,6 +205,7 @@ class SimEngine(_Mortal):
 
     def restart(self) -> None:
         """A fresh process: initial weights, no version, not paused."""
+        self.incarnation += 1
         self.revive()
         self.version = None
         self.paused = False
@@ -276,15 +278,22 @@ class SimRouter:
 class SimTransport:
     def __init__(self, cluster: SimCluster) -> None:
         self.cluster = cluster
+        self._groups: dict[int, dict[str, int]] = {}
+        """update_id -> the incarnation of each engine when it joined the transfer."""
 
     async def send_bucket(
         self, update_id: int, source_cell: int, bucket: Bucket, engines: tuple[str, ...]
     ) -> None:
         c = self.cluster.config
         source = self.cluster.cells[source_cell]
+        group = self._groups.setdefault(update_id, {})
         for engine in engines:
-            if self.cluster.engines[engine].dead:
-                raise self.cluster.engines[engine].failure("dead during a weight update")
+            process = self.cluster.engines[engine]
+            if process.dead:
+                raise process.failure("dead during a weight update")
+            if group.setdefault(engine, process.incarnation) != process.incarnation:
+                # a restarted process is not a member of this update's transfer group
+                raise process.failure("restarted during the weight update")
         slow = self.cluster.slowdown("link")
         seconds = c.link_latency_seconds + bucket.nbytes * slow / c.link_bytes_per_second
         if await source.work(seconds):

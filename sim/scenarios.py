@@ -221,6 +221,21 @@ SCENARIOS: Mapping[str, Scenario] = {
             update_weight_buffer_size=64 * 1024,
         ),
         _scenario(
+            "one_step_off",
+            "the synchronous baseline: batch k+1 is generated while step k trains; updates "
+            "never abort generation and every trained group is exactly one version old",
+            mode="one_step_off",
+        ),
+        _scenario(
+            "one_step_off_crash",
+            "one-step-off with cell 1 dying before the allreduce of step 3 and healed at step 6",
+            (
+                Fault("kill_cell", cell=1, point="before_allreduce", step=3),
+                Fault("start_cell", cell=1, point="step_begin", step=6),
+            ),
+            mode="one_step_off",
+        ),
+        _scenario(
             "p2p_transfer",
             "weights go point-to-point to each engine instead of by broadcast",
             transfer_mode=TransferMode.P2P,

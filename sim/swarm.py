@@ -28,13 +28,16 @@ def swarm_scenario(seed: int, steps: int = 12, total_loss: bool = False) -> Scen
     """The scenario that ``seed`` draws (the run itself then uses the same seed)."""
     rng = random.Random(derive_seed(seed, "swarm"))
     sim = SimConfig(num_cells=rng.choice([2, 3, 4]), num_engines=rng.choice([1, 2, 3, 4]))
+    mode = rng.choice(["fully_async", "fully_async", "one_step_off"])
+    capacities = [0.5, 1.0, 2.0, 4.0] if mode == "fully_async" else [1.0, 2.0, 4.0]
     loop = LoopConfig(
         steps=steps,
+        mode=mode,
         rollout_batch_size=rng.choice([2, 4, 8]),
         n_samples_per_prompt=rng.choice([1, 2, 4]),
         max_weight_staleness=rng.choice([None, 0, 1, 2, 4]),
         unused_samples_handler=rng.choice(list(UnusedHandler)),
-        capacity_factor=rng.choice([0.5, 1.0, 2.0, 4.0]),
+        capacity_factor=rng.choice(capacities),
         in_flight_groups=rng.choice([None, 2, 8, 16]),
         update_weight_buffer_size=rng.choice([8, 16, 64]) * 1024**2,
         transfer_mode=rng.choice([TransferMode.BROADCAST, TransferMode.P2P]),
