@@ -29,6 +29,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 
 from miles_core.errors import ConfigError, VersionRegressionError, int_at_least
 from miles_core.versions import INITIAL_WEIGHTS_VERSION, staleness
@@ -108,21 +109,23 @@ class Group:
     def aborted(self) -> bool:
         return any(s.status is SampleStatus.ABORTED for s in self.samples())
 
-    def _versions(self) -> list[int]:
-        return [
+    @cached_property
+    def _version_range(self) -> tuple[int | None, int | None]:
+        versions = [
             INITIAL_WEIGHTS_VERSION if v is None else v
             for s in self.samples()
             for v in s.weight_versions
         ]
+        return min(versions, default=None), max(versions, default=None)
 
     @property
     def oldest_version(self) -> int | None:
         """The oldest weight version of any turn; None if no sample recorded one."""
-        return min(self._versions(), default=None)
+        return self._version_range[0]
 
     @property
     def newest_version(self) -> int | None:
-        return max(self._versions(), default=None)
+        return self._version_range[1]
 
 
 @dataclass(frozen=True)

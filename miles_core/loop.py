@@ -502,14 +502,12 @@ class Orchestrator:
 
     async def _heartbeat(self, cell: int) -> bool:
         reply = self.rt.spawn(self.cluster.cell(cell).heartbeat(), f"heartbeat-{cell}")
-        timeout = self.rt.spawn(self._sleep(self.config.heartbeat_timeout), "heartbeat-timeout")
-        answered = await self.rt.wait_any([reply, timeout]) == 0
+        answered = (
+            await self.rt.wait_any([reply, self.rt.timer(self.config.heartbeat_timeout)]) == 0
+        )
         if not answered:
             reply.cancel("heartbeat timed out")
         return answered
-
-    async def _sleep(self, seconds: float) -> None:
-        await self.rt.sleep(seconds)
 
     async def _monitor(self, interval: float) -> None:
         """miles' trainer heartbeat checker: N missed beats in a row fail a cell.

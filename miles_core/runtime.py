@@ -74,6 +74,10 @@ class Runtime(Protocol):
 
     def signal(self) -> Signal: ...
 
+    def timer(self, seconds: float) -> Signal:
+        """A signal that sets itself after ``seconds`` (for timeouts in wait_any)."""
+        ...
+
     def wait_any(self, waitables: Sequence[Task[Any] | Signal]) -> Awaitable[int]:
         """Wait until one of them is done or set; gives the index of the first."""
         ...

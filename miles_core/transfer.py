@@ -21,6 +21,7 @@ pre-registered staging buffers (planned here, simulated first).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -117,7 +118,8 @@ def units_of(
         UpdateUnit(f"group:{name}" if grouped else name, tuple(group))
         for (grouped, name), group in members.items()
     )
-    clash = {u.name for u in units if sum(v.name == u.name for v in units) > 1}
+    counts = Counter(u.name for u in units)
+    clash = {name for name, n in counts.items() if n > 1}
     if clash:
         raise ConfigError(
             "atomic_key",

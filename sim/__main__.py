@@ -152,6 +152,15 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--steps", type=int, default=None, help="override the scenario's steps")
     run.add_argument("--trace", help="write a Chrome trace (open it in Perfetto)")
     run.add_argument("--json", action="store_true", help="print one JSON summary")
+    sub.add_parser(
+        "bench", help="simulator throughput vs bare SimPy; production preset", add_help=False
+    )
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["bench"]:
+        from sim.bench import main as bench
+
+        return bench(argv[1:])
     args = parser.parse_args(argv)
     if args.command == "list":
         width = max(map(len, SCENARIOS))

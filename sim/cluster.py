@@ -97,13 +97,9 @@ class _Mortal:
         self.dead = False
         self._death = self.rt.signal()
 
-    async def _sleep(self, seconds: float) -> None:
-        await self.rt.sleep(seconds)
-
     async def work(self, seconds: float, *interrupts: SimSignal) -> int:
         """Take ``seconds``; 0 when done, 1 when killed, 2+i when interrupts[i] fired."""
-        timer = self.rt.spawn(self._sleep(seconds), f"{self.name}-work")
-        return await self.rt.wait_any([timer, self._death, *interrupts])
+        return await self.rt.wait_any([self.rt.timer(seconds), self._death, *interrupts])
 
 
 class SimCell(_Mortal):

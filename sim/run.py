@@ -24,7 +24,8 @@ class Scenario:
     progress_window: float = 600.0
     """Virtual seconds within which a step must commit after the last fault."""
     max_seconds: float | None = None
-    """Virtual-time horizon; a run still going then is STALLED (default: 100 s per step)."""
+    """Virtual-time horizon; a run still going then is STALLED (default: 50 train-step
+    times per step)."""
 
 
 @dataclass
@@ -34,6 +35,8 @@ class SimResult:
     history: History
     report: RunReport
     verdicts: dict[str, Violation | None]
+    events: int = 0
+    """SimPy events processed (the simulator's unit of work)."""
 
     @property
     def ok(self) -> bool:
@@ -75,7 +78,7 @@ def run_scenario(
         history.observe(observer)
     control = Orchestrator(rt, cluster, loop, history)
     faults.install(cluster, control)
-    horizon = scenario.max_seconds or 100.0 * loop.steps
+    horizon = scenario.max_seconds or 50.0 * loop.steps * scenario.sim.train_step_seconds
     try:
         report = rt.run(control.run(), until=horizon)
     except (RuntimeError, TimeoutError) as stuck:  # deadlock, livelock, or past the horizon
@@ -90,4 +93,4 @@ def run_scenario(
         )
         report = RunReport(RunStatus.STALLED, reason, 0, list(control.versions))
     verdicts = check_all(history, scenario.progress_window)
-    return SimResult(scenario, seed, history, report, verdicts)
+    return SimResult(scenario, seed, history, report, verdicts, rt.env.processed)

@@ -53,9 +53,12 @@ class SeededEnvironment(simpy.Environment):
         self._limit = max_events_per_instant
         self._instant = -1.0
         self._at_instant = 0
+        self.processed = 0
+        """Events processed so far (the simulator's throughput is measured in these)."""
 
     def step(self) -> None:
         super().step()
+        self.processed += 1
         if self._now != self._instant:
             self._instant, self._at_instant = self._now, 0
         else:
@@ -137,8 +140,8 @@ class SimTask:
 
 
 class SimSignal:
-    def __init__(self, env: simpy.Environment) -> None:
-        self.event = env.event()
+    def __init__(self, env: simpy.Environment, event: Event | None = None) -> None:
+        self.event = env.event() if event is None else event
 
     def set(self, value: Any = None) -> None:
         if not self.event.triggered:
@@ -181,6 +184,11 @@ class SimRuntime:
 
     def signal(self) -> SimSignal:
         return SimSignal(self.env)
+
+    def timer(self, seconds: float) -> SimSignal:
+        if seconds < 0:
+            raise ValueError(f"timer needs seconds >= 0, got {seconds}")
+        return SimSignal(self.env, self.env.timeout(seconds))
 
     def wait_any(self, waitables: Sequence[SimTask | SimSignal]) -> _Index:
         events = _awaited(waitables)
