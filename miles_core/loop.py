@@ -1,4 +1,8 @@
-"""The fully-async training loop, written once against a Runtime and a Cluster.
+"""The training loop, written once against a Runtime and a Cluster.
+
+Two modes: fully_async (miles' fully-async rollout: a producer keeps generating,
+weight updates abort what is in flight) and one_step_off (batch k+1 is
+generated while step k trains; the update waits for both).
 
 Where each decision is made:
 
@@ -14,7 +18,11 @@ Where each decision is made:
 - the weight update runs on the first alive cell in the order of
   miles_core.weight_update; a cell failure fails over to the next alive cell
   with the same reserved version; an engine failure drops that engine and
-  retries; a restarted engine serves only after an update stamped it.
+  retries; a restarted engine serves only after an update (or a sync of the
+  published version, started as soon as it is up) stamped it;
+- with heartbeat_interval set, N missed heartbeats in a row fail a cell
+  (paused during updates and healing, as miles' checker is); a failed cell's
+  processes are stopped, so a false suspicion cannot leave a zombie.
 
 Every action is recorded in the event history, stamped with ``rt.now()``.
 """
@@ -78,7 +86,7 @@ from miles_core.events import (
     UpdateBegan,
     VersionPublished,
 )
-from miles_core.runtime import Cancelled, Runtime
+from miles_core.runtime import Runtime
 from miles_core.sync import Lock, Notifier
 from miles_core.transfer import (
     DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE,
@@ -275,22 +283,13 @@ class Orchestrator:
         incarnation = self._incarnation[engine]
         self.load[engine] += 1
         request = GenerateRequest(group_id=group_id, prompt_id=prompt_id, sample=index)
+        version, aborted, reward = None, True, 0.0
         try:
             result = await self.cluster.router.generate(engine, request)
+            version, aborted, reward = result.weight_version, result.aborted, result.reward
         except (EngineFailure, RouterFailure) as failure:
             if isinstance(failure, EngineFailure) and self._incarnation[engine] == incarnation:
                 self.engine_down(failure.engine, failure.reason)
-            self.emit(
-                SampleGenerated,
-                group_id=group_id,
-                prompt_id=prompt_id,
-                sample=index,
-                turn=0,
-                engine=engine,
-                version=None,
-                aborted=True,
-            )
-            return Sample(index, (), SampleStatus.ABORTED)
         finally:
             self.load[engine] -= 1
         self.emit(
@@ -299,13 +298,13 @@ class Orchestrator:
             prompt_id=prompt_id,
             sample=index,
             turn=0,
-            engine=result.engine,
-            version=result.weight_version,
-            aborted=result.aborted,
+            engine=engine,
+            version=version,
+            aborted=aborted,
         )
-        if result.aborted:
+        if aborted:
             return Sample(index, (), SampleStatus.ABORTED)
-        return Sample(index, (result.weight_version,), reward=result.reward)
+        return Sample(index, (version,), reward=reward)
 
     async def _generate_group(self, group_id: int, prompt_id: int) -> bool:
         n = self.config.n_samples_per_prompt
@@ -717,6 +716,3 @@ class Orchestrator:
         self.emit(RunEnded, status=status, reason=reason, outstanding_prompts=self.outstanding())
         steps = sum(isinstance(e, StepCommitted) for e in self.history)
         return RunReport(status, reason, steps, list(self.versions))
-
-
-__all__ = ["Cancelled", "LoopConfig", "Orchestrator", "RunReport"]
