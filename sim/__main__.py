@@ -102,19 +102,11 @@ def _print_human(result: SimResult, info: dict[str, object], wall: float) -> Non
 def _run(args: argparse.Namespace) -> int:
     scenario = find_scenario(args.scenario, args.seed)
     steps = args.steps or scenario.loop.steps
-    replay = shlex.join(
-        [
-            "python",
-            "-m",
-            "sim",
-            "run",
-            args.scenario,
-            "--seed",
-            str(args.seed),
-            "--steps",
-            str(steps),
-        ]
-    )
+    command = ["python", "-m", "sim", "run", args.scenario, "--seed", str(args.seed)]
+    command += ["--steps", str(steps)]
+    if args.check_every is not None:
+        command += ["--check-every", str(args.check_every)]
+    replay = shlex.join(command)
     bar = tqdm(total=steps, unit="step", disable=None if not args.json else True, leave=False)
     started = time.perf_counter()
     result = run_scenario(
@@ -122,6 +114,7 @@ def _run(args: argparse.Namespace) -> int:
         args.seed,
         steps,
         observers=[lambda e: bar.update(1) if isinstance(e, StepCommitted) else None],
+        check_every=args.check_every,
     )
     bar.close()
     info = summary(result)
@@ -152,6 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--steps", type=int, default=None, help="override the scenario's steps")
     run.add_argument("--trace", help="write a Chrome trace (open it in Perfetto)")
     run.add_argument("--json", action="store_true", help="print one JSON summary")
+    run.add_argument(
+        "--check-every",
+        type=int,
+        default=None,
+        metavar="K",
+        help="also run the safety oracles every K steps and stop at the first violation",
+    )
     sub.add_parser(
         "bench", help="simulator throughput vs bare SimPy; production preset", add_help=False
     )

@@ -6,9 +6,16 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from miles_core.events import Event, History, RunEnded, RunStatus
+from miles_core.events import Event, History, RunEnded, RunStatus, StepCommitted
 from miles_core.loop import LoopConfig, Orchestrator, RunReport
-from miles_core.oracles import Violation, check_all
+from miles_core.oracles import (
+    Violation,
+    bounded_staleness,
+    check_all,
+    exactly_once,
+    monotonic_versions,
+    published_weights,
+)
 from sim.cluster import SimCluster, SimConfig
 from sim.faults import Fault, ScheduledFaults
 from sim.runtime import SimRuntime
@@ -56,15 +63,41 @@ class SimResult:
         return self.scenario.loop.steps
 
 
+SAFETY_ORACLES = (monotonic_versions, bounded_staleness, exactly_once, published_weights)
+"""The oracles that judge a history prefix: progress and failover witnesses need the end."""
+
+
+class OracleStop(Exception):
+    def __init__(self, violation: Violation) -> None:
+        super().__init__(str(violation))
+        self.violation = violation
+
+
+def _live_checker(history: History, every: int) -> Callable[[Event], None]:
+    if every < 1:
+        raise ValueError(f"check_every must be >= 1, got {every}")
+
+    def check(event: Event) -> None:
+        if isinstance(event, StepCommitted) and (event.step + 1) % every == 0:
+            for oracle in SAFETY_ORACLES:
+                if (violation := oracle(history)) is not None:
+                    raise OracleStop(violation)
+
+    return check
+
+
 def run_scenario(
     scenario: Scenario,
     seed: int,
     steps: int | None = None,
     observers: Sequence[Callable[[Event], None]] = (),
+    check_every: int | None = None,
 ) -> SimResult:
     """Run ``scenario`` under ``seed``; the same arguments give the same history hash.
 
     ``observers`` see every event as it is recorded (progress bars, live checks).
+    ``check_every=K`` also runs the safety oracles every K committed steps and stops
+    the run at the first violation (the final verdicts then show it).
     """
     loop = dataclasses.replace(
         scenario.loop, seed=seed, scenario=scenario.name, steps=steps or scenario.loop.steps
@@ -76,11 +109,24 @@ def run_scenario(
     history = History()
     for observer in observers:
         history.observe(observer)
+    if check_every is not None:
+        history.observe(_live_checker(history, check_every))
     control = Orchestrator(rt, cluster, loop, history)
     faults.install(cluster, control)
     horizon = scenario.max_seconds or 50.0 * loop.steps * scenario.sim.train_step_seconds
     try:
         report = rt.run(control.run(), until=horizon)
+    except OracleStop as stop:
+        reason = f"stopped at the first violation: {stop.violation.oracle}"
+        history.append(
+            RunEnded(
+                t=rt.now(),
+                status=RunStatus.FAILED,
+                reason=reason,
+                outstanding_prompts=control.outstanding(),
+            )
+        )
+        report = RunReport(RunStatus.FAILED, reason, 0, list(control.versions))
     except (RuntimeError, TimeoutError) as stuck:  # deadlock, livelock, or past the horizon
         reason = str(stuck)
         control.history.append(

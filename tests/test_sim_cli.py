@@ -139,3 +139,22 @@ def test_malformed_scenario_files_name_the_field(tmp_path, text: str, message: s
 def test_find_scenario_prefers_names_then_files() -> None:
     assert find_scenario("no_failure") is SCENARIOS["no_failure"]
     assert find_scenario(str(FILES / "heal_twice.toml")).name == "heal_twice"
+
+
+def test_live_checks_stop_a_run_at_the_first_safety_violation() -> None:
+    from miles_core.events import History, StepCommitted, VersionPublished
+    from sim.run import OracleStop, _live_checker
+
+    history = History()
+    history.observe(_live_checker(history, every=2))
+    history.append(VersionPublished(t=0.0, update_id=0, version=5, updater=0))
+    history.append(VersionPublished(t=1.0, update_id=1, version=1, updater=1))
+    history.append(StepCommitted(t=2.0, step=0, attempt=1, n_groups=1))  # step 1 of 2: no check
+    with pytest.raises(OracleStop) as stop:
+        history.append(StepCommitted(t=3.0, step=1, attempt=1, n_groups=1))
+    assert stop.value.violation.oracle == "monotonic_versions"
+
+
+def test_live_checks_pass_a_clean_run(capsys) -> None:
+    info = run_json(capsys, "cell_crash_before_allreduce", "--check-every", "1")
+    assert info["status"] == "completed" and set(info["oracles"].values()) == {"pass"}
