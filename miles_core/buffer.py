@@ -247,6 +247,7 @@ class DataBuffer:
         self.config = config
         self._filter = dynamic_filter
         self._queue: deque[Group] = deque()
+        self._queued_ids: set[int] = set()
         self._known_version: int | None = None
         self._window = _Window()
 
@@ -280,7 +281,7 @@ class DataBuffer:
                 f"has {len(group.items)} items but --n-samples-per-prompt is {n}",
                 "put complete groups only",
             )
-        if any(queued.group_id == group.group_id for queued in self._queue):
+        if group.group_id in self._queued_ids:
             raise ConfigError(
                 f"group {group.group_id}",
                 "is already queued",
@@ -302,6 +303,7 @@ class DataBuffer:
             self._window.blocked += 1
             return Verdict(group, Fate.BLOCKED)
         self._queue.append(group)
+        self._queued_ids.add(group.group_id)
         return Verdict(group, Fate.QUEUED)
 
     def _check_forward(self, current_version: int | None) -> None:
@@ -336,6 +338,7 @@ class DataBuffer:
         verdicts: list[Verdict] = []
         while self._queue:
             group = self._queue.popleft()
+            self._queued_ids.discard(group.group_id)
             age = staleness(current_version, group.oldest_version)
             if age is None:
                 verdicts.append(Verdict(group, Fate.TRAIN))
