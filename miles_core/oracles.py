@@ -21,7 +21,7 @@ that prove it, or None.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from miles_core.events import (
@@ -572,7 +572,3 @@ def check_all(history: History, progress_window: float) -> dict[str, Violation |
         "progress": progress(history, progress_window),
         "failover_witness": failover_witness(history),
     }
-
-
-def violations(history: History, progress_window: float) -> Iterator[Violation]:
-    return (v for v in check_all(history, progress_window).values() if v is not None)
