@@ -12,7 +12,8 @@ that prove it, or None.
                         at the end each drawn prompt is trained, dropped or outstanding
 4. published_weights   no sample from unpublished weights; no engine serves a
                         mix of two versions, stale weights after an update, or
-                        unsynced weights after a restart
+                        unsynced weights after a restart; a recorded checksum
+                        of an engine's weights equals the trainer's
 5. progress             after the last fault, steps commit and live engines
                         reach the newest version within a bounded time
 6. failover_witness     each injected cell/engine fault really took effect
@@ -48,6 +49,7 @@ from miles_core.events import (
     StepCommitted,
     UpdateBegan,
     VersionPublished,
+    WeightsChecked,
 )
 from miles_core.versions import INITIAL_WEIGHTS_VERSION
 
@@ -353,6 +355,13 @@ def published_weights(history: History) -> Violation | None:
             if e.up:  # a fresh process: initial weights until the published ones arrive
                 unsynced = (seq, e) if latest_published is not None else None
                 engines[e.engine] = _EngineWeights(unsynced=unsynced)
+        elif isinstance(e, WeightsChecked) and e.checksum != e.trainer_checksum:
+            return Violation(
+                name,
+                f"engine {e.engine}'s weights at version {e.version} differ from the "
+                f"trainer's (checksum {e.checksum} != {e.trainer_checksum})",
+                tuple(x for x in (engine(e.engine).stamp, (seq, e)) if x),
+            )
         elif isinstance(e, SampleGenerated) and not e.aborted:
             state = engine(e.engine)
             if e.version is not None and e.version not in published:

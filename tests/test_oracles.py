@@ -314,6 +314,16 @@ def test_engine_left_out_of_an_update_serving_old_weights_is_caught() -> None:
     assert "engine e1 served version None after the update to 1 completed" in violation.message
 
 
+def test_engine_weights_differing_from_the_trainer_are_caught() -> None:
+    from miles_core.events import WeightsChecked
+
+    same = E(WeightsChecked, engine="e0", version=1, checksum="ab12", trainer_checksum="ab12")
+    assert published_weights(hist(start(), *update(0, 1), same)) is None
+    differ = E(WeightsChecked, engine="e0", version=1, checksum="ffff", trainer_checksum="ab12")
+    violation = published_weights(hist(start(), *update(0, 1), differ))
+    assert violation is not None and "checksum ffff != ab12" in violation.message
+
+
 def test_restarted_engine_must_be_synced_before_serving() -> None:
     base = [
         start(),
