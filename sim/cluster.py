@@ -12,7 +12,11 @@ Time models (all parameters in SimConfig):
 - a train step: compute time with jitter, then the cross-cell gradient
   exchange, which fails for every member if one member died before it;
 - a bucket: link latency + bytes / bandwidth per send (a broadcast is one
-  send to all engines, p2p one send per engine);
+  send to all engines, p2p one send per engine); the bandwidth is NVLink's when
+  the source cell and every target engine sit on one node, the inter-node
+  link's otherwise. Who sits where comes from miles_core.placement: the
+  cluster's GPU bundles (handed out in a seeded random order, as Ray does) are
+  ordered and laid out like miles' disaggregated mode with independent-DP cells;
 - healing: checkpoint bytes / checkpoint bandwidth.
 
 A killed component stops at its current await: work in progress raises its
@@ -22,6 +26,7 @@ CellFailure or EngineFailure at once.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -34,6 +39,7 @@ from miles_core.backend import (
 )
 from miles_core.buffer import Group
 from miles_core.cells import Heal, Outcome
+from miles_core.placement import Bundle, LayoutConfig, Placement, compute_layout, place
 from miles_core.transfer import Bucket, ParamSpec, UpdateUnit, units_of
 from sim.runtime import SimRuntime, SimSignal
 
@@ -56,6 +62,11 @@ class SimConfig:
     allreduce_seconds: float = 0.2
     link_latency_seconds: float = 1e-4
     link_bytes_per_second: float = 10e9
+    """Between nodes (the weight-transfer link: InfiniBand / RoCE)."""
+    nvlink_bytes_per_second: float = 100e9
+    """Within a node: a bucket whose source and targets share a node moves at this rate."""
+    gpus_per_node: int = 8
+    gpus_per_engine: int = 1
     checkpoint_bytes_per_second: float = 2e9
     heartbeat_reply_seconds: float = 0.01
     router_failure_seconds: float = 0.5
@@ -291,11 +302,46 @@ class SimTransport:
                 # a restarted process is not a member of this update's transfer group
                 raise process.failure("restarted during the weight update")
         slow = self.cluster.slowdown("link")
-        seconds = c.link_latency_seconds + bucket.nbytes * slow / c.link_bytes_per_second
+        local = (
+            all(
+                self.cluster.engine_nodes[e] <= self.cluster.cell_nodes[source_cell]
+                for e in engines
+            )
+            and len(self.cluster.cell_nodes[source_cell]) == 1
+        )
+        rate = c.nvlink_bytes_per_second if local else c.link_bytes_per_second
+        seconds = c.link_latency_seconds + bucket.nbytes * slow / rate
         if await source.work(seconds):
             raise source.failure(f"killed sending bucket {bucket.index}")
         # the bucket arrived; a fault here kills the updater before its next step
         self.cluster.faults.fire("after_bucket", cell=source_cell, bucket=bucket.index)
+
+
+def _place(config: SimConfig, rng: random.Random) -> Placement:
+    """The cluster's GPUs as Ray would hand them out, placed by miles_core.placement."""
+    actor = config.num_cells * config.gpus_per_cell
+    rollout = config.num_engines * config.gpus_per_engine
+    layout = compute_layout(
+        LayoutConfig(
+            actor_num_nodes=1,
+            actor_num_gpus_per_node=actor,
+            rollout_num_gpus=rollout,
+            rollout_num_gpus_per_engine=config.gpus_per_engine,
+            indep_dp=True,
+            gpus_per_cell=config.gpus_per_cell,
+        )
+    )
+    per_node = config.gpus_per_node
+    bundles = [
+        Bundle(
+            index=i,
+            node=f"10.0.{i // per_node // 256}.{i // per_node % 256 + 1}",
+            gpu_id=i % per_node,
+        )
+        for i in range(layout.total_gpus)
+    ]
+    rng.shuffle(bundles)  # Ray's bundle order carries no meaning; the ordering restores one
+    return place(layout, bundles)
 
 
 class SimCluster:
@@ -312,6 +358,14 @@ class SimCluster:
         self.engine_ids = tuple(f"engine-{i}" for i in range(config.num_engines))
         self.units = config.units()
         self.lora_params = config.lora_params()
+        self.placement = _place(config, rt.rng("placement"))
+        self.cell_nodes = [
+            {b.node for b in self.placement.cell_bundles(i)} for i in range(config.num_cells)
+        ]
+        self.engine_nodes = {
+            e: {b.node for b in self.placement.engine_bundles(i)}
+            for i, e in enumerate(self.engine_ids)
+        }
         self.cells = [SimCell(self, i) for i in range(config.num_cells)]
         self.engines = {e: SimEngine(self, e) for e in self.engine_ids}
         self.router = SimRouter(self)

@@ -44,13 +44,15 @@ PRESETS: Mapping[str, SimConfig] = {
         num_cells=8,
         gpus_per_cell=8,
         num_engines=16,
+        gpus_per_engine=4,
         param_bytes=61 * 10**9,
         num_tensors=1024,
         response_tokens_mean=2048.0,
         decode_seconds_per_token=0.004,
         train_step_seconds=120.0,
         allreduce_seconds=4.0,
-        link_bytes_per_second=47e9,
+        link_bytes_per_second=47e9,  # 400 Gb/s InfiniBand per NIC
+        nvlink_bytes_per_second=370e9,
         checkpoint_bytes_per_second=20e9,
     ),
 }

@@ -27,7 +27,11 @@ SWARM_TOTAL_LOSS = "swarm_total_loss"
 def swarm_scenario(seed: int, steps: int = 12, total_loss: bool = False) -> Scenario:
     """The scenario that ``seed`` draws (the run itself then uses the same seed)."""
     rng = random.Random(derive_seed(seed, "swarm"))
-    sim = SimConfig(num_cells=rng.choice([2, 3, 4]), num_engines=rng.choice([1, 2, 3, 4]))
+    sim = SimConfig(
+        num_cells=rng.choice([2, 3, 4]),
+        num_engines=rng.choice([1, 2, 3, 4]),
+        gpus_per_node=rng.choice([1, 2, 8]),
+    )
     mode = rng.choice(["fully_async", "fully_async", "one_step_off"])
     capacities = [0.5, 1.0, 2.0, 4.0] if mode == "fully_async" else [1.0, 2.0, 4.0]
     loop = LoopConfig(
