@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from miles_core.cells import CellState
-from miles_core.errors import ConfigError
+from miles_core.errors import ConfigError, int_at_least
 from miles_core.events import (
     CellStateChanged,
     Event,
@@ -80,6 +80,12 @@ class Fault:
                 f"use one of {[k.value for k in FaultKind]}",
             ) from None
         where = f"fault {self.kind.value}"
+        for name in ("cell", "step", "bucket", "after_step"):
+            value = getattr(self, name)
+            if value is not None and not int_at_least(value, 0):
+                raise ConfigError(f"{where}.{name}", f"got {value!r}", "pass an integer >= 0")
+        if self.engine is not None and not isinstance(self.engine, str):
+            raise ConfigError(f"{where}.engine", f"got {self.engine!r}", "pass an id like engine-0")
         if self.kind in _CELL_FAULTS and self.cell is None:
             raise ConfigError(f"{where}.cell", "is missing", "name the cell index")
         if self.kind in _ENGINE_FAULTS and self.engine is None:

@@ -124,6 +124,7 @@ def test_bad_input_is_named(argv, message, capsys) -> None:
             "fault: unknown keys ['when']",
         ),
         ("[[faults]]\nkind = 'melt'\ncell = 0\nat = 1.0", "unknown kind 'melt'"),
+        ("[[faults]]\nkind = 'kill_cell'\ncell = '1'\nat = 1.0", "fault kill_cell.cell: got '1'"),
         ("name = [", "is not valid TOML"),
         ("[loop]\nunused_samples_handler = 'keep'", "[loop].unused_samples_handler: got 'keep'"),
     ],
