@@ -676,6 +676,9 @@ class Orchestrator:
 
     # -- the run --------------------------------------------------------------------------
 
+    def steps_done(self) -> int:
+        return sum(isinstance(e, StepCommitted) for e in self.history)
+
     def outstanding(self) -> tuple[int, ...]:
         """Prompts drawn but neither trained nor dropped: queued, in the batch, or generating."""
         held = [g.prompt_id for g in (*self.buffer.queued(), *self._batch)]
@@ -714,5 +717,4 @@ class Orchestrator:
         if c.heartbeat_interval is not None:
             monitor.cancel("run ended")
         self.emit(RunEnded, status=status, reason=reason, outstanding_prompts=self.outstanding())
-        steps = sum(isinstance(e, StepCommitted) for e in self.history)
-        return RunReport(status, reason, steps, list(self.versions))
+        return RunReport(status, reason, self.steps_done(), list(self.versions))

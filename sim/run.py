@@ -86,6 +86,19 @@ def _live_checker(history: History, every: int) -> Callable[[Event], None]:
     return check
 
 
+def _end_early(control: Orchestrator, status: RunStatus, reason: str) -> RunReport:
+    """Record the end of a run the orchestration did not finish itself."""
+    control.history.append(
+        RunEnded(
+            t=control.rt.now(),
+            status=status,
+            reason=reason,
+            outstanding_prompts=control.outstanding(),
+        )
+    )
+    return RunReport(status, reason, control.steps_done(), list(control.versions))
+
+
 def run_scenario(
     scenario: Scenario,
     seed: int,
@@ -118,25 +131,8 @@ def run_scenario(
         report = rt.run(control.run(), until=horizon)
     except OracleStop as stop:
         reason = f"stopped at the first violation: {stop.violation.oracle}"
-        history.append(
-            RunEnded(
-                t=rt.now(),
-                status=RunStatus.FAILED,
-                reason=reason,
-                outstanding_prompts=control.outstanding(),
-            )
-        )
-        report = RunReport(RunStatus.FAILED, reason, 0, list(control.versions))
+        report = _end_early(control, RunStatus.FAILED, reason)
     except (RuntimeError, TimeoutError) as stuck:  # deadlock, livelock, or past the horizon
-        reason = str(stuck)
-        control.history.append(
-            RunEnded(
-                t=rt.now(),
-                status=RunStatus.STALLED,
-                reason=reason,
-                outstanding_prompts=control.outstanding(),
-            )
-        )
-        report = RunReport(RunStatus.STALLED, reason, 0, list(control.versions))
+        report = _end_early(control, RunStatus.STALLED, str(stuck))
     verdicts = check_all(history, scenario.progress_window)
     return SimResult(scenario, seed, history, report, verdicts, rt.env.processed)
