@@ -10,8 +10,8 @@ never decide (no retries, no version numbers of their own).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from miles_core.buffer import Group
 from miles_core.cells import Heal, Outcome
@@ -71,6 +71,8 @@ class GenerateResult:
     weight_version: int | None
     aborted: bool
     reward: float = 0.0
+    payload: Any = field(default=None, compare=False, repr=False)
+    """Opaque to the control plane (token ids for the trainer); copied into the Sample."""
 
 
 class TrainCell(Protocol):

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
+from typing import Any
 
 from miles_core.errors import ConfigError, VersionRegressionError, int_at_least
 from miles_core.versions import INITIAL_WEIGHTS_VERSION, staleness
@@ -63,6 +64,9 @@ class Sample:
     weight_versions: tuple[int | None, ...] = ()
     status: SampleStatus = SampleStatus.COMPLETED
     reward: float | None = None
+    payload: Any = field(default=None, compare=False, repr=False)
+    """What the trainer needs and the control plane never reads (token ids, logprobs):
+    opaque here, carried from the engine's reply to the train step."""
 
     def __post_init__(self) -> None:
         for version in self.weight_versions:

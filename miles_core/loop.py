@@ -283,10 +283,11 @@ class Orchestrator:
         incarnation = self._incarnation[engine]
         self.load[engine] += 1
         request = GenerateRequest(group_id=group_id, prompt_id=prompt_id, sample=index)
-        version, aborted, reward = None, True, 0.0
+        version, aborted, reward, payload = None, True, 0.0, None
         try:
             result = await self.cluster.router.generate(engine, request)
             version, aborted, reward = result.weight_version, result.aborted, result.reward
+            payload = result.payload
         except (EngineFailure, RouterFailure) as failure:
             if isinstance(failure, EngineFailure) and self._incarnation[engine] == incarnation:
                 self.engine_down(failure.engine, failure.reason)
@@ -304,7 +305,7 @@ class Orchestrator:
         )
         if aborted:
             return Sample(index, (), SampleStatus.ABORTED)
-        return Sample(index, (version,), reward=reward)
+        return Sample(index, (version,), reward=reward, payload=payload)
 
     async def _generate_group(self, group_id: int, prompt_id: int) -> bool:
         n = self.config.n_samples_per_prompt

@@ -397,14 +397,22 @@ class SimCluster:
             self._exchanges[key] = _Exchange(self, members)
         return self._exchanges[key]
 
-    def kill_cell(self, index: int) -> None:
+    def kill_cell(self, index: int, point: str | None = None) -> None:
+        """Kill at once: in virtual time the named point is now."""
+        del point
         self.cells[index].kill()
         for exchange in self._exchanges.values():
             if index in exchange.members and not exchange.done.is_set():
                 exchange.fail()
 
-    def kill_engine(self, engine_id: str) -> None:
+    def kill_engine(self, engine_id: str, point: str | None = None) -> None:
+        del point
         self.engines[engine_id].kill()
+
+    async def restart_engine(self, engine_id: str) -> None:
+        engine = self.engines[engine_id]
+        engine.kill()
+        engine.restart()
 
 
 class FaultPoints:

@@ -19,6 +19,7 @@ first).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Protocol
 
 from miles_core.cells import CellState
 from miles_core.errors import ConfigError, int_at_least
@@ -32,7 +33,7 @@ from miles_core.events import (
     StepCommitted,
 )
 from miles_core.loop import Orchestrator
-from sim.cluster import FaultPoints, SimCluster
+from sim.cluster import FaultPoints
 
 POINTS = ("before_allreduce", "after_bucket", "during_heal", "mid_generation", "step_begin")
 _CELL_FAULTS = (
@@ -141,6 +142,24 @@ class Fault:
         return cls(**data)  # type: ignore[arg-type]
 
 
+class FaultTarget(Protocol):
+    """What a world offers a fault: the simulated cluster and the Ray cluster alike.
+
+    ``point`` says where the kill strikes; a real world may need it to kill at the
+    right moment (inside the call about to be made), a simulated one kills at once.
+    """
+
+    def kill_cell(self, index: int, point: str | None) -> None: ...
+
+    def kill_engine(self, engine: str, point: str | None) -> None: ...
+
+    async def restart_engine(self, engine: str) -> None:
+        """Kill the engine's process and start a new one; return once it serves HTTP."""
+        ...
+
+    def impair(self, what: str, factor: float, seconds: float) -> None: ...
+
+
 class ScheduledFaults(FaultPoints):
     """The faults of one run, wired to its cluster and control plane."""
 
@@ -149,10 +168,10 @@ class ScheduledFaults(FaultPoints):
         self._fired: set[int] = set()
         self._committed = -1
         self._pending_starts: list[Fault] = []
-        self.cluster: SimCluster | None = None
+        self.cluster: FaultTarget | None = None
         self.control: Orchestrator | None = None
 
-    def install(self, cluster: SimCluster, control: Orchestrator) -> None:
+    def install(self, cluster: FaultTarget, control: Orchestrator) -> None:
         self.cluster, self.control = cluster, control
         control.history.observe(self._observe)
         for fault in self.faults:
@@ -165,11 +184,11 @@ class ScheduledFaults(FaultPoints):
             )
         for index, fault in enumerate(self.faults):
             if fault.at is not None:
-                cluster.rt.spawn(self._timed(index, fault), f"fault-{index}")
+                control.rt.spawn(self._timed(index, fault), f"fault-{index}")
 
     async def _timed(self, index: int, fault: Fault) -> None:
-        assert self.cluster is not None
-        await self.cluster.rt.sleep(fault.at or 0.0)
+        assert self.control is not None
+        await self.control.rt.sleep(fault.at or 0.0)
         self._apply(index, fault)
 
     def _armed(self, fault: Fault) -> bool:
@@ -191,16 +210,16 @@ class ScheduledFaults(FaultPoints):
             delay = float(where.get("delay", 0.0))  # type: ignore[arg-type]
             if delay > 0:
                 self._fired.add(index)
-                assert self.cluster is not None
-                self.cluster.rt.spawn(self._later(index, fault, delay), f"fault-{index}")
+                assert self.control is not None
+                self.control.rt.spawn(self._later(index, fault, delay), f"fault-{index}")
             else:
                 self._apply(index, fault)
             fired = True
         return fired
 
     async def _later(self, index: int, fault: Fault, delay: float) -> None:
-        assert self.cluster is not None
-        await self.cluster.rt.sleep(delay)
+        assert self.control is not None
+        await self.control.rt.sleep(delay)
         self._fired.discard(index)
         self._apply(index, fault)
 
@@ -228,14 +247,14 @@ class ScheduledFaults(FaultPoints):
             detail=fault.detail,
         )
         if fault.kind in (FaultKind.KILL_CELL, FaultKind.STOP_CELL):
-            cluster.kill_cell(fault.cell)  # type: ignore[arg-type]
+            cluster.kill_cell(fault.cell, fault.point)  # type: ignore[arg-type]
         elif fault.kind is FaultKind.START_CELL:
             if control.cells.state(fault.cell) in (CellState.STOPPED, CellState.ERRORED):  # type: ignore[arg-type]
                 self._start(fault)
             else:  # the control plane has not noticed the death yet
                 self._pending_starts.append(fault)
         elif fault.kind is FaultKind.KILL_ENGINE:
-            cluster.kill_engine(fault.engine)  # type: ignore[arg-type]
+            cluster.kill_engine(fault.engine, fault.point)  # type: ignore[arg-type]
         elif fault.kind is FaultKind.SLOW_CELL:
             cluster.impair(f"cell-{fault.cell}", fault.factor, fault.duration)  # type: ignore[arg-type]
         elif fault.kind is FaultKind.SLOW_LINK:
@@ -247,15 +266,17 @@ class ScheduledFaults(FaultPoints):
         elif fault.kind is FaultKind.DROP_HEARTBEAT:
             cluster.impair(f"heartbeat-{fault.cell}", 1.0, fault.duration)  # type: ignore[arg-type]
         elif fault.kind is FaultKind.RESTART_ENGINE:
-            engine = cluster.engines[fault.engine]  # type: ignore[index]
-            engine.kill()
-            engine.restart()
-            control.engine_down(engine.id, "process restarted")
-            control.engine_up(engine.id, "process restarted")
+            control.engine_down(fault.engine, "process restarted")  # type: ignore[arg-type]
+            control.rt.spawn(self._restart(fault.engine), f"restart-{fault.engine}")  # type: ignore[arg-type]
+
+    async def _restart(self, engine: str) -> None:
+        assert self.cluster is not None and self.control is not None
+        await self.cluster.restart_engine(engine)
+        self.control.engine_up(engine, "process restarted")
 
     def _start(self, fault: Fault) -> None:
         assert self.control is not None
         self.control.start_cell(fault.cell, f"{fault.kind.value} fault")  # type: ignore[arg-type]
 
 
-__all__ = ["POINTS", "Fault", "ScheduledFaults"]
+__all__ = ["POINTS", "Fault", "FaultTarget", "ScheduledFaults"]
