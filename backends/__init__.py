@@ -1,1 +1,1 @@
-"""The real worlds: Ray with torch on CPU, and Megatron-core/SGLang on GPU (later issues)."""
+"""Real worlds for the control plane: Ray actors, torch, HTTP engines (CPU now, GPU later)."""

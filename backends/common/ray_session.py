@@ -1,0 +1,104 @@
+"""A Ray session that never outlives its run, and placement groups laid out by miles_core.
+
+``ray_session`` starts a local Ray with virtual GPUs (``ray.init(num_gpus=N)``)
+in its own temporary directory on loopback, or joins ``address``; either way
+Ray is shut down on exit, errors included, and a local session's directory is
+removed. ``placed_bundles`` asks Ray where each bundle of a placement group
+landed (node address and GPU id, from an actor inside the bundle, as miles'
+InfoActor does) and lets miles_core.placement order them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from miles_core.placement import Bundle, Layout, Placement, place
+
+LOOPBACK = "127.0.0.1"
+
+
+@contextlib.contextmanager
+def ray_session(num_gpus: int, address: str | None = None, num_cpus: int = 16) -> Iterator[None]:
+    """Ray for one run; ``num_cpus`` is logical (actors reserve none while running)."""
+    tmp = None
+    if address is None:
+        tmp = tempfile.mkdtemp(prefix="ray-", dir=os.environ.get("RAY_TMPDIR", "/tmp"))
+        ray.init(
+            num_gpus=num_gpus,
+            num_cpus=num_cpus,
+            _temp_dir=tmp,
+            _node_ip_address=LOOPBACK,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+        )
+    else:
+        ray.init(address=address, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+@ray.remote(num_cpus=0)
+class _BundleInfo:
+    def where(self) -> tuple[str, int]:
+        node = ray.get_runtime_context().get_node_id()
+        gpu_ids = ray.get_gpu_ids()
+        return node, int(gpu_ids[0]) if gpu_ids else 0
+
+
+def node_addresses() -> dict[str, str]:
+    return {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+
+
+def placed_bundles(layout: Layout) -> tuple[PlacementGroup, Placement]:
+    """One GPU bundle per layout GPU; ordered by (node address, GPU id) as miles does."""
+    pg = placement_group([{"GPU": 1, "CPU": 0.001}] * layout.total_gpus, strategy="PACK")
+    ray.get(pg.ready(), timeout=120)
+    probes = [
+        _BundleInfo.options(
+            num_gpus=0.01,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                pg, placement_group_bundle_index=i
+            ),
+        ).remote()
+        for i in range(layout.total_gpus)
+    ]
+    where = ray.get([p.where.remote() for p in probes], timeout=120)
+    for probe in probes:
+        ray.kill(probe)
+    addresses = node_addresses()
+    bundles = [
+        Bundle(index=i, node=addresses.get(node, node), gpu_id=gpu)
+        for i, (node, gpu) in enumerate(where)
+    ]
+    return pg, place(layout, bundles)
+
+
+def _in_bundle_index(pg: PlacementGroup, index: int) -> PlacementGroupSchedulingStrategy:
+    return PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index)
+
+
+def in_bundle(pg: PlacementGroup, bundle: Bundle) -> PlacementGroupSchedulingStrategy:
+    return _in_bundle_index(pg, bundle.index)
+
+
+__all__ = [
+    "LOOPBACK",
+    "in_bundle",
+    "node_addresses",
+    "placed_bundles",
+    "ray_session",
+    "remove_placement_group",
+]

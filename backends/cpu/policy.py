@@ -1,0 +1,185 @@
+"""The tiny policy, its verifiable task and the GRPO objective, shared by trainers and engines.
+
+The task ("climb"): a prompt is BOS, three digits, SEP; the policy answers with
+RESPONSE_TOKENS tokens, and the reward is the fraction of them that are digits
+strictly greater than the prompt's last digit. A random policy earns about
+0.4; a trained one close to 0.95 (answering mostly 9s is the shortcut it finds,
+which is fine: the point is a reward the reader can verify and watch rise).
+
+The model is a two-layer Llama built from a transformers config with a fixed
+init seed (no download), so every trainer cell and engine starts bitwise equal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from miles_core.transfer import Bucket, ParamSpec, StagingSpan, UpdateUnit, units_of
+from sim.runtime import derive_seed
+
+DIGITS = 10
+BOS, SEP = 10, 11
+VOCAB = 12
+PROMPT_DIGITS = 3
+RESPONSE_TOKENS = 4
+INIT_SEED = 1234
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    hidden_size: int = 64
+    layers: int = 2
+    heads: int = 4
+    lr: float = 1e-2
+
+    def hf_config(self) -> LlamaConfig:
+        return LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=self.hidden_size,
+            intermediate_size=2 * self.hidden_size,
+            num_hidden_layers=self.layers,
+            num_attention_heads=self.heads,
+            num_key_value_heads=max(1, self.heads // 2),
+            max_position_embeddings=2 + PROMPT_DIGITS + RESPONSE_TOKENS,
+            tie_word_embeddings=True,
+            bos_token_id=BOS,
+            eos_token_id=None,
+            pad_token_id=None,
+        )
+
+
+def build_model(config: PolicyConfig) -> LlamaForCausalLM:
+    """The same weights in every process: init under a fixed seed, restore the RNG after."""
+    torch.set_num_threads(1)
+    with torch.random.fork_rng():
+        torch.manual_seed(INIT_SEED)
+        model = LlamaForCausalLM(config.hf_config())
+    return model.float()
+
+
+def prompt_tokens(seed: int, prompt_id: int) -> list[int]:
+    rng = random.Random(derive_seed(seed, f"prompt-{prompt_id}"))
+    return [BOS, *(rng.randrange(DIGITS) for _ in range(PROMPT_DIGITS)), SEP]
+
+
+def reward(prompt: Sequence[int], response: Sequence[int]) -> float:
+    """The verifier: the share of response tokens that are digits above the last prompt digit."""
+    if not response:
+        return 0.0
+    last = prompt[-2]
+    return sum(1 for t in response if t < DIGITS and t > last) / len(response)
+
+
+def param_specs(model: torch.nn.Module) -> tuple[ParamSpec, ...]:
+    return tuple(
+        ParamSpec.of(name, tuple(p.shape), str(p.dtype).removeprefix("torch."))
+        for name, p in model.named_parameters()
+    )
+
+
+def update_units(model: torch.nn.Module) -> tuple[UpdateUnit, ...]:
+    """Each layer's q/k/v projections travel together (a fused-QKV unit, as in miles)."""
+
+    def atomic(name: str) -> str | None:
+        if "self_attn" in name and any(f".{p}_proj." in name for p in "qkv"):
+            return name.split(".self_attn.")[0] + ".qkv"
+        return None
+
+    return units_of(param_specs(model), atomic)
+
+
+def checksum(model: torch.nn.Module) -> str:
+    """sha256 over every parameter's bytes in name order: bitwise equality, not closeness."""
+    digest = hashlib.sha256()
+    for name, p in sorted(model.named_parameters()):
+        digest.update(name.encode())
+        digest.update(p.detach().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def pack_bucket(model: torch.nn.Module, bucket: Bucket) -> torch.Tensor:
+    """The bucket's uint8 wire buffer, each tensor at its staging span."""
+    params = dict(model.named_parameters())
+    buffer = torch.zeros(bucket.nbytes, dtype=torch.uint8)
+    for span in bucket.spans:
+        src = params[span.name].detach().contiguous().view(torch.uint8).reshape(-1)
+        buffer[span.start : span.end].copy_(src)
+    return buffer
+
+
+def spans_of(names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]]):
+    """The receiver's view of a bucket from SGLang's (names, dtypes, shapes) payload."""
+    from miles_core.transfer import staging_span
+
+    spans, offset = [], 0
+    for name, dtype, shape in zip(names, dtypes, shapes, strict=True):
+        spec = ParamSpec.of(name, shape, dtype)
+        start, end = staging_span(offset, dtype, spec.nbytes)
+        spans.append(StagingSpan(name, dtype, tuple(shape), start, end))
+        offset = end
+    return spans, offset
+
+
+def unpack_into(model: torch.nn.Module, spans: Iterable[StagingSpan], buffer: torch.Tensor) -> None:
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for span in spans:
+            dst = params[span.name]
+            dst.view(torch.uint8).reshape(-1).copy_(buffer[span.start : span.end])
+
+
+@torch.no_grad()
+def sample(
+    model: torch.nn.Module, prompt: Sequence[int], max_new_tokens: int, seed: int
+) -> tuple[list[int], list[float]]:
+    """Sample at temperature 1; returns the tokens and their logprobs."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.tensor([list(prompt)])
+    tokens, logprobs = [], []
+    for _ in range(max_new_tokens):
+        logits = model(input_ids=ids).logits[0, -1].float()
+        probs = torch.softmax(logits, -1)
+        token = int(torch.multinomial(probs, 1, generator=generator))
+        tokens.append(token)
+        logprobs.append(float(torch.log(probs[token])))
+        ids = torch.cat([ids, torch.tensor([[token]])], 1)
+    return tokens, logprobs
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One sample as the trainer needs it (the Sample's payload)."""
+
+    prompt: tuple[int, ...]
+    response: tuple[int, ...]
+    reward: float
+
+
+def grpo_loss(model: torch.nn.Module, groups: Sequence[Sequence[Trajectory]]) -> torch.Tensor:
+    """Policy gradient with group-normalised advantages (GRPO without the KL term).
+
+    Advantages are (r - mean) / (std + eps) within each prompt's group; a group
+    whose rewards are all equal teaches nothing and contributes zero.
+    """
+    rows, advantages = [], []
+    for group in groups:
+        rewards = torch.tensor([t.reward for t in group])
+        std = rewards.std() if len(group) > 1 else torch.tensor(0.0)
+        adv = (rewards - rewards.mean()) / (std + 1e-6)
+        rows += list(group)
+        advantages.append(adv)
+    if not rows:
+        return torch.zeros((), requires_grad=True)
+    prompt_len = len(rows[0].prompt)
+    ids = torch.tensor([[*t.prompt, *t.response] for t in rows])
+    logits = model(input_ids=ids[:, :-1]).logits[:, prompt_len - 1 :, :].float()
+    response = ids[:, prompt_len:]
+    logp = torch.log_softmax(logits, -1).gather(-1, response[..., None]).squeeze(-1)
+    adv = torch.cat(advantages)
+    return -(adv[:, None] * logp).mean()

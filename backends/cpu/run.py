@@ -1,0 +1,288 @@
+"""One real run on Ray: a scenario (the simulator's, file or name) and a seed in; the event
+history, the oracles' verdicts and the training/transfer figures out.
+
+The scenario's sim section gives the world's shape (cells, engines); its time
+models are the simulator's and do not apply here. Its loop section is used as
+is, with two translations: the bucket size is scaled so the real model splits
+into as many buckets as the simulated one (a fault "after bucket 2" exists in
+both worlds), and heartbeat timeouts are at least REAL_HEARTBEAT_TIMEOUT wall
+seconds (a busy 2-core machine answers a Ray call slower than a simulated second).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from backends.common.aio_runtime import AsyncioRuntime
+from backends.common.ray_session import placed_bundles, ray_session, remove_placement_group
+from backends.cpu.cluster import RayWorld, buffer_size_for
+from backends.cpu.policy import PolicyConfig
+from miles_core.errors import ConfigError
+from miles_core.events import (
+    Event,
+    GroupGot,
+    GroupTrained,
+    History,
+    RunStatus,
+    StepCommitted,
+    UpdateBegan,
+    VersionPublished,
+)
+from miles_core.loop import LoopConfig, Orchestrator, RunReport
+from miles_core.oracles import Violation, check_all
+from miles_core.placement import LayoutConfig, compute_layout
+from miles_core.transfer import plan_buckets
+from sim.cluster import SimConfig
+from sim.faults import ScheduledFaults
+from sim.run import Scenario, _end_early
+
+REAL_HEARTBEAT_TIMEOUT = 5.0
+
+TRAIN = Scenario(
+    "train",
+    "two cells, two engines, no fault: GRPO on the climb task, reward rises",
+    SimConfig(num_cells=2, num_engines=2),
+    LoopConfig(
+        steps=20,
+        rollout_batch_size=8,
+        n_samples_per_prompt=8,
+        max_weight_staleness=2,
+        update_weight_buffer_size=64 * 1024,
+        heartbeat_interval=5.0,
+        heartbeat_timeout=REAL_HEARTBEAT_TIMEOUT,
+    ),
+)
+"""The default real run (python -m backends.cpu run)."""
+
+
+@dataclass(frozen=True)
+class StepLine:
+    """One line of per-step metrics, printed as the run goes."""
+
+    step: int
+    version: int
+    reward: float
+    staleness: float
+    transfer_seconds: float
+    transfer_bytes: int
+
+    @property
+    def gbps(self) -> float:
+        return self.transfer_bytes / self.transfer_seconds / 1e9 if self.transfer_seconds else 0.0
+
+    def __str__(self) -> str:
+        return (
+            f"step {self.step:3d}  reward {self.reward:.3f}  version {self.version:3d}  "
+            f"staleness {self.staleness:.2f}  transfer {self.transfer_seconds * 1e3:7.1f} ms "
+            f"{self.gbps:6.3f} GB/s"
+        )
+
+
+@dataclass
+class RealResult:
+    scenario: Scenario
+    seed: int
+    history: History
+    report: RunReport
+    verdicts: dict[str, Violation | None]
+    lines: list[StepLine] = field(default_factory=list)
+    wall_seconds: float = 0.0
+    step_rewards: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return all(v is None for v in self.verdicts.values())
+
+    def summary(self) -> dict[str, Any]:
+        rewards = [self.step_rewards[s] for s in sorted(self.step_rewards)]
+        transfers = [line for line in self.lines if line.transfer_seconds > 0]
+        return {
+            "scenario": self.scenario.name,
+            "seed": self.seed,
+            "status": self.report.status.value,
+            "steps": self.report.steps_done,
+            "final_version": self.report.versions[-1] if self.report.versions else None,
+            "mean_reward_first": rewards[0] if rewards else None,
+            "mean_reward_last": rewards[-1] if rewards else None,
+            "seconds_per_step": self.wall_seconds / max(1, self.report.steps_done),
+            "transfer": {
+                "updates": len(transfers),
+                "bytes_per_update": transfers[0].transfer_bytes if transfers else 0,
+                "median_seconds": statistics.median(t.transfer_seconds for t in transfers)
+                if transfers
+                else None,
+                "median_gbps": statistics.median(t.gbps for t in transfers) if transfers else None,
+            },
+            "oracles": {k: "pass" if v is None else "fail" for k, v in self.verdicts.items()},
+            "history_hash": self.history.hash(),
+        }
+
+
+class _StepMetrics:
+    """Turns the event stream into StepLines: the reward and staleness of the groups a
+    step trained, and the transfer of the update that followed it."""
+
+    def __init__(self, world: RayWorld, on_line: Callable[[StepLine], None]) -> None:
+        self.world = world
+        self.on_line = on_line
+        self.staleness: list[int] = []
+        self.trained: dict[int, list[int]] = {}
+        self.step = -1
+        self.update = -1
+        self.lines: list[StepLine] = []
+        self.rewards: dict[int, float] = {}
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, GroupGot):
+            self.staleness.append(event.staleness or 0)
+        elif isinstance(event, StepCommitted):
+            self.step = event.step
+        elif isinstance(event, GroupTrained):
+            scores = self.world.rewards.get(event.group_id, ())
+            self.trained.setdefault(event.step, []).extend(scores)
+            self.rewards[event.step] = statistics.fmean(self.trained[event.step] or [0.0])
+        elif isinstance(event, UpdateBegan) and event.publishes:
+            self.update = event.update_id
+        elif isinstance(event, VersionPublished):
+            log = self.world.transfers
+            line = StepLine(
+                step=self.step,
+                version=event.version,
+                reward=self.rewards.get(self.step, 0.0),
+                staleness=statistics.fmean(self.staleness) if self.staleness else 0.0,
+                transfer_seconds=log.wall.get(self.update, 0.0),
+                transfer_bytes=log.bytes.get(self.update, 0),
+            )
+            self.staleness = []
+            self.lines.append(line)
+            self.on_line(line)
+
+
+def real_loop(scenario: Scenario, steps: int | None, seed: int, model_bytes: int) -> LoopConfig:
+    loop = scenario.loop
+    if loop.lora_adapter is not None:
+        raise ConfigError(
+            "loop.lora_adapter",
+            "the CPU backend trains the full model, not a LoRA adapter",
+            "run LoRA scenarios in the simulator (python -m sim run ...)",
+        )
+    if scenario.sim.gpus_per_cell != 1:
+        raise ConfigError(
+            "sim.gpus_per_cell",
+            f"got {scenario.sim.gpus_per_cell}; cells of several ranks (FSDP2) are not built yet",
+            "use gpus_per_cell = 1 with the CPU backend",
+        )
+    sim_buckets = len(plan_buckets(scenario.sim.units(), loop.update_weight_buffer_size))
+    buffer = (
+        loop.update_weight_buffer_size
+        if scenario is TRAIN
+        else buffer_size_for(model_bytes, sim_buckets)
+    )
+    return dataclasses.replace(
+        loop,
+        steps=steps or loop.steps,
+        seed=seed,
+        scenario=scenario.name,
+        update_weight_buffer_size=buffer,
+        heartbeat_timeout=max(loop.heartbeat_timeout, REAL_HEARTBEAT_TIMEOUT),
+        heartbeat_interval=None
+        if loop.heartbeat_interval is None
+        else max(loop.heartbeat_interval, REAL_HEARTBEAT_TIMEOUT),
+    )
+
+
+async def _run(
+    scenario: Scenario,
+    seed: int,
+    steps: int | None,
+    policy: PolicyConfig,
+    timeout: float,
+    observers: Sequence[Callable[[Event], None]],
+    on_line: Callable[[StepLine], None],
+    pg: Any,
+    placement: Any,
+) -> RealResult:
+    rt = AsyncioRuntime(seed)
+    faults = ScheduledFaults(scenario.faults)
+    world = RayWorld(
+        rt,
+        num_cells=scenario.sim.num_cells,
+        num_engines=scenario.sim.num_engines,
+        policy=policy,
+        pg=pg,
+        placement=placement,
+        faults=faults,
+        seed=seed,
+    )
+    try:
+        loop = real_loop(scenario, steps, seed, world.model_bytes)
+        await world.start()
+        history = History()
+        metrics = _StepMetrics(world, on_line)
+        history.observe(metrics)
+        for observer in observers:
+            history.observe(observer)
+        control = Orchestrator(rt, world, loop, history)
+        world.attach(control)
+        faults.install(world, control)
+        started = rt.now()
+        try:
+            report = await asyncio.wait_for(control.run(), timeout)
+        except TimeoutError:
+            report = _end_early(control, RunStatus.STALLED, f"no end within {timeout:g} s")
+        wall = rt.now() - started
+    finally:
+        await world.close()
+    verdicts = check_all(history, scenario.progress_window)
+    scenario = dataclasses.replace(scenario, loop=loop)
+    return RealResult(
+        scenario, seed, history, report, verdicts, metrics.lines, wall, metrics.rewards
+    )
+
+
+def run_real(
+    scenario: Scenario = TRAIN,
+    seed: int = 0,
+    steps: int | None = None,
+    *,
+    policy: PolicyConfig | None = None,
+    timeout: float = 900.0,
+    address: str | None = None,
+    observers: Sequence[Callable[[Event], None]] = (),
+    on_line: Callable[[StepLine], None] = lambda line: None,
+) -> RealResult:
+    """Start Ray (or join ``address``), run, and shut everything down, errors included."""
+    sim = scenario.sim
+    layout = compute_layout(
+        LayoutConfig(
+            actor_num_nodes=1,
+            actor_num_gpus_per_node=sim.num_cells * sim.gpus_per_cell,
+            rollout_num_gpus=sim.num_engines,
+            rollout_num_gpus_per_engine=1,
+            indep_dp=True,
+            gpus_per_cell=sim.gpus_per_cell,
+        )
+    )
+    with ray_session(layout.total_gpus, address):
+        pg, placement = placed_bundles(layout)
+        try:
+            return asyncio.run(
+                _run(
+                    scenario,
+                    seed,
+                    steps,
+                    policy or PolicyConfig(),
+                    timeout,
+                    observers,
+                    on_line,
+                    pg,
+                    placement,
+                )
+            )
+        finally:
+            remove_placement_group(pg)
