@@ -86,7 +86,7 @@ from miles_core.events import (
     UpdateBegan,
     VersionPublished,
 )
-from miles_core.runtime import Runtime
+from miles_core.runtime import Runtime, Task
 from miles_core.sync import Lock, Notifier
 from miles_core.transfer import (
     DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE,
@@ -588,15 +588,36 @@ class Orchestrator:
                 AdapterUnloaded, update_id=update_id, adapter=step.adapter, engines=step.engines
             )
 
-    async def _update_weights(self) -> None:
+    async def _train_and_update(
+        self, step: int, batch: list[Group], next_batch: Task[Any] | None = None
+    ) -> None:
+        """Train a step, then update the weights, holding the weights lock throughout.
+
+        A sync of a restarted engine sends the trainer's current weights stamped
+        with the published version, which is right only while no step sits
+        between its optimizer step and its update. The lock makes those windows
+        exclusive (the real backend's checksums caught a sync racing a train step
+        and sending half-stepped weights; the simulator has no weights to see it).
+
+        One-step-off waits for ``next_batch`` before updating, so as not to abort
+        it, but only while some engine serves: with none serving (a restarted
+        engine waits for this very lock to be synced) the batch cannot finish,
+        and updating now is what lets it go on.
+        """
         await self._update_lock.acquire()
-        self._monitor_paused += 1
         try:
-            while not self.live:  # every engine is down: wait for one to come back
-                await self._engines_changed.wait()
-            await self._route_update(publish=True)
+            await self._train(step, batch)
+            self._batch = []
+            while next_batch is not None and not next_batch.done() and self._serving():
+                await self.rt.wait_any([next_batch, self._engines_changed.wait()])
+            self._monitor_paused += 1
+            try:
+                while not self.live:  # every engine is down: wait for one to come back
+                    await self._engines_changed.wait()
+                await self._route_update(publish=True)
+            finally:
+                self._monitor_paused -= 1
         finally:
-            self._monitor_paused -= 1
             self._update_lock.release()
 
     async def _sync(self, engine: str) -> None:
@@ -670,10 +691,7 @@ class Orchestrator:
             self._batch = await self._drain()
             if step + 1 < self.config.steps:
                 next_batch = self.rt.spawn(self._rollout(rbs), f"rollout-{step + 1}")
-            await self._train(step, self._batch)
-            self._batch = []
-            await next_batch
-            await self._update_weights()
+            await self._train_and_update(step, self._batch, next_batch)
 
     # -- the run --------------------------------------------------------------------------
 
@@ -707,9 +725,7 @@ class Orchestrator:
             else:
                 for step in range(c.steps):
                     self._batch = await self._drain()
-                    await self._train(step, self._batch)
-                    self._batch = []
-                    await self._update_weights()
+                    await self._train_and_update(step, self._batch)
         except MilesCoreError as error:
             status, reason = RunStatus.FAILED, f"{type(error).__name__}: {error}"
         self._stopping = True

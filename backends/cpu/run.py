@@ -163,6 +163,13 @@ class _StepMetrics:
             self.on_line(line)
 
 
+async def _cancel_leftovers() -> None:
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel("run ended")
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def real_loop(scenario: Scenario, steps: int | None, seed: int, model_bytes: int) -> LoopConfig:
     loop = scenario.loop
     if loop.lora_adapter is not None:
@@ -237,6 +244,7 @@ async def _run(
             report = _end_early(control, RunStatus.STALLED, f"no end within {timeout:g} s")
         wall = rt.now() - started
     finally:
+        await _cancel_leftovers()  # generation still in flight must not outlive the run
         await world.close()
     verdicts = check_all(history, scenario.progress_window)
     scenario = dataclasses.replace(scenario, loop=loop)
@@ -250,15 +258,18 @@ def run_real(
     seed: int = 0,
     steps: int | None = None,
     *,
-    policy: PolicyConfig | None = None,
-    timeout: float = 900.0,
     address: str | None = None,
-    observers: Sequence[Callable[[Event], None]] = (),
-    on_line: Callable[[StepLine], None] = lambda line: None,
+    **options: Any,
 ) -> RealResult:
-    """Start Ray (or join ``address``), run, and shut everything down, errors included."""
+    """Start Ray (or join ``address``), run, and shut Ray down, errors included."""
+    layout = _layout(scenario)
+    with ray_session(layout.total_gpus, address):
+        return run_in_ray(scenario, seed, steps, **options)
+
+
+def _layout(scenario: Scenario) -> Any:
     sim = scenario.sim
-    layout = compute_layout(
+    return compute_layout(
         LayoutConfig(
             actor_num_nodes=1,
             actor_num_gpus_per_node=sim.num_cells * sim.gpus_per_cell,
@@ -268,21 +279,34 @@ def run_real(
             gpus_per_cell=sim.gpus_per_cell,
         )
     )
-    with ray_session(layout.total_gpus, address):
-        pg, placement = placed_bundles(layout)
-        try:
-            return asyncio.run(
-                _run(
-                    scenario,
-                    seed,
-                    steps,
-                    policy or PolicyConfig(),
-                    timeout,
-                    observers,
-                    on_line,
-                    pg,
-                    placement,
-                )
+
+
+def run_in_ray(
+    scenario: Scenario = TRAIN,
+    seed: int = 0,
+    steps: int | None = None,
+    *,
+    policy: PolicyConfig | None = None,
+    timeout: float = 900.0,
+    observers: Sequence[Callable[[Event], None]] = (),
+    on_line: Callable[[StepLine], None] = lambda line: None,
+) -> RealResult:
+    """One run on the Ray this process is connected to; its actors and placement group
+    are gone when it returns."""
+    pg, placement = placed_bundles(_layout(scenario))
+    try:
+        return asyncio.run(
+            _run(
+                scenario,
+                seed,
+                steps,
+                policy or PolicyConfig(),
+                timeout,
+                observers,
+                on_line,
+                pg,
+                placement,
             )
-        finally:
-            remove_placement_group(pg)
+        )
+    finally:
+        remove_placement_group(pg)

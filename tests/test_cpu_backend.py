@@ -1,0 +1,136 @@
+"""The CPU backend for real: Ray with virtual GPUs, torch trainers, HTTP engines, gloo.
+
+One Ray session serves the module (each test's actors and placement group are
+removed when its run returns; Ray and its temporary directory when the module
+ends). The conformance set runs each scenario in the simulator and for real
+and requires the same decisions (miles_core.conformance); rollout counts,
+which depend on timing, are printed side by side.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from backends.common.ray_session import ray_session
+from backends.cpu.run import TRAIN, RealResult, run_in_ray
+from miles_core.conformance import decisions, rollout
+from miles_core.events import (
+    EngineStateChanged,
+    GroupRecycled,
+    HealEnded,
+    QuorumChanged,
+    VersionPublished,
+    WeightsChecked,
+)
+from sim.run import Scenario, run_scenario
+from sim.scenarios import SCENARIOS, load_scenario_file
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    with ray_session(num_gpus=8):
+        yield
+
+
+def _failed(result: RealResult) -> str:
+    return "\n".join(str(v) for v in result.verdicts.values() if v)
+
+
+def test_training_raises_reward_and_engines_hold_the_trainers_weights(ray_cluster) -> None:
+    result = run_in_ray(TRAIN, seed=0, steps=12, timeout=600)
+    assert result.ok, _failed(result)
+    rewards = [result.step_rewards[s] for s in sorted(result.step_rewards)]
+    assert len(rewards) == 12
+    assert statistics.fmean(rewards[-3:]) > rewards[0] + 0.15, rewards
+    # after every update each engine's weights were hashed and equal the trainer's
+    checks = [e for e in result.history if isinstance(e, WeightsChecked)]
+    published = [e.version for e in result.history if isinstance(e, VersionPublished)]
+    assert {(c.engine, c.version) for c in checks} >= {
+        (engine, v) for engine in ("engine-0", "engine-1") for v in published
+    }
+    assert all(c.checksum == c.trainer_checksum for c in checks)
+    summary = result.summary()
+    assert summary["transfer"]["updates"] == 12
+    assert summary["transfer"]["bytes_per_update"] > 0
+
+
+def _conformance_cases() -> list[tuple[Scenario, int | None]]:
+    heal_twice = load_scenario_file(ROOT / "scenarios" / "files" / "heal_twice.toml")
+    return [
+        (SCENARIOS["no_failure"], None),
+        (SCENARIOS["cell_crash_before_allreduce"], None),
+        (SCENARIOS["crash_mid_weight_update"], None),
+        (SCENARIOS["all_cells_dead"], None),
+        (SCENARIOS["engine_crash_mid_generation"], None),
+        # a real engine takes seconds to start again: give it steps to come back in
+        (SCENARIOS["engine_restart"], 80),
+        (heal_twice, None),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("scenario", "steps"), _conformance_cases(), ids=lambda c: getattr(c, "name", str(c))
+)
+def test_conformance_with_the_simulator(ray_cluster, scenario: Scenario, steps) -> None:
+    real = run_in_ray(scenario, seed=0, steps=steps, timeout=600)
+    sim = run_scenario(scenario, 0, steps)
+    assert sim.ok
+    assert real.ok, _failed(real)
+    print(f"\n{scenario.name}: sim {rollout(sim.history)} | real {rollout(real.history)}")
+    assert decisions(real.history).differences(decisions(sim.history)) == []
+
+
+def test_real_cell_kill_shrinks_and_heals(ray_cluster) -> None:
+    scenario = SCENARIOS["cell_crash_before_allreduce"]
+    result = run_in_ray(scenario, seed=1, timeout=600)
+    assert result.ok, _failed(result)
+    quorums = [e.members for e in result.history if isinstance(e, QuorumChanged)]
+    assert (0,) in quorums and quorums[-1] == (0, 1)
+    assert [e.dst_cell for e in result.history if isinstance(e, HealEnded) and e.ok] == [1]
+    # the healed cell trains on with the survivor: both hold one set of weights
+    assert result.report.steps_done == scenario.loop.steps
+
+
+def test_real_engine_kill_recycles_its_groups(ray_cluster) -> None:
+    scenario = dataclasses.replace(SCENARIOS["engine_crash_mid_generation"])
+    result = run_in_ray(scenario, seed=1, timeout=600)
+    assert result.ok, _failed(result)
+    down = [e for e in result.history if isinstance(e, EngineStateChanged) and not e.up]
+    assert [e.engine for e in down] == ["engine-1"]
+    recycled = [e for e in result.history if isinstance(e, GroupRecycled)]
+    assert any(e.reason.startswith("aborted") and e.t >= down[0].t for e in recycled)
+
+
+@pytest.fixture
+def ray_tmpdir():
+    """A short per-run RAY_TMPDIR (Ray's socket paths must fit in 107 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_cli_json_and_no_process_outlives_the_run(ray_tmpdir: Path) -> None:
+    tmp_path = ray_tmpdir
+    env = {**os.environ, "RAY_TMPDIR": str(tmp_path)}
+    command = [sys.executable, "-m", "backends.cpu", "run", "--steps", "2", "--json"]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    info = json.loads(done.stdout.strip().splitlines()[-1])
+    assert info["steps"] == 2 and info["final_version"] == 2
+    assert set(info["oracles"].values()) == {"pass"}
+    assert info["mean_reward_first"] is not None and info["transfer"]["median_gbps"] > 0
+    leftovers = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(tmp_path) not in leftovers
+    assert list(tmp_path.iterdir()) == []  # the session directory was removed
