@@ -252,10 +252,14 @@ class _Condition(Event):
     of its events (in list order) already processed; for all, every value.
     """
 
-    def __init__(self, env: SeededEnvironment, events: list[Event], any_: bool) -> None:
+    def __init__(
+        self, env: SeededEnvironment, waitables: Sequence[SimTask | SimSignal], any_: bool
+    ) -> None:
         self.env = env
         self.callbacks = []
-        self._events = events
+        # the events behind the waitables, defused: the waiter receives the first failure;
+        # a later failure among them has been waited for too and must not crash the run
+        self._events = events = [w.event for w in waitables]
         self._any = any_
         self._count = 0
         if not events:  # SimPy: an empty condition triggers at once
@@ -267,6 +271,8 @@ class _Condition(Event):
             env.schedule(self)
             return
         check = self._check  # not kept on self: a bound method there would be a cycle
+        for event in events:
+            event._defused = True
         for event in events:
             if event.callbacks is None:
                 check(event)
@@ -305,15 +311,6 @@ class _Condition(Event):
         return (yield self)
 
 
-def _awaited(waitables: Sequence[SimTask | SimSignal]) -> list[Event]:
-    """The events behind ``waitables``, defused: the waiter receives the first failure;
-    a later failure among them has been waited for too and must not crash the run."""
-    events = [w.event for w in waitables]
-    for event in events:
-        event._defused = True
-    return events
-
-
 class SimRuntime:
     """Runtime over a SeededEnvironment; ``run`` drives a root coroutine to completion."""
 
@@ -342,15 +339,16 @@ class SimRuntime:
         return SimSignal(self.env, Timeout(self.env, seconds))
 
     def wait_any(self, waitables: Sequence[SimTask | SimSignal]) -> _Condition:
-        return _Condition(self.env, _awaited(waitables), True)
+        return _Condition(self.env, waitables, True)
 
     def wait_all(self, waitables: Sequence[SimTask | SimSignal]) -> _Condition:
-        return _Condition(self.env, _awaited(waitables), False)
+        return _Condition(self.env, waitables, False)
 
     def rng(self, stream: str) -> random.Random:
-        if stream not in self._streams:
-            self._streams[stream] = random.Random(derive_seed(self.seed, stream))
-        return self._streams[stream]
+        rng = self._streams.get(stream)
+        if rng is None:
+            rng = self._streams[stream] = random.Random(derive_seed(self.seed, stream))
+        return rng
 
     def run(self, main: Coroutine[Any, Any, T], until: float | None = None) -> T:
         """Run ``main`` as a task until it finishes (or virtual time ``until``); give its result.
