@@ -12,6 +12,7 @@ recycling. The history's hash (sha256 over its canonical JSON) is what
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import typing
@@ -62,12 +63,23 @@ class Event:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.type_name}
-        for f in dataclasses.fields(self):
-            out[f.name] = _plain(getattr(self, f.name))
+        for name in _field_names(type(self)):
+            out[name] = _plain(getattr(self, name))
         return out
 
 
+@functools.cache
+def _field_names(cls: type[Event]) -> tuple[str, ...]:
+    """The dataclass fields of an event class, looked up once (hashing asks per event)."""
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+_SCALARS = frozenset({int, float, str, bool, type(None)})
+
+
 def _plain(value: Any) -> Any:
+    if type(value) in _SCALARS:  # most fields: already plain
+        return value
     if isinstance(value, StrEnum):
         return value.value
     if isinstance(value, tuple | list):
@@ -340,6 +352,10 @@ class GroupTrained(Event):
     step: int
 
 
+_CANONICAL_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+"""What ``json.dumps(..., sort_keys=True, separators=(",", ":"))`` uses, built once."""
+
+
 class History:
     """An append-only sequence of events; time never goes backwards."""
 
@@ -391,10 +407,9 @@ class History:
     def hash(self) -> str:
         """sha256 of the canonical JSON of every event, in order."""
         digest = hashlib.sha256()
+        encode = _CANONICAL_JSON.encode
         for event in self._events:
-            digest.update(
-                json.dumps(event.to_dict(), sort_keys=True, separators=(",", ":")).encode()
-            )
+            digest.update(encode(event.to_dict()).encode())
             digest.update(b"\n")
         return digest.hexdigest()
 

@@ -275,8 +275,9 @@ class Orchestrator:
     async def _pick_engine(self) -> str:
         while not (candidates := self._serving()):
             await self._engines_changed.wait()
-        least = min(self.load[e] for e in candidates)
-        return self.rt.rng("router").choice(sorted(e for e in candidates if self.load[e] == least))
+        load = self.load
+        least = min([load[e] for e in candidates])
+        return self.rt.rng("router").choice(sorted([e for e in candidates if load[e] == least]))
 
     async def _generate_sample(self, group_id: int, prompt_id: int, index: int) -> Sample:
         engine = await self._pick_engine()

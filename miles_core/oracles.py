@@ -77,10 +77,6 @@ def _run_started(history: History) -> Indexed | None:
     return next(((s, e) for s, e in history.indexed() if isinstance(e, RunStarted)), None)
 
 
-def _run_ended(history: History) -> Indexed | None:
-    return next(((s, e) for s, e in history.indexed() if isinstance(e, RunEnded)), None)
-
-
 # -- 1 -----------------------------------------------------------------------
 
 
@@ -307,10 +303,27 @@ def published_weights(history: History) -> Violation | None:
     engines: dict[str, _EngineWeights] = {}
 
     def engine(e: str) -> _EngineWeights:
-        return engines.setdefault(e, _EngineWeights())
+        state = engines.get(e)
+        if state is None:
+            state = engines[e] = _EngineWeights()
+        return state
 
     for seq, e in history.indexed():
-        if isinstance(e, UpdateBegan):
+        if isinstance(e, SampleGenerated):  # the commonest event: tested first
+            if not e.aborted:
+                violation = _sample_weights(name, seq, e, engine(e.engine), published)
+                if violation is not None:
+                    return violation
+                if completed is not None:
+                    newest = updates[completed[1].update_id][1].version
+                    if _v(e.version) < newest:
+                        return Violation(
+                            name,
+                            f"engine {e.engine} served version {e.version} after the update "
+                            f"to {newest} completed",
+                            (completed, (seq, e)),
+                        )
+        elif isinstance(e, UpdateBegan):
             updates[e.update_id] = (seq, e)
         elif isinstance(e, VersionPublished):
             published[e.version] = (seq, e)
@@ -362,45 +375,43 @@ def published_weights(history: History) -> Violation | None:
                 f"trainer's (checksum {e.checksum} != {e.trainer_checksum})",
                 tuple(x for x in (engine(e.engine).stamp, (seq, e)) if x),
             )
-        elif isinstance(e, SampleGenerated) and not e.aborted:
-            state = engine(e.engine)
-            if e.version is not None and e.version not in published:
-                return Violation(
-                    name,
-                    f"engine {e.engine} generated under version {e.version}, which was never "
-                    "published (or not yet)",
-                    tuple(x for x in (state.stamp, (seq, e)) if x),
-                )
-            if state.partial is not None:
-                return Violation(
-                    name,
-                    f"engine {e.engine} generated while holding part of update "
-                    f"{state.partial[1].update_id} (mixed weights)",
-                    (state.partial, (seq, e)),
-                )
-            if state.unsynced is not None:
-                return Violation(
-                    name,
-                    f"engine {e.engine} generated after a restart before it received the "
-                    "published weights",
-                    (state.unsynced, (seq, e)),
-                )
-            if e.version != state.version:
-                return Violation(
-                    name,
-                    f"engine {e.engine} reported version {e.version} but was stamped "
-                    f"{state.version}",
-                    tuple(x for x in (state.stamp, (seq, e)) if x),
-                )
-            if completed is not None:
-                newest = updates[completed[1].update_id][1].version
-                if _v(e.version) < newest:
-                    return Violation(
-                        name,
-                        f"engine {e.engine} served version {e.version} after the update to "
-                        f"{newest} completed",
-                        (completed, (seq, e)),
-                    )
+    return None
+
+
+def _sample_weights(
+    name: str,
+    seq: int,
+    e: SampleGenerated,
+    state: _EngineWeights,
+    published: dict[int, Indexed],
+) -> Violation | None:
+    """What is wrong with the weights a non-aborted sample came from, if anything."""
+    if e.version is not None and e.version not in published:
+        return Violation(
+            name,
+            f"engine {e.engine} generated under version {e.version}, which was never "
+            "published (or not yet)",
+            tuple(x for x in (state.stamp, (seq, e)) if x),
+        )
+    if state.partial is not None:
+        return Violation(
+            name,
+            f"engine {e.engine} generated while holding part of update "
+            f"{state.partial[1].update_id} (mixed weights)",
+            (state.partial, (seq, e)),
+        )
+    if state.unsynced is not None:
+        return Violation(
+            name,
+            f"engine {e.engine} generated after a restart before it received the published weights",
+            (state.unsynced, (seq, e)),
+        )
+    if e.version != state.version:
+        return Violation(
+            name,
+            f"engine {e.engine} reported version {e.version} but was stamped {state.version}",
+            tuple(x for x in (state.stamp, (seq, e)) if x),
+        )
     return None
 
 
@@ -418,19 +429,37 @@ def progress(history: History, window: float) -> Violation | None:
     name = "progress"
     if window <= 0:
         raise ValueError(f"window must be > 0 seconds, got {window}")
-    events = list(history.indexed())
-    if not events:
+    if not len(history):
         return None
-    ended = _run_ended(history)
+    # one pass picks out the few events this oracle reads
+    started: Indexed | None = None
+    ended: Indexed | None = None
+    last_fault: Indexed | None = None
+    all_commits: list[Indexed] = []
+    publications: list[Indexed] = []
+    engine_events: list[Indexed] = []
+    for seq, e in history.indexed():
+        if isinstance(e, StepCommitted):
+            all_commits.append((seq, e))
+        elif isinstance(e, EngineStateChanged | EngineStamped):
+            engine_events.append((seq, e))
+        elif isinstance(e, VersionPublished):
+            publications.append((seq, e))
+        elif isinstance(e, FaultInjected):
+            last_fault = (seq, e)
+        elif isinstance(e, RunStarted):
+            started = started or (seq, e)
+        elif isinstance(e, RunEnded):
+            ended = ended or (seq, e)
     if ended is not None and ended[1].status is RunStatus.STALLED:
         return Violation(name, f"the run stalled: {ended[1].reason}", (ended,))
     if ended is not None and ended[1].status is RunStatus.FAILED:
         return None
-    end_t = events[-1][1].t
-    last_fault = next(((s, e) for s, e in reversed(events) if isinstance(e, FaultInjected)), None)
-    since: Indexed = last_fault or events[0]
-    commits = [(s, e) for s, e in events if isinstance(e, StepCommitted) and e.t > since[1].t]
-    marks = [since, *commits, events[-1]]
+    last: Indexed = (len(history) - 1, history[-1])
+    end_t = last[1].t
+    since: Indexed = last_fault or (0, history[0])
+    commits = [(s, e) for s, e in all_commits if e.t > since[1].t]
+    marks = [since, *commits, last]
     for before, after in itertools.pairwise(marks):
         if after[1].t - before[1].t > window:
             what = "the last fault" if before is last_fault else "the start"
@@ -442,31 +471,29 @@ def progress(history: History, window: float) -> Violation | None:
                 f"after {what} at t={before[1].t:g}",
                 (before, after),
             )
-    publications = [(s, e) for s, e in events if isinstance(e, VersionPublished)]
     if not publications:
         return None
     newest = publications[-1]
     live: dict[str, float] = {}
     stamped: dict[str, float] = {}
-    started = _run_started(history)
     if started:
         live = {eng: started[1].t for eng in started[1].engines}
-    for _, e in events:
+    for _, e in engine_events:
         if isinstance(e, EngineStateChanged):
             if e.up:
                 live[e.engine] = e.t
             else:
                 live.pop(e.engine, None)
                 stamped.pop(e.engine, None)
-        elif isinstance(e, EngineStamped) and e.version == newest[1].version:
+        elif e.version == newest[1].version:
             stamped[e.engine] = e.t
-    for eng, since in sorted(live.items()):
-        due = max(newest[1].t, since) + window
+    for eng, up_since in sorted(live.items()):
+        due = max(newest[1].t, up_since) + window
         if eng not in stamped and end_t > due:
             return Violation(
                 name,
                 f"live engine {eng} did not reach version {newest[1].version} within {window}s",
-                (newest, events[-1]),
+                (newest, last),
             )
     return None
 
@@ -479,10 +506,19 @@ def failover_witness(history: History) -> Violation | None:
     each engine kill took the engine down; each restart brought it up and synced it.
     In a run that completed, every scheduled fault fired (a fault that never fired
     tested nothing)."""
-    events = list(history.indexed())
-    scheduled = [(s, e) for s, e in events if isinstance(e, FaultScheduled)]
-    fired = [(s, e) for s, e in events if isinstance(e, FaultInjected)]
-    ended = _run_ended(history)
+    scheduled: list[Indexed] = []
+    fired: list[Indexed] = []
+    ended: Indexed | None = None
+    published = False
+    for seq, e in history.indexed():
+        if isinstance(e, FaultScheduled):
+            scheduled.append((seq, e))
+        elif isinstance(e, FaultInjected):
+            fired.append((seq, e))
+        elif isinstance(e, VersionPublished):
+            published = True
+        elif isinstance(e, RunEnded):
+            ended = ended or (seq, e)
     if ended is not None and ended[1].status is RunStatus.COMPLETED:
         remaining = [(e.fault, e.cell, e.engine, e.detail) for _, e in fired]
         for seq, e in scheduled:
@@ -496,11 +532,9 @@ def failover_witness(history: History) -> Violation | None:
                 "reach its point; make the run longer or move the fault",
                 ((seq, e), ended),
             )
-    for i, (seq, e) in enumerate(events):
-        if not isinstance(e, FaultInjected):
-            continue
-        published = any(isinstance(x, VersionPublished) for _, x in events)
-        missing = _missing_witness(e, events[i + 1 :], published)
+    events = list(history.indexed()) if fired else []
+    for seq, e in fired:
+        missing = _missing_witness(e, events[seq + 1 :], published)
         if missing is not None:
             return Violation(
                 "failover_witness",

@@ -206,6 +206,9 @@ class SimEngine(_Mortal):
         self._resumed = cluster.rt.signal()
         self._abort = cluster.rt.signal()
         self.in_flight = 0
+        self._lengths = cluster.rt.rng(f"{engine_id}.lengths")
+        self._rewards = cluster.rt.rng(f"{engine_id}.rewards")
+        """Looked up once: a stream is the same object for the whole run (rt.rng's contract)."""
 
     def failure(self, reason: str) -> EngineFailure:
         return EngineFailure(self.id, reason)
@@ -227,9 +230,9 @@ class SimEngine(_Mortal):
             await self.rt.wait_any([self._resumed, death])
             if death.is_set():
                 raise self.failure("killed while the request waited for resume")
-        rng = self.rt.rng(f"{self.id}.lengths")
         sigma = c.response_tokens_sigma
-        tokens = rng.lognormvariate(math.log(c.response_tokens_mean) - sigma**2 / 2, sigma)
+        mu = math.log(c.response_tokens_mean) - sigma**2 / 2
+        tokens = self._lengths.lognormvariate(mu, sigma)
         self.in_flight += 1
         seconds = (
             tokens * c.decode_seconds_per_token * (1 + c.concurrency_slowdown * self.in_flight)
@@ -239,7 +242,7 @@ class SimEngine(_Mortal):
         self.in_flight -= 1
         if outcome == 1:
             raise self.failure("killed mid-generation")
-        reward = self.rt.rng(f"{self.id}.rewards").random()
+        reward = self._rewards.random()
         return GenerateResult(self.id, self.version, aborted=outcome == 2, reward=reward)
 
     async def pause(self) -> None:
@@ -273,12 +276,13 @@ class SimRouter:
         self.cluster = cluster
 
     async def generate(self, engine: str, request: GenerateRequest) -> GenerateResult:
-        delay = self.cluster.slowdown("router-delay") - 1.0
-        if delay > 0:
-            await self.cluster.rt.sleep(delay)
-        if self.cluster.impaired("router-fail"):
-            await self.cluster.rt.sleep(self.cluster.config.router_failure_seconds)
-            raise RouterFailure(f"request for group {request.group_id} to {engine} failed")
+        if self.cluster._impairments:  # nothing was ever impaired: no delay, no failure
+            delay = self.cluster.slowdown("router-delay") - 1.0
+            if delay > 0:
+                await self.cluster.rt.sleep(delay)
+            if self.cluster.impaired("router-fail"):
+                await self.cluster.rt.sleep(self.cluster.config.router_failure_seconds)
+                raise RouterFailure(f"request for group {request.group_id} to {engine} failed")
         return await self.cluster.engines[engine].generate(request)
 
 

@@ -1,9 +1,18 @@
 """The Runtime protocol over SimPy: coroutines run in virtual time.
 
-Each spawned coroutine is stepped by a SimPy process (the asimpy pattern):
-every awaitable this runtime hands out yields a SimPy event from its
-``__await__``; the process yields that event to SimPy and sends the event's
-value (or throws its exception) back into the coroutine.
+Each spawned coroutine is stepped by SimPy event callbacks (the asimpy
+pattern): every awaitable this runtime hands out yields a SimPy event from its
+``__await__``; the task registers itself as a callback of that event and, when
+SimPy processes it, sends the event's value (or throws its exception) back into
+the coroutine.
+
+A task is scheduled exactly as a ``simpy.Process`` would be: an urgent start
+event, one completion event, an urgent interruption event per cancel; a
+wait_any/wait_all is scheduled exactly as SimPy's AnyOf/AllOf. The SimPy events
+are the same, in the same order, so a run is event for event the run that
+SimPy's own Process and Condition classes would give; only the Python plumbing
+around them is thinner (a task is a callback, not a generator driving a
+generator, and a condition does not build a ConditionValue nobody reads).
 
 Determinism: the environment breaks ties between events scheduled for the
 same instant and priority with a random key drawn from the root seed, not by
@@ -18,12 +27,13 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Coroutine, Generator, Sequence
-from heapq import heappush
+from heapq import heappop, heappush
 from typing import Any, TypeVar
 
 import simpy
-from simpy.core import EventPriority, SimTime
-from simpy.events import NORMAL, Event
+from simpy.core import EmptySchedule, EventPriority, SimTime, StopSimulation
+from simpy.events import NORMAL, PENDING, URGENT, Event, Timeout
+from simpy.exceptions import Interrupt
 
 from miles_core.runtime import Cancelled
 
@@ -40,127 +50,265 @@ class Livelock(RuntimeError):
     """Virtual time stopped advancing: events keep firing at one instant."""
 
 
+def _copy(error: BaseException) -> BaseException:
+    """A fresh copy of a failure for one receiver (SimPy's rule: tracebacks stay apart)."""
+    copy = type(error)(*error.args)
+    copy.__cause__ = error
+    return copy
+
+
 class SeededEnvironment(simpy.Environment):
     """A SimPy environment whose simultaneous events are ordered by the seed.
 
     It also refuses to process more than ``max_events_per_instant`` events at one
     virtual instant: a zero-delay retry loop would otherwise spin forever.
+
+    Queue entries are flat ``(time, priority, tiebreak, eid, event)`` tuples: the
+    same order as SimPy's ``(time, priority, (tiebreak, eid), event)`` without a
+    nested tuple per event.
     """
 
     def __init__(self, seed: int, max_events_per_instant: int = 200_000) -> None:
         super().__init__()
-        self._tiebreak = random.Random(derive_seed(seed, "simpy.tiebreak"))
+        self._tiebreak = random.Random(derive_seed(seed, "simpy.tiebreak")).getrandbits
         self._limit = max_events_per_instant
         self._instant = -1.0
         self._at_instant = 0
+        self._active_task: SimTask | None = None
         self.processed = 0
         """Events processed so far (the simulator's throughput is measured in these)."""
 
     def step(self) -> None:
-        super().step()
+        """SimPy's step, inlined, with the event count and the livelock guard."""
+        try:
+            now, _, _, _, event = heappop(self._queue)
+        except IndexError:
+            raise EmptySchedule from None
+        self._now = now
+        callbacks, event.callbacks = event.callbacks, None
+        try:
+            for callback in callbacks:
+                callback(event)
+        except StopSimulation:
+            event.callbacks = callbacks[callbacks.index(callback) + 1 :]
+            self.schedule(event, EventPriority(-1))
+            raise
+        if not event._ok and not hasattr(event, "_defused"):
+            raise _copy(event._value)  # a failure nobody waited for crashes the run
         self.processed += 1
-        if self._now != self._instant:
-            self._instant, self._at_instant = self._now, 0
+        if now != self._instant:
+            self._instant, self._at_instant = now, 0
         else:
             self._at_instant += 1
             if self._at_instant > self._limit:
                 raise Livelock(
-                    f"livelock at t={self._now}: {self._limit} events without time advancing "
+                    f"livelock at t={now}: {self._limit} events without time advancing "
                     "(a zero-delay retry loop?)"
                 )
 
     def schedule(self, event: Event, priority: EventPriority = NORMAL, delay: SimTime = 0) -> None:
-        key = (self._tiebreak.getrandbits(32), next(self._eid))
-        heappush(self._queue, (self._now + delay, priority, key, event))
+        heappush(
+            self._queue, (self._now + delay, priority, self._tiebreak(32), next(self._eid), event)
+        )
 
 
-class _Wait:
-    """Awaitable over one SimPy event."""
-
-    __slots__ = ("event",)
-
-    def __init__(self, event: Event) -> None:
-        self.event = event
+class _Sleep(Timeout):
+    """A SimPy timeout that can be awaited directly."""
 
     def __await__(self) -> Generator[Event, Any, Any]:
-        return (yield self.event)
+        return (yield self)
 
 
 class SimTask:
-    """A coroutine driven by a SimPy process."""
+    """A coroutine stepped by the callbacks of the events it awaits.
 
-    def __init__(self, env: simpy.Environment, coro: Coroutine[Any, Any, Any], name: str) -> None:
+    ``event`` is its completion: it succeeds with the coroutine's return value or
+    fails with its exception, scheduled as a ``simpy.Process`` schedules itself.
+    """
+
+    __slots__ = ("_coro", "_env", "_started", "_target", "event", "name")
+
+    def __init__(self, env: SeededEnvironment, coro: Coroutine[Any, Any, Any], name: str) -> None:
         self.name = name
         self._coro = coro
-        self._cancel_reason: str | None = None
-        self.process = env.process(self._drive())
+        self._env = env
+        self._started = False
+        self.event = Event(env)
+        start = Event(env)  # SimPy's Initialize: urgent, so a cancel cannot overtake it
+        start.callbacks.append(self._step)
+        start._ok, start._value = True, None
+        env.schedule(start, URGENT)
+        self._target = start
 
-    def _drive(self) -> Generator[Event, Any, Any]:
-        value: Any = None
-        error: BaseException | None = None
+    def _step(self, event: Event) -> None:
+        """Send the event's outcome into the coroutine; run it to its next real wait."""
+        env, coro = self._env, self._coro
+        env._active_task = self
+        self._started = True
         while True:
             try:
-                event = self._coro.throw(error) if error is not None else self._coro.send(value)
+                if event._ok:
+                    target = coro.send(event._value)
+                else:
+                    event._defused = True
+                    failure = event._value
+                    if isinstance(failure, Interrupt):
+                        error: BaseException = Cancelled(str(failure.cause))
+                    else:
+                        error = _copy(failure)
+                        if not isinstance(error, Exception):
+                            self._finish(False, error)
+                            break
+                    target = coro.throw(error)
             except StopIteration as stop:
-                return stop.value
-            if not isinstance(event, Event):
-                raise TypeError(
-                    f"task {self.name!r} awaited {event!r}; orchestration code may await only "
-                    "what the Runtime hands out"
+                self._finish(True, stop.value)
+                break
+            except BaseException as error:
+                self._finish(False, error)
+                break
+            if not isinstance(target, Event):
+                self._finish(
+                    False,
+                    TypeError(
+                        f"task {self.name!r} awaited {target!r}; orchestration code may await "
+                        "only what the Runtime hands out"
+                    ),
                 )
-            try:
-                value, error = (yield event), None
-            except simpy.Interrupt as interrupt:
-                value, error = None, Cancelled(str(interrupt.cause))
-            except GeneratorExit:  # the run ended with this task still waiting
-                self._coro.close()
-                raise
-            except Exception as failure:  # the awaited event failed: raise it in the task
-                value, error = None, failure
+                break
+            callbacks = target.callbacks
+            if callbacks is not None:  # not processed yet: wait for it
+                callbacks.append(self._step)
+                self._target = target
+                break
+            event = target  # already processed: go on with its outcome at once
+        env._active_task = None
+
+    def _finish(self, ok: bool, value: Any) -> None:
+        done = self.event
+        done._ok, done._value = ok, value
+        self._env.schedule(done)
+
+    def _interrupt(self, interruption: Event) -> None:
+        """SimPy's Interruption: take the task off its target and throw Cancelled into it."""
+        if self.event._value is not PENDING:
+            return  # it ended meanwhile
+        self._target.callbacks.remove(self._step)
+        if self._started:
+            self._step(interruption)
+        else:  # never ran: it fails with the interrupt, as an unstarted simpy.Process does
+            self._coro.close()
+            self._finish(False, _copy(interruption._value))
 
     def done(self) -> bool:
-        return self.process.triggered
+        return self.event._value is not PENDING
 
     def cancel(self, reason: str) -> None:
         """Raise Cancelled(reason) inside the task at its current await (no-op when done)."""
-        if not self.process.triggered and self.process.is_alive:
-            self._cancel_reason = reason
-            self.process.defused = True  # a cancelled task nobody awaits is not a crash
-            self.process.interrupt(reason)
+        if self.event._value is not PENDING:
+            return
+        env = self._env
+        if env._active_task is self:
+            raise RuntimeError("A process is not allowed to interrupt itself.")
+        self.event._defused = True  # a cancelled task nobody awaits is not a crash
+        interruption = Event(env)
+        interruption.callbacks.append(self._interrupt)
+        interruption._ok, interruption._value = False, Interrupt(reason)
+        interruption._defused = True
+        env.schedule(interruption, URGENT)
 
     def result(self) -> Any:
-        if not self.process.processed and not self.process.triggered:
+        done = self.event
+        if done._value is PENDING:
             raise RuntimeError(f"task {self.name!r} is still running")
-        if not self.process.ok:
-            raise self.process.value
-        return self.process.value
-
-    def __await__(self) -> Generator[Event, Any, Any]:
-        return (yield self.process)
-
-
-class SimSignal:
-    def __init__(self, env: simpy.Environment, event: Event | None = None) -> None:
-        self.event = env.event() if event is None else event
-
-    def set(self, value: Any = None) -> None:
-        if not self.event.triggered:
-            self.event.succeed(value)
-
-    def is_set(self) -> bool:
-        return self.event.triggered
+        if not done._ok:
+            raise done._value
+        return done._value
 
     def __await__(self) -> Generator[Event, Any, Any]:
         return (yield self.event)
 
 
-def _awaited(waitables: Sequence[SimTask | SimSignal]) -> list[Event]:
-    """The events behind ``waitables``, defused: the waiter receives the first failure;
-    a later failure among them has been waited for too and must not crash the run."""
-    events = [w.process if isinstance(w, SimTask) else w.event for w in waitables]
-    for event in events:
-        event.defused = True
-    return events
+class SimSignal:
+    __slots__ = ("event",)
+
+    def __init__(self, env: simpy.Environment, event: Event | None = None) -> None:
+        self.event = Event(env) if event is None else event
+
+    def set(self, value: Any = None) -> None:
+        if self.event._value is PENDING:
+            self.event.succeed(value)
+
+    def is_set(self) -> bool:
+        return self.event._value is not PENDING
+
+    def __await__(self) -> Generator[Event, Any, Any]:
+        return (yield self.event)
+
+
+class _Condition(Event):
+    """SimPy's AnyOf / AllOf with the same scheduling, minus the ConditionValue.
+
+    Its value is what the awaiting code wants: for any, the index of the first
+    of its events (in list order) already processed; for all, every value.
+    """
+
+    def __init__(
+        self, env: SeededEnvironment, waitables: Sequence[SimTask | SimSignal], any_: bool
+    ) -> None:
+        self.env = env
+        self.callbacks = []
+        # the events behind the waitables, defused: the waiter receives the first failure;
+        # a later failure among them has been waited for too and must not crash the run
+        self._events = events = [w.event for w in waitables]
+        self._any = any_
+        self._count = 0
+        if not events:  # SimPy: an empty condition triggers at once
+            if any_:  # no first one to name (SimPy's path raised at the await too)
+                self._ok, self._value = False, RuntimeError("wait_any of no waitables")
+                self._defused = True
+            else:
+                self._ok, self._value = True, []
+            env.schedule(self)
+            return
+        check = self._check  # not kept on self: a bound method there would be a cycle
+        for event in events:
+            event._defused = True
+        for event in events:
+            if event.callbacks is None:
+                check(event)
+            else:
+                event.callbacks.append(check)
+        self.callbacks.append(self._build)
+
+    def _check(self, event: Event) -> None:
+        if self._value is not PENDING:
+            return
+        self._count += 1
+        if not event._ok:
+            event._defused = True
+            self._ok, self._value = False, event._value
+            self.env.schedule(self)
+        elif self._any or self._count == len(self._events):
+            self._ok, self._value = True, None
+            self.env.schedule(self)
+
+    def _build(self, event: Event) -> None:
+        events = self._events
+        if events:
+            check = self._check
+            for sub in events:
+                callbacks = sub.callbacks
+                if callbacks and check in callbacks:
+                    callbacks.remove(check)
+        if not self._ok:
+            return
+        if self._any:
+            self._value = next(i for i, sub in enumerate(events) if sub.callbacks is None)
+        else:
+            self._value = [sub._value for sub in events]
+
+    def __await__(self) -> Generator[Event, Any, Any]:
+        return (yield self)
 
 
 class SimRuntime:
@@ -172,12 +320,12 @@ class SimRuntime:
         self._streams: dict[str, random.Random] = {}
 
     def now(self) -> float:
-        return float(self.env.now)
+        return float(self.env._now)
 
-    def sleep(self, seconds: float) -> _Wait:
+    def sleep(self, seconds: float) -> _Sleep:
         if seconds < 0:
             raise ValueError(f"sleep needs seconds >= 0, got {seconds}")
-        return _Wait(self.env.timeout(seconds))
+        return _Sleep(self.env, seconds)
 
     def spawn(self, coro: Coroutine[Any, Any, T], name: str) -> SimTask:
         return SimTask(self.env, coro, name)
@@ -188,20 +336,19 @@ class SimRuntime:
     def timer(self, seconds: float) -> SimSignal:
         if seconds < 0:
             raise ValueError(f"timer needs seconds >= 0, got {seconds}")
-        return SimSignal(self.env, self.env.timeout(seconds))
+        return SimSignal(self.env, Timeout(self.env, seconds))
 
-    def wait_any(self, waitables: Sequence[SimTask | SimSignal]) -> _Index:
-        events = _awaited(waitables)
-        return _Index(self.env.any_of(events), events)
+    def wait_any(self, waitables: Sequence[SimTask | SimSignal]) -> _Condition:
+        return _Condition(self.env, waitables, True)
 
-    def wait_all(self, waitables: Sequence[SimTask | SimSignal]) -> _Values:
-        events = _awaited(waitables)
-        return _Values(self.env.all_of(events), events)
+    def wait_all(self, waitables: Sequence[SimTask | SimSignal]) -> _Condition:
+        return _Condition(self.env, waitables, False)
 
     def rng(self, stream: str) -> random.Random:
-        if stream not in self._streams:
-            self._streams[stream] = random.Random(derive_seed(self.seed, stream))
-        return self._streams[stream]
+        rng = self._streams.get(stream)
+        if rng is None:
+            rng = self._streams[stream] = random.Random(derive_seed(self.seed, stream))
+        return rng
 
     def run(self, main: Coroutine[Any, Any, T], until: float | None = None) -> T:
         """Run ``main`` as a task until it finishes (or virtual time ``until``); give its result.
@@ -211,9 +358,7 @@ class SimRuntime:
         """
         task = self.spawn(main, "main")
         stop = (
-            task.process
-            if until is None
-            else self.env.any_of([task.process, self.env.timeout(until)])
+            task.event if until is None else self.env.any_of([task.event, Timeout(self.env, until)])
         )
         try:
             self.env.run(until=stop)
@@ -229,21 +374,3 @@ class SimRuntime:
         if not task.done():
             raise TimeoutError(f"main did not finish by t={until}")
         return task.result()
-
-
-class _Index:
-    def __init__(self, condition: Event, events: list[Event]) -> None:
-        self.condition, self.events = condition, events
-
-    def __await__(self) -> Generator[Event, Any, int]:
-        fired = yield self.condition
-        return next(i for i, event in enumerate(self.events) if event in fired)
-
-
-class _Values:
-    def __init__(self, condition: Event, events: list[Event]) -> None:
-        self.condition, self.events = condition, events
-
-    def __await__(self) -> Generator[Event, Any, list[Any]]:
-        fired = yield self.condition
-        return [fired[event] for event in self.events]
