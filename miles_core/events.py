@@ -254,6 +254,14 @@ class EngineStamped(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class LedgerRestored(Event):
+    """The run resumed from a checkpoint whose ledger had published ``version``: the
+    sequence continues from it, and engines must be synced to it before they serve."""
+
+    version: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class VersionPublished(Event):
     update_id: int
     version: int

@@ -74,6 +74,7 @@ from miles_core.events import (
     HealBegan,
     HealEnded,
     History,
+    LedgerRestored,
     PromptDrawn,
     QuorumChanged,
     RunEnded,
@@ -181,13 +182,19 @@ class Orchestrator:
     """One run of the fully-async loop over one cluster."""
 
     def __init__(
-        self, rt: Runtime, cluster: Cluster, config: LoopConfig, history: History | None = None
+        self,
+        rt: Runtime,
+        cluster: Cluster,
+        config: LoopConfig,
+        history: History | None = None,
+        ledger: VersionLedger | None = None,
     ) -> None:
+        """``ledger``: a ledger restored from a checkpoint, to resume its version sequence."""
         self.rt = rt
         self.cluster = cluster
         self.config = config
         self.history = history if history is not None else History()
-        self.ledger = VersionLedger()
+        self.ledger = ledger if ledger is not None else VersionLedger()
         self.cells = CellGroup(
             cluster.num_cells,
             cluster.gpus_per_cell,
@@ -715,6 +722,11 @@ class Orchestrator:
             num_cells=self.cells.num_cells,
             max_weight_staleness=c.max_weight_staleness,
         )
+        if self.ledger.current is not None:  # resumed: engines hold their initial weights
+            self.emit(LedgerRestored, version=self.ledger.current)
+            for engine in sorted(self.live):
+                del self.live[engine]
+                self.engine_up(engine, "resumed from a checkpoint: synced before it serves")
         if c.mode == "fully_async":
             producer = self.rt.spawn(self._producer(), "producer")
         if c.heartbeat_interval is not None:

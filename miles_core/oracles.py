@@ -40,6 +40,7 @@ from miles_core.events import (
     GroupTrained,
     HealEnded,
     History,
+    LedgerRestored,
     PromptDrawn,
     QuorumChanged,
     RunEnded,
@@ -97,6 +98,8 @@ def monotonic_versions(history: History) -> Violation | None:
                     f"(updater cell {e.updater})",
                     (last_published, (seq, e)),
                 )
+            last_published = (seq, e)
+        elif isinstance(e, LedgerRestored):  # a resumed run continues its checkpoint's sequence
             last_published = (seq, e)
         elif isinstance(e, EngineStamped):
             prev = last_stamp.get(e.engine)
@@ -325,7 +328,7 @@ def published_weights(history: History) -> Violation | None:
                         )
         elif isinstance(e, UpdateBegan):
             updates[e.update_id] = (seq, e)
-        elif isinstance(e, VersionPublished):
+        elif isinstance(e, (VersionPublished, LedgerRestored)):
             published[e.version] = (seq, e)
             latest_published = (seq, e)
         elif isinstance(e, BucketSent):

@@ -18,6 +18,7 @@ from miles_core.oracles import (
     monotonic_versions,
     published_weights,
 )
+from miles_core.versions import VersionLedger
 from sim.cluster import SimCluster, SimConfig
 from sim.faults import Fault, ScheduledFaults
 from sim.runtime import SimRuntime
@@ -126,15 +127,17 @@ def run_scenario(
     steps: int | None = None,
     observers: Sequence[Callable[[Event], None]] = (),
     check_every: int | None = None,
+    ledger: VersionLedger | None = None,
 ) -> SimResult:
     """Run ``scenario`` under ``seed``; the same arguments give the same history hash.
 
     ``observers`` see every event as it is recorded (progress bars, live checks).
     ``check_every=K`` also runs the safety oracles every K committed steps and stops
     the run at the first violation (the final verdicts then show it).
+    ``ledger`` resumes a checkpoint's version sequence (restored with its snapshot).
     """
     with _no_cyclic_gc():
-        return _run_scenario(scenario, seed, steps, observers, check_every)
+        return _run_scenario(scenario, seed, steps, observers, check_every, ledger)
 
 
 def _run_scenario(
@@ -143,6 +146,7 @@ def _run_scenario(
     steps: int | None,
     observers: Sequence[Callable[[Event], None]],
     check_every: int | None,
+    ledger: VersionLedger | None,
 ) -> SimResult:
     loop = dataclasses.replace(
         scenario.loop, seed=seed, scenario=scenario.name, steps=steps or scenario.loop.steps
@@ -156,7 +160,7 @@ def _run_scenario(
         history.observe(observer)
     if check_every is not None:
         history.observe(_live_checker(history, check_every))
-    control = Orchestrator(rt, cluster, loop, history)
+    control = Orchestrator(rt, cluster, loop, history, ledger)
     faults.install(cluster, control)
     horizon = scenario.max_seconds or 50.0 * loop.steps * scenario.sim.train_step_seconds
     try:

@@ -48,8 +48,10 @@ def _failed(result: RealResult) -> str:
     return "\n".join(str(v) for v in result.verdicts.values() if v)
 
 
-def test_training_raises_reward_and_engines_hold_the_trainers_weights(ray_cluster) -> None:
-    result = run_in_ray(TRAIN, seed=0, steps=12, timeout=600)
+def test_training_raises_reward_and_engines_hold_the_trainers_weights(
+    ray_cluster, tmp_path: Path
+) -> None:
+    result = run_in_ray(TRAIN, seed=0, steps=12, timeout=600, save_to=tmp_path)
     assert result.ok, _failed(result)
     rewards = [result.step_rewards[s] for s in sorted(result.step_rewards)]
     assert len(rewards) == 12
@@ -64,6 +66,15 @@ def test_training_raises_reward_and_engines_hold_the_trainers_weights(ray_cluste
     summary = result.summary()
     assert summary["transfer"]["updates"] == 12
     assert summary["transfer"]["bytes_per_update"] > 0
+    # resume from the checkpoint: the sequence continues, engines get version 12 first
+    resumed = run_in_ray(TRAIN, seed=1, steps=2, timeout=600, load_from=tmp_path)
+    assert resumed.ok, _failed(resumed)
+    assert resumed.report.versions == [13, 14]
+    synced = [e for e in resumed.history if isinstance(e, WeightsChecked) and e.version == 12]
+    assert {e.engine for e in synced} == {"engine-0", "engine-1"}
+    trained = [c.trainer_checksum for c in checks if c.version == 12]
+    assert {e.checksum for e in synced} == set(trained)  # the checkpoint's weights, bitwise
+    assert statistics.fmean(resumed.step_rewards.values()) > rewards[0] + 0.15
 
 
 def _conformance_cases() -> list[tuple[Scenario, int | None]]:

@@ -1,5 +1,5 @@
 """python -m backends.cpu run [--steps K] [--scenario FILE|NAME] [--seed N] [--trace out.json]
-[--json] [--address ADDR]
+[--json] [--address ADDR] [--save DIR] [--load DIR]
 
 Runs the loop for real on a local Ray with virtual GPUs (or joins ADDR): torch
 trainer cells, HTTP engines, gloo weight transfer. One line of metrics per step
@@ -54,6 +54,8 @@ def _run(args: argparse.Namespace) -> int:
     command += ["--steps", str(steps)]
     if args.scenario is not None:
         command += ["--scenario", args.scenario]
+    if args.load is not None:
+        command += ["--load", args.load]
     bar = tqdm(total=steps, unit="step", disable=True if args.json else None, leave=False)
     result = run_real(
         scenario,
@@ -63,6 +65,8 @@ def _run(args: argparse.Namespace) -> int:
         address=args.address,
         observers=[lambda e: bar.update(1) if isinstance(e, StepCommitted) else None],
         on_line=(lambda line: None) if args.json else (lambda line: bar.write(str(line))),
+        save_to=Path(args.save) if args.save else None,
+        load_from=Path(args.load) if args.load else None,
     )
     bar.close()
     if args.trace:
@@ -95,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument(
         "--address", default=None, help="join this Ray cluster instead of starting one"
     )
+    run.add_argument("--save", metavar="DIR", help="save model, optimizer and ledger at the end")
+    run.add_argument("--load", metavar="DIR", help="resume from a --save checkpoint")
     run.add_argument(
         "--timeout", type=float, default=900.0, help="wall seconds before the run counts as stalled"
     )

@@ -16,12 +16,15 @@ import dataclasses
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from backends.common.aio_runtime import AsyncioRuntime
 from backends.common.ray_session import placed_bundles, ray_session, remove_placement_group
+from backends.cpu import checkpoint
 from backends.cpu.cluster import RayWorld, buffer_size_for
 from backends.cpu.policy import PolicyConfig
+from miles_core.backend import CellFailure
 from miles_core.errors import ConfigError
 from miles_core.events import (
     Event,
@@ -93,6 +96,8 @@ class RealResult:
     lines: list[StepLine] = field(default_factory=list)
     wall_seconds: float = 0.0
     step_rewards: dict[int, float] = field(default_factory=dict)
+    checkpoint: Path | None = None
+    """Where --save wrote the checkpoint (None: not asked, or no cell was left alive)."""
 
     @property
     def ok(self) -> bool:
@@ -119,6 +124,7 @@ class RealResult:
                 "median_gbps": statistics.median(t.gbps for t in transfers) if transfers else None,
             },
             "oracles": {k: "pass" if v is None else "fail" for k, v in self.verdicts.items()},
+            "checkpoint": None if self.checkpoint is None else str(self.checkpoint),
             "history_hash": self.history.hash(),
         }
 
@@ -161,6 +167,19 @@ class _StepMetrics:
             self.staleness = []
             self.lines.append(line)
             self.on_line(line)
+
+
+async def _save(
+    world: RayWorld, control: Orchestrator, to: Path, policy: PolicyConfig
+) -> Path | None:
+    """Save from the first alive cell that answers; None when no cell is left to save."""
+    for cell in control.cells.alive():
+        try:
+            state = await world.cells[cell].call("get_state")
+        except CellFailure:
+            continue
+        return checkpoint.save(to, state, control.ledger.snapshot(), policy)
+    return None
 
 
 async def _cancel_leftovers() -> None:
@@ -213,6 +232,8 @@ async def _run(
     on_line: Callable[[StepLine], None],
     pg: Any,
     placement: Any,
+    save_to: Path | None = None,
+    load_from: Path | None = None,
 ) -> RealResult:
     rt = AsyncioRuntime(seed)
     faults = ScheduledFaults(scenario.faults)
@@ -228,13 +249,16 @@ async def _run(
     )
     try:
         loop = real_loop(scenario, steps, seed, world.model_bytes)
+        resumed = checkpoint.load(load_from, policy) if load_from is not None else None
         await world.start()
+        if resumed is not None:
+            await asyncio.gather(*(c.call("set_state", resumed[0]) for c in world.cells.values()))
         history = History()
         metrics = _StepMetrics(world, on_line)
         history.observe(metrics)
         for observer in observers:
             history.observe(observer)
-        control = Orchestrator(rt, world, loop, history)
+        control = Orchestrator(rt, world, loop, history, resumed[1] if resumed else None)
         world.attach(control)
         faults.install(world, control)
         started = rt.now()
@@ -243,13 +267,14 @@ async def _run(
         except TimeoutError:
             report = _end_early(control, RunStatus.STALLED, f"no end within {timeout:g} s")
         wall = rt.now() - started
+        saved = await _save(world, control, save_to, policy) if save_to is not None else None
     finally:
         await _cancel_leftovers()  # generation still in flight must not outlive the run
         await world.close()
     verdicts = check_all(history, scenario.progress_window)
     scenario = dataclasses.replace(scenario, loop=loop)
     return RealResult(
-        scenario, seed, history, report, verdicts, metrics.lines, wall, metrics.rewards
+        scenario, seed, history, report, verdicts, metrics.lines, wall, metrics.rewards, saved
     )
 
 
@@ -290,9 +315,11 @@ def run_in_ray(
     timeout: float = 900.0,
     observers: Sequence[Callable[[Event], None]] = (),
     on_line: Callable[[StepLine], None] = lambda line: None,
+    save_to: Path | None = None,
+    load_from: Path | None = None,
 ) -> RealResult:
     """One run on the Ray this process is connected to; its actors and placement group
-    are gone when it returns."""
+    are gone when it returns. ``save_to`` / ``load_from``: checkpoint directories."""
     pg, placement = placed_bundles(_layout(scenario))
     try:
         return asyncio.run(
@@ -306,6 +333,8 @@ def run_in_ray(
                 on_line,
                 pg,
                 placement,
+                save_to,
+                load_from,
             )
         )
     finally:

@@ -1,0 +1,49 @@
+"""Resuming from a checkpoint: the version sequence continues, engines sync before serving."""
+
+from __future__ import annotations
+
+from miles_core.events import (
+    EngineStamped,
+    History,
+    LedgerRestored,
+    SampleGenerated,
+    VersionPublished,
+)
+from miles_core.oracles import monotonic_versions, published_weights
+from miles_core.versions import LedgerSnapshot, VersionLedger
+from sim.run import run_scenario
+from sim.scenarios import SCENARIOS
+
+
+def _restored(version: int) -> VersionLedger:
+    ledger = VersionLedger()
+    ledger.restore(LedgerSnapshot(version))
+    return ledger
+
+
+def test_a_resumed_run_continues_the_sequence_and_syncs_engines_first() -> None:
+    result = run_scenario(SCENARIOS["no_failure"], 0, 3, ledger=_restored(5))
+    assert result.ok, [str(v) for v in result.verdicts.values() if v]
+    assert result.report.versions == [6, 7, 8]
+    events = list(result.history)
+    assert isinstance(next(e for e in events if isinstance(e, LedgerRestored)), LedgerRestored)
+    first_sample = next(i for i, e in enumerate(events) if isinstance(e, SampleGenerated))
+    stamped = {e.engine for e in events[:first_sample] if isinstance(e, EngineStamped)}
+    assert stamped == {"engine-0", "engine-1"}  # each engine got version 5 before serving
+    assert all(e.version == 5 for e in events[:first_sample] if isinstance(e, EngineStamped))
+
+
+def test_oracles_hold_a_resumed_run_to_its_checkpoint() -> None:
+    history = History()
+    history.append(LedgerRestored(t=0.0, version=5))
+    history.append(VersionPublished(t=1.0, update_id=0, version=3, updater=0))
+    violation = monotonic_versions(history)
+    assert violation is not None and "from 5 to 3" in violation.message
+    serving_initial = History()
+    serving_initial.append(LedgerRestored(t=0.0, version=5))
+    serving_initial.append(
+        SampleGenerated(
+            t=1.0, group_id=0, prompt_id=0, sample=0, turn=0, engine="e", version=4, aborted=False
+        )
+    )
+    assert published_weights(serving_initial) is not None  # 4 was never published here
