@@ -21,8 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from backends.common.ray_session import ray_session
-from backends.cpu.run import TRAIN, RealResult, run_in_ray
+from backends.common.ray_session import (
+    node_addresses,
+    placed_bundles,
+    ray_session,
+    remove_placement_group,
+)
+from backends.cpu.run import TRAIN, RealResult, _layout, run_in_ray
 from miles_core.conformance import decisions, rollout
 from miles_core.events import (
     EngineStateChanged,
@@ -103,6 +108,18 @@ def test_conformance_with_the_simulator(ray_cluster, scenario: Scenario, steps) 
     assert decisions(real.history).differences(decisions(sim.history)) == []
 
 
+def test_placement_orders_what_ray_reports(ray_cluster) -> None:
+    layout = _layout(load_scenario_file(ROOT / "scenarios" / "files" / "heal_twice.toml"))
+    pg, placement = placed_bundles(layout)
+    try:
+        keys = [(b.node, b.gpu_id) for b in placement.bundles]
+        assert keys == sorted(keys) and len(set(keys)) == layout.total_gpus
+        # the address Ray reports for its (one, local) node, not a node id
+        assert {b.node for b in placement.bundles} == set(node_addresses().values())
+    finally:
+        remove_placement_group(pg)
+
+
 def test_real_cell_kill_shrinks_and_heals(ray_cluster) -> None:
     scenario = SCENARIOS["cell_crash_before_allreduce"]
     result = run_in_ray(scenario, seed=1, timeout=600)
@@ -136,10 +153,12 @@ def test_cli_json_and_no_process_outlives_the_run(ray_tmpdir: Path) -> None:
     tmp_path = ray_tmpdir
     env = {**os.environ, "RAY_TMPDIR": str(tmp_path)}
     command = [sys.executable, "-m", "backends.cpu", "run", "--steps", "2", "--json"]
+    command += ["--update-weight-transfer-mode", "p2p"]  # one gloo group per engine
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     info = json.loads(done.stdout.strip().splitlines()[-1])
     assert info["steps"] == 2 and info["final_version"] == 2
+    assert info["oracles"]["published_weights"] == "pass"  # p2p delivered bitwise weights
     assert set(info["oracles"].values()) == {"pass"}
     assert info["mean_reward_first"] is not None and info["transfer"]["median_gbps"] > 0
     leftovers = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout

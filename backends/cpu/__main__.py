@@ -1,5 +1,5 @@
 """python -m backends.cpu run [--steps K] [--scenario FILE|NAME] [--seed N] [--trace out.json]
-[--json] [--address ADDR] [--save DIR] [--load DIR]
+[--json] [--address ADDR] [--save DIR] [--load DIR] [--update-weight-transfer-mode MODE]
 
 Runs the loop for real on a local Ray with virtual GPUs (or joins ADDR): torch
 trainer cells, HTTP engines, gloo weight transfer. One line of metrics per step
@@ -11,6 +11,7 @@ and seed (a real run repeats its decisions, not its timings).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import sys
@@ -21,6 +22,7 @@ from tqdm import tqdm
 from backends.cpu.run import TRAIN, RealResult, run_real
 from miles_core.errors import ConfigError
 from miles_core.events import StepCommitted
+from miles_core.transfer import TransferMode
 from sim.scenarios import find_scenario
 from sim.trace import write_trace
 
@@ -49,6 +51,11 @@ def _print_human(result: RealResult) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     scenario = TRAIN if args.scenario is None else find_scenario(args.scenario, args.seed)
+    if args.update_weight_transfer_mode is not None:
+        loop = dataclasses.replace(
+            scenario.loop, transfer_mode=TransferMode(args.update_weight_transfer_mode)
+        )
+        scenario = dataclasses.replace(scenario, loop=loop)
     steps = args.steps or scenario.loop.steps
     command = ["python", "-m", "backends.cpu", "run", "--seed", str(args.seed)]
     command += ["--steps", str(steps)]
@@ -56,6 +63,8 @@ def _run(args: argparse.Namespace) -> int:
         command += ["--scenario", args.scenario]
     if args.load is not None:
         command += ["--load", args.load]
+    if args.update_weight_transfer_mode is not None:
+        command += ["--update-weight-transfer-mode", args.update_weight_transfer_mode]
     bar = tqdm(total=steps, unit="step", disable=True if args.json else None, leave=False)
     result = run_real(
         scenario,
@@ -98,6 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--json", action="store_true", help="print one JSON summary")
     run.add_argument(
         "--address", default=None, help="join this Ray cluster instead of starting one"
+    )
+    run.add_argument(
+        "--update-weight-transfer-mode",
+        choices=[TransferMode.BROADCAST.value, TransferMode.P2P.value],
+        default=None,
+        help="broadcast: one gloo group of all engines; p2p: one per engine",
     )
     run.add_argument("--save", metavar="DIR", help="save model, optimizer and ledger at the end")
     run.add_argument("--load", metavar="DIR", help="resume from a --save checkpoint")
