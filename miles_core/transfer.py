@@ -186,6 +186,15 @@ def _layout(unit: UpdateUnit, offset: int) -> tuple[list[StagingSpan], int]:
     return spans, offset
 
 
+def _end(unit: UpdateUnit, offset: int) -> int:
+    """Where ``_layout(unit, offset)`` ends, without building its spans (the planner tries
+    a unit at the current offset before it knows whether it fits)."""
+    for p in unit.params:
+        size = DTYPE_ITEMSIZE.get(p.dtype) or itemsize(p.dtype)
+        offset = -(-offset // size) * size + p.nbytes
+    return offset
+
+
 def plan_buckets(
     units: Sequence[UpdateUnit], buffer_size: int = DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE
 ) -> tuple[Bucket, ...]:
@@ -205,10 +214,9 @@ def plan_buckets(
         names, spans, offset = [], [], 0
 
     for unit in units:
-        unit_spans, end = _layout(unit, offset)
-        if end > buffer_size and names:
+        if _end(unit, offset) > buffer_size and names:
             flush(buffer_size)
-            unit_spans, end = _layout(unit, 0)
+        unit_spans, end = _layout(unit, offset)
         if end > buffer_size:
             names, spans = [unit.name], unit_spans
             flush(end, oversize=True)

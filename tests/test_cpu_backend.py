@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("ray", reason="the CPU backend needs the cpu extra (see the README)")
+
 from backends.common.ray_session import (
     node_addresses,
     placed_bundles,
