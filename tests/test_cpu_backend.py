@@ -86,6 +86,8 @@ def test_training_raises_reward_and_engines_hold_the_trainers_weights(
 
 def _conformance_cases() -> list[tuple[Scenario, int | None]]:
     heal_twice = load_scenario_file(ROOT / "scenarios" / "files" / "heal_twice.toml")
+    # cells of two FSDP2 ranks: the crash, the shrink and the rank-by-rank heal
+    sharded = load_scenario_file(ROOT / "scenarios" / "files" / "sharded_cells.toml")
     return [
         (SCENARIOS["no_failure"], None),
         (SCENARIOS["cell_crash_before_allreduce"], None),
@@ -95,6 +97,7 @@ def _conformance_cases() -> list[tuple[Scenario, int | None]]:
         # a real engine takes seconds to start again: give it steps to come back in
         (SCENARIOS["engine_restart"], 80),
         (heal_twice, None),
+        (sharded, None),
     ]
 
 
@@ -108,6 +111,9 @@ def test_conformance_with_the_simulator(ray_cluster, scenario: Scenario, steps) 
     assert real.ok, _failed(real)
     print(f"\n{scenario.name}: sim {rollout(sim.history)} | real {rollout(real.history)}")
     assert decisions(real.history).differences(decisions(sim.history)) == []
+    # every published version reached every live engine bitwise (trainers may be sharded)
+    checked = {e.version for e in real.history if isinstance(e, WeightsChecked)}
+    assert set(real.report.versions) <= checked
 
 
 def test_placement_orders_what_ray_reports(ray_cluster) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,12 +78,18 @@ class TransferLog:
 
 
 class RayCell:
-    """One trainer cell of one rank (a cell of several ranks needs FSDP2: not built yet)."""
+    """One trainer cell: ``gpus_per_cell`` rank actors, one failure domain.
+
+    A call goes to every rank (the ranks of a sharded cell take part in each
+    other's collectives); if any rank died, the whole cell is killed and the
+    call raises CellFailure.
+    """
 
     def __init__(self, world: RayWorld, index: int) -> None:
         self.world = world
         self.index = index
-        self.actor: Any = None
+        self.ranks: list[Any] = []
+        self.incarnation = 0
         self.doomed = False
         self.losses: dict[int, float] = {}
 
@@ -90,20 +97,35 @@ class RayCell:
         return CellFailure(self.index, reason)
 
     async def start(self) -> None:
-        bundle = self.world.placement.cell_bundles(self.index)[0]
-        self.actor = TrainerActor.options(
-            num_gpus=self.world.placement.layout.train_actor_gpu_fraction,
-            scheduling_strategy=in_bundle(self.world.pg, bundle),
-        ).remote(self.index, self.world.policy)
-        await self.actor.ready.remote()
+        """New rank processes; a sharded cell's ranks form their own torch world, named by
+        the cell and its incarnation (a rendezvous name is never reused)."""
+        self.incarnation += 1
+        bundles = self.world.placement.cell_bundles(self.index)
+        world = f"cell{self.index}.{self.incarnation}"
+        self.ranks = [
+            TrainerActor.options(
+                num_gpus=self.world.placement.layout.train_actor_gpu_fraction,
+                scheduling_strategy=in_bundle(self.world.pg, bundle),
+            ).remote(
+                self.index, self.world.policy, rank, len(bundles), self.world.store_addr, world
+            )
+            for rank, bundle in enumerate(bundles)
+        ]
+        await self.call("ready")
 
-    async def call(self, method: str, *args: Any) -> Any:
-        if self.actor is None:
+    async def call(self, method: str, *args: Any) -> list[Any]:
+        """The same call on every rank; their results in rank order."""
+        return await self.call_each(method, [args] * len(self.ranks))
+
+    async def call_each(self, method: str, args: Sequence[tuple[Any, ...]]) -> list[Any]:
+        if not self.ranks:
             raise self.failure("not running")
+        calls = [getattr(r, method).remote(*a) for r, a in zip(self.ranks, args, strict=True)]
         try:
-            return await getattr(self.actor, method).remote(*args)
+            return list(await asyncio.gather(*calls))
         except ACTOR_DIED as died:
-            raise self.failure(f"actor died in {method}: {type(died).__name__}") from None
+            self.kill()  # one rank gone: the rest would wait in its collectives
+            raise self.failure(f"a rank died in {method}: {type(died).__name__}") from None
 
     async def train(
         self, step: int, attempt: int, batch: Sequence[Group], members: tuple[int, ...]
@@ -114,48 +136,43 @@ class RayCell:
             [s.payload for s in g.samples() if s.status is not SampleStatus.ABORTED] for g in batch
         ]
         slowdown = self.world.slowdown(f"cell-{self.index}")
-        result = await self.call(
-            "train",
-            step,
-            attempt,
-            trajectories,
-            members,
-            self.world.store_addr,
-            doomed,
-            slowdown,
-        )
-        if result["outcome"] == "normal":
-            self.losses[step] = result["loss"]
+        store = self.world.store_addr
+        args = (step, attempt, trajectories, members, store, doomed, slowdown)
+        results = await self.call("train", *args)
+        if all(r["outcome"] == "normal" for r in results):
+            self.losses[step] = statistics.fmean(r["loss"] for r in results)
             return Outcome.NORMAL
         return Outcome.DISCARDED
 
     async def heal(self, heal: Heal) -> None:
+        """Rank i of the source sends its share of model and optimizer to rank i here."""
         self.world.faults.fire("during_heal", cell=heal.dst_cell)
         self.world.faults.fire("during_heal", cell=heal.src_cell)
         source = self.world.cells[heal.src_cell]
-        state = await source.call("get_state")
-        if self.actor is None:  # a restarted cell: a new process, then the checkpoint
+        states = await source.call("get_state")
+        if not self.ranks:  # a restarted cell: new processes, then the checkpoint
             try:
                 await self.start()
             except ACTOR_DIED:
+                self.kill()
                 raise self.failure("died while starting") from None
-        await self.call("set_state", state)
+        await self.call_each("set_state", [(state,) for state in states])
 
     async def ping(self) -> None:
         await self.call("heartbeat")
 
     async def heartbeat(self) -> None:
-        if self.actor is None or self.world.impaired(f"heartbeat-{self.index}"):
+        if not self.ranks or self.world.impaired(f"heartbeat-{self.index}"):
             await _forever()
         try:
-            await self.actor.heartbeat.remote()
+            await asyncio.gather(*(r.heartbeat.remote() for r in self.ranks))
         except ACTOR_DIED:
             await _forever()  # a dead cell never answers
 
     def kill(self) -> None:
-        if self.actor is not None:
-            ray.kill(self.actor, no_restart=True)
-            self.actor = None
+        for rank in self.ranks:
+            ray.kill(rank, no_restart=True)
+        self.ranks = []
 
     def stop(self) -> None:
         self.kill()
@@ -326,7 +343,7 @@ class GlooTransport:
             )
         await self._all(calls, cell.index)
         if update_id not in self.world.trainer_checksums:
-            self.world.trainer_checksums[update_id] = await cell.call("checksum")
+            self.world.trainer_checksums[update_id] = (await cell.call("checksum"))[0]
         self.world.current_update = update_id
         self._groups[key] = name
         return name
@@ -352,7 +369,7 @@ class GlooTransport:
         started = self.world.rt.now()
         if self.world.impaired("link"):
             await asyncio.sleep(0.01 * (self.world.slowdown("link") - 1))
-        seconds = (await self._all(calls, source_cell))[0]
+        seconds = (await self._all(calls, source_cell))[0][0]  # the cell's rank 0
         self.world.transfers.add(update_id, bucket.nbytes, seconds, self.world.rt.now() - started)
         # the bucket arrived; a fault here kills the updater before its next step
         self.world.faults.fire("after_bucket", cell=source_cell, bucket=bucket.index)
@@ -366,6 +383,7 @@ class RayWorld:
         rt: Runtime,
         *,
         num_cells: int,
+        gpus_per_cell: int,
         num_engines: int,
         policy: PolicyConfig,
         pg: PlacementGroup,
@@ -375,7 +393,7 @@ class RayWorld:
     ) -> None:
         self.rt = rt
         self.num_cells = num_cells
-        self.gpus_per_cell = 1
+        self.gpus_per_cell = gpus_per_cell
         self.engine_ids = tuple(f"engine-{i}" for i in range(num_engines))
         self.policy = policy
         self.pg = pg

@@ -94,21 +94,35 @@ def update_units(model: torch.nn.Module) -> tuple[UpdateUnit, ...]:
     return units_of(param_specs(model), atomic)
 
 
+def full(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor: an FSDP2 shard (DTensor) is gathered across its cell, so every
+    rank of the cell must call this for the same tensors in the same order."""
+    gather = getattr(tensor, "full_tensor", None)
+    return (gather() if gather is not None else tensor).detach()
+
+
 def checksum(model: torch.nn.Module) -> str:
-    """sha256 over every parameter's bytes in name order: bitwise equality, not closeness."""
+    """sha256 over every parameter's bytes in name order: bitwise equality, not closeness.
+
+    On a sharded model it is a collective of the cell (see ``full``)."""
     digest = hashlib.sha256()
     for name, p in sorted(model.named_parameters()):
         digest.update(name.encode())
-        digest.update(p.detach().contiguous().view(torch.uint8).numpy().tobytes())
+        digest.update(full(p).contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:16]
 
 
-def pack_bucket(model: torch.nn.Module, bucket: Bucket) -> torch.Tensor:
-    """The bucket's uint8 wire buffer, each tensor at its staging span."""
+def bucket_tensors(model: torch.nn.Module, bucket: Bucket) -> dict[str, torch.Tensor]:
+    """The bucket's tensors, whole (a collective of the cell on a sharded model)."""
     params = dict(model.named_parameters())
+    return {span.name: full(params[span.name]) for span in bucket.spans}
+
+
+def pack_bucket(tensors: dict[str, torch.Tensor], bucket: Bucket) -> torch.Tensor:
+    """The bucket's uint8 wire buffer, each tensor at its staging span."""
     buffer = torch.zeros(bucket.nbytes, dtype=torch.uint8)
     for span in bucket.spans:
-        src = params[span.name].detach().contiguous().view(torch.uint8).reshape(-1)
+        src = tensors[span.name].contiguous().view(torch.uint8).reshape(-1)
         buffer[span.start : span.end].copy_(src)
     return buffer
 
@@ -174,8 +188,8 @@ def grpo_loss(model: torch.nn.Module, groups: Sequence[Sequence[Trajectory]]) ->
         adv = (rewards - rewards.mean()) / (std + 1e-6)
         rows += list(group)
         advantages.append(adv)
-    if not rows:
-        return torch.zeros((), requires_grad=True)
+    if not rows:  # still run the model: a sharded cell's ranks all take part in its collectives
+        return model(input_ids=torch.tensor([[BOS]])).logits.sum() * 0.0
     prompt_len = len(rows[0].prompt)
     ids = torch.tensor([[*t.prompt, *t.response] for t in rows])
     logits = model(input_ids=ids[:, :-1]).logits[:, prompt_len - 1 :, :].float()

@@ -197,12 +197,6 @@ def real_loop(scenario: Scenario, steps: int | None, seed: int, model_bytes: int
             "the CPU backend trains the full model, not a LoRA adapter",
             "run LoRA scenarios in the simulator (python -m sim run ...)",
         )
-    if scenario.sim.gpus_per_cell != 1:
-        raise ConfigError(
-            "sim.gpus_per_cell",
-            f"got {scenario.sim.gpus_per_cell}; cells of several ranks (FSDP2) are not built yet",
-            "use gpus_per_cell = 1 with the CPU backend",
-        )
     sim_buckets = len(plan_buckets(scenario.sim.units(), loop.update_weight_buffer_size))
     buffer = (
         loop.update_weight_buffer_size
@@ -240,6 +234,7 @@ async def _run(
     world = RayWorld(
         rt,
         num_cells=scenario.sim.num_cells,
+        gpus_per_cell=scenario.sim.gpus_per_cell,
         num_engines=scenario.sim.num_engines,
         policy=policy,
         pg=pg,
@@ -252,7 +247,16 @@ async def _run(
         resumed = checkpoint.load(load_from, policy) if load_from is not None else None
         await world.start()
         if resumed is not None:
-            await asyncio.gather(*(c.call("set_state", resumed[0]) for c in world.cells.values()))
+            states = resumed[0]
+            if len(states) != world.gpus_per_cell:
+                raise ConfigError(
+                    "--load",
+                    f"the checkpoint holds {len(states)} ranks per cell, this run has "
+                    f"{world.gpus_per_cell}",
+                    "resume with the cell size the checkpoint was saved with",
+                )
+            args = [(state,) for state in states]
+            await asyncio.gather(*(c.call_each("set_state", args) for c in world.cells.values()))
         history = History()
         metrics = _StepMetrics(world, on_line)
         history.observe(metrics)

@@ -1,12 +1,20 @@
 """A trainer cell's rank as a Ray actor: a torch policy, GRPO steps, gloo exchanges.
 
-The actor is threaded (max_concurrency > 1) so it answers heartbeats while a
-step runs, as a real trainer's heartbeat thread does. Each attempt of a step
-joins a fresh gloo group of the attempt's members (named by step and attempt,
-rendezvous through the driver's TCPStore) *before* its forward pass, so a
+A cell of several ranks is its own torch.distributed world (a gloo default
+group named by the cell and its incarnation) and shards the policy with FSDP2
+(``fully_shard`` per decoder layer and at the root). Across cells, rank r of
+every member cell averages its local gradient shards with the others' rank r
+over a gloo group made for that attempt (independent DP); the ranks of a cell
+then agree (MIN of their success flags) before anyone steps, so a cell never
+ends with some shards stepped and others not.
+
+Each attempt's cross-cell group is joined *before* the forward pass, so a
 member that dies later resets its peers' connections at once instead of
-leaving them waiting for a rendezvous timeout. A failed exchange means the
-attempt is DISCARDED: no optimizer step, the gradients are dropped.
+leaving them in a rendezvous timeout. A failed exchange means the attempt is
+DISCARDED: no optimizer step, gradients dropped.
+
+The actor is threaded (max_concurrency > 1) so it answers heartbeats while a
+step runs, as a real trainer's heartbeat thread does.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import torch.distributed as dist
 from backends.cpu.policy import (
     PolicyConfig,
     Trajectory,
+    bucket_tensors,
     build_model,
     checksum,
     grpo_loss,
@@ -32,13 +41,19 @@ from backends.cpu.policy import (
 from miles_core.transfer import Bucket
 
 GLOO_TIMEOUT = datetime.timedelta(seconds=30)
+"""Bounds every rendezvous and collective: a hung (not dead) peer fails after this."""
+
+
+def _store(store_addr: tuple[str, int]) -> Any:
+    host, port = store_addr
+    return dist.TCPStore(host, port, is_master=False, timeout=GLOO_TIMEOUT)
 
 
 def gloo_group(store_addr: tuple[str, int], prefix: str, rank: int, size: int) -> Any:
     """A gloo process group of its own (not the default world), as torchft builds them."""
-    host, port = store_addr
-    store = dist.TCPStore(host, port, is_master=False, timeout=GLOO_TIMEOUT)
-    return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, size, GLOO_TIMEOUT)
+    return dist.ProcessGroupGloo(
+        dist.PrefixStore(prefix, _store(store_addr)), rank, size, GLOO_TIMEOUT
+    )
 
 
 def broadcast(group: Any, tensor: torch.Tensor, root: int = 0) -> None:
@@ -47,11 +62,63 @@ def broadcast(group: Any, tensor: torch.Tensor, root: int = 0) -> None:
     group.broadcast([tensor], options).wait()
 
 
+def _local(tensor: Any) -> Any:
+    """This rank's shard of a DTensor; a plain tensor as is."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if to_local is not None else tensor
+
+
+def _locals(obj: Any) -> Any:
+    """A state dict with every DTensor replaced by a copy of this rank's shard (picklable)."""
+    if isinstance(obj, dict):
+        return {k: _locals(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_locals(v) for v in obj]
+    if isinstance(obj, torch.Tensor):
+        return _local(obj).detach().clone()
+    return obj
+
+
+def _copy_into(dst: Any, src: Any) -> Any:
+    """Copy a ``_locals`` state into a live state dict of the same structure, in place."""
+    if isinstance(dst, dict):
+        for k in dst:
+            dst[k] = _copy_into(dst[k], src[k])
+        return dst
+    if isinstance(dst, list):
+        return [_copy_into(d, s) for d, s in zip(dst, src, strict=True)]
+    if isinstance(dst, torch.Tensor):
+        _local(dst).copy_(src)
+        return dst
+    return src
+
+
 class TrainerRank:
-    def __init__(self, cell: int, policy: PolicyConfig) -> None:
+    def __init__(
+        self,
+        cell: int,
+        policy: PolicyConfig,
+        rank: int = 0,
+        ranks: int = 1,
+        store_addr: tuple[str, int] | None = None,
+        world: str = "",
+    ) -> None:
         torch.set_num_threads(1)
-        self.cell = cell
+        self.cell, self.rank, self.ranks = cell, rank, ranks
         self.model = build_model(policy)
+        if ranks > 1:  # this cell's ranks are one FSDP2 world
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+
+            assert store_addr is not None
+            store = dist.PrefixStore(world, _store(store_addr))
+            dist.init_process_group(
+                "gloo", store=store, rank=rank, world_size=ranks, timeout=GLOO_TIMEOUT
+            )
+            mesh = init_device_mesh("cpu", (ranks,))
+            for layer in self.model.model.layers:
+                fully_shard(layer, mesh=mesh)
+            fully_shard(self.model, mesh=mesh)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=policy.lr)
         self._update_groups: dict[str, Any] = {}
 
@@ -71,58 +138,102 @@ class TrainerRank:
         die_before_allreduce: bool = False,
         slowdown: float = 1.0,
     ) -> dict[str, Any]:
-        """One attempt on this cell's shard of the batch; {'outcome': normal|discarded, ...}."""
+        """One attempt on this rank's share of the batch: the cell's share (by its position
+        among the members), split again among the cell's ranks."""
         started = time.perf_counter()
-        rank, size = members.index(self.cell), len(members)
-        group = None
+        position, cells = members.index(self.cell), len(members)
+        shard = list(batch)[position::cells][self.rank :: self.ranks]
+        failure = ""
         try:
-            if size > 1:
-                group = gloo_group(store_addr, f"step{step}/attempt{attempt}", rank, size)
+            if cells > 1:
+                prefix = f"step{step}/attempt{attempt}/rank{self.rank}"
+                group = gloo_group(store_addr, prefix, position, cells)
             self.optimizer.zero_grad(set_to_none=False)
-            loss = grpo_loss(self.model, list(batch)[rank::size])
-            loss.backward()
+            loss = grpo_loss(self.model, shard)
+            loss.backward()  # FSDP2 reduce-scatters (averages) within the cell here
             if slowdown > 1:
                 time.sleep((time.perf_counter() - started) * (slowdown - 1))
             if die_before_allreduce:
                 os._exit(1)  # a real death: the process ends, its sockets reset
-            if group is not None:
-                flat = torch.cat([p.grad.reshape(-1) for p in self.model.parameters()])
-                group.allreduce([flat]).wait()
-                flat /= size
-                offset = 0
-                for p in self.model.parameters():
-                    p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
-                    offset += p.numel()
+            if cells > 1:
+                self._average_across_cells(group, cells)
         except RuntimeError as error:  # a peer died or hung: the exchange failed
+            failure = str(error).splitlines()[0][:200]
+        failure = self._cell_agrees(failure)
+        if failure:
             self.optimizer.zero_grad(set_to_none=False)
-            return {"outcome": "discarded", "reason": str(error).splitlines()[0][:200]}
+            return {"outcome": "discarded", "reason": failure}
         self.optimizer.step()
-        return {
-            "outcome": "normal",
-            "loss": float(loss),
-            "seconds": time.perf_counter() - started,
-        }
+        return {"outcome": "normal", "loss": float(loss), "seconds": time.perf_counter() - started}
+
+    def _cell_agrees(self, failure: str) -> str:
+        """Every rank of the cell exchanged, or none steps: the MIN of the ranks' success
+        flags (one collective on every path, so the ranks never fall out of step)."""
+        if self.ranks == 1:
+            return failure
+        flag = torch.tensor([0.0 if failure else 1.0])
+        try:
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        except RuntimeError as error:  # a cell-mate died: the driver sees the cell errored
+            return failure or str(error).splitlines()[0][:200]
+        return failure or ("a cell-mate's exchange failed" if flag.item() < 1 else "")
+
+    def _average_across_cells(self, group: Any, cells: int) -> None:
+        grads = [_local(p.grad) for p in self.model.parameters()]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        group.allreduce([flat]).wait()  # gloo has no AVG: sum, then divide
+        flat /= cells
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    # -- checkpoints (healing copies these rank to rank) ------------------------------
 
     def get_state(self) -> dict[str, Any]:
-        """The checkpoint a healing cell receives: model and optimizer."""
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        """This rank's share of model and optimizer state."""
+        from torch.distributed.checkpoint.state_dict import (
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        return {
+            "model": _locals(get_model_state_dict(self.model)),
+            "optimizer": _locals(get_optimizer_state_dict(self.model, self.optimizer)),
+        }
 
     def set_state(self, state: dict[str, Any]) -> str:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        """Load a rank's share; returns the (whole) model's checksum: a cell collective."""
+        from torch.distributed.checkpoint.state_dict import (
+            get_model_state_dict,
+            get_optimizer_state_dict,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        model = _copy_into(get_model_state_dict(self.model), state["model"])
+        optimizer = get_optimizer_state_dict(self.model, self.optimizer)  # creates Adam state
+        optimizer = _copy_into(optimizer, state["optimizer"])
+        set_model_state_dict(self.model, model)
+        set_optimizer_state_dict(self.model, self.optimizer, optimizer)
         return checksum(self.model)
 
     def checksum(self) -> str:
         return checksum(self.model)
 
-    # -- weight updates (this rank is the source, rank 0 of each update group) -----------
+    # -- weight updates (rank 0 is the source, rank 0 of each update group) -------------
 
     def init_update_group(self, store_addr: tuple[str, int], name: str, world: int) -> None:
-        self._update_groups[name] = gloo_group(store_addr, name, 0, world)
+        if self.rank == 0:
+            self._update_groups[name] = gloo_group(store_addr, name, 0, world)
 
     def send_bucket(self, name: str, bucket: Bucket) -> float:
-        """Broadcast one bucket's wire buffer; returns seconds spent in the collective."""
-        buffer = pack_bucket(self.model, bucket)
+        """Gather the bucket's tensors (every rank of the cell takes part), and broadcast its
+        wire buffer from rank 0; returns rank 0's seconds in the broadcast."""
+        tensors = bucket_tensors(self.model, bucket)
+        if self.rank != 0:
+            return 0.0
+        buffer = pack_bucket(tensors, bucket)
         started = time.perf_counter()
         broadcast(self._update_groups[name], buffer)
         return time.perf_counter() - started
