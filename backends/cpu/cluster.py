@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +22,7 @@ from typing import Any
 import aiohttp
 import ray
 import torch.distributed as dist
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import RayActorError
 from ray.util.placement_group import PlacementGroup
 
 from backends.common.ray_session import LOOPBACK, in_bundle
@@ -91,7 +90,6 @@ class RayCell:
         self.ranks: list[Any] = []
         self.incarnation = 0
         self.doomed = False
-        self.losses: dict[int, float] = {}
 
     def failure(self, reason: str) -> CellFailure:
         return CellFailure(self.index, reason)
@@ -140,7 +138,6 @@ class RayCell:
         args = (step, attempt, trajectories, members, store, doomed, slowdown)
         results = await self.call("train", *args)
         if all(r["outcome"] == "normal" for r in results):
-            self.losses[step] = statistics.fmean(r["loss"] for r in results)
             return Outcome.NORMAL
         return Outcome.DISCARDED
 
@@ -485,4 +482,4 @@ def buffer_size_for(model_bytes: int, sim_buckets: int) -> int:
     return max(1, math.ceil(model_bytes / max(1, sim_buckets)))
 
 
-__all__ = ["RayTaskError", "RayWorld", "buffer_size_for"]
+__all__ = ["RayWorld", "buffer_size_for"]
