@@ -19,7 +19,11 @@ Where each decision is made:
   miles_core.weight_update; a cell failure fails over to the next alive cell
   with the same reserved version; an engine failure drops that engine and
   retries; a restarted engine serves only after an update (or a sync of the
-  published version, started as soon as it is up) stamped it;
+  published version, started as soon as it is up) stamped it; a sync never
+  overlaps a step between its train and its update, when the trainer's weights
+  are already newer than the published version;
+- a run resumed from a checkpoint (a restored ledger) continues its version
+  sequence, and every engine is synced to that version before it serves;
 - with heartbeat_interval set, N missed heartbeats in a row fail a cell
   (paused during updates and healing, as miles' checker is); a failed cell's
   processes are stopped, so a false suspicion cannot leave a zombie.
