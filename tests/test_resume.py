@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from miles_core.events import (
     EngineStamped,
     History,
@@ -47,3 +49,32 @@ def test_oracles_hold_a_resumed_run_to_its_checkpoint() -> None:
         )
     )
     assert published_weights(serving_initial) is not None  # 4 was never published here
+
+
+def test_a_sync_never_runs_between_a_train_step_and_its_update() -> None:
+    """A sync sends the trainer's current weights under the published version: right only
+    while no step has trained past that version (the real backend's checksums caught it)."""
+    from miles_core.events import StepBegan, UpdateBegan
+    from sim.faults import Fault
+
+    base = SCENARIOS["engine_restart"]
+    slow_rollout = dataclasses.replace(base.sim, decode_seconds_per_token=0.08)  # drains wait
+    syncs = 0
+    for at in range(1, 60, 3):  # restarts landing in every phase of a step
+        scenario = dataclasses.replace(
+            base,
+            sim=slow_rollout,
+            faults=(Fault("restart_engine", engine="engine-0", at=float(at)),),
+        )
+        result = run_scenario(scenario, at, 8)
+        assert result.ok, f"replay: restart at t={at}, seed {at}"
+        training = False
+        for e in result.history:
+            if isinstance(e, StepBegan):
+                training = True
+            elif isinstance(e, VersionPublished):
+                training = False
+            elif isinstance(e, UpdateBegan) and not e.publishes:
+                syncs += 1
+                assert not training, f"a sync at t={e.t} inside a train-update window"
+    assert syncs >= 1  # some restarts did need a sync, so the check above was exercised
