@@ -60,14 +60,14 @@ def test_a_sync_never_runs_between_a_train_step_and_its_update() -> None:
     base = SCENARIOS["engine_restart"]
     slow_rollout = dataclasses.replace(base.sim, decode_seconds_per_token=0.08)  # drains wait
     syncs = 0
-    for at in range(1, 60, 3):  # restarts landing in every phase of a step
+    for at in range(1, 120, 2):  # restarts landing in every phase of a step
         scenario = dataclasses.replace(
             base,
             sim=slow_rollout,
             faults=(Fault("restart_engine", engine="engine-0", at=float(at)),),
         )
-        result = run_scenario(scenario, at, 8)
-        assert result.ok, f"replay: restart at t={at}, seed {at}"
+        result = run_scenario(scenario, 0, 8)
+        assert result.ok, f"replay: restart at t={at}, seed 0"
         training = False
         for e in result.history:
             if isinstance(e, StepBegan):
