@@ -27,8 +27,8 @@ import torch
 from aiohttp import web
 
 from backends.common.ray_session import LOOPBACK
-from backends.cpu.policy import PolicyConfig, build_model, checksum, sample, spans_of, unpack_into
-from backends.cpu.trainer import broadcast, gloo_group
+from backends.cpu.policy import PolicyConfig, build_model, checksum, sample
+from backends.cpu.wire import broadcast, gloo_group, spans_of, unpack_into
 
 DIE_MIDWAY = "X-Testbed-Die-Midway"
 

@@ -11,7 +11,6 @@ attempt is DISCARDED: no optimizer step, the gradients are dropped.
 
 from __future__ import annotations
 
-import datetime
 import os
 import time
 from collections.abc import Sequence
@@ -19,7 +18,6 @@ from typing import Any
 
 import ray
 import torch
-import torch.distributed as dist
 
 from backends.cpu.policy import (
     PolicyConfig,
@@ -27,24 +25,9 @@ from backends.cpu.policy import (
     build_model,
     checksum,
     grpo_loss,
-    pack_bucket,
 )
+from backends.cpu.wire import broadcast, gloo_group, pack_bucket
 from miles_core.transfer import Bucket
-
-GLOO_TIMEOUT = datetime.timedelta(seconds=30)
-
-
-def gloo_group(store_addr: tuple[str, int], prefix: str, rank: int, size: int) -> Any:
-    """A gloo process group of its own (not the default world), as torchft builds them."""
-    host, port = store_addr
-    store = dist.TCPStore(host, port, is_master=False, timeout=GLOO_TIMEOUT)
-    return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, size, GLOO_TIMEOUT)
-
-
-def broadcast(group: Any, tensor: torch.Tensor, root: int = 0) -> None:
-    options = dist.BroadcastOptions()
-    options.rootRank = root
-    group.broadcast([tensor], options).wait()
 
 
 class TrainerRank:
