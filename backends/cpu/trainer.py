@@ -12,6 +12,7 @@ attempt is DISCARDED: no optimizer step, the gradients are dropped.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -26,7 +27,7 @@ from backends.cpu.policy import (
     checksum,
     grpo_loss,
 )
-from backends.cpu.wire import broadcast, gloo_group, pack_bucket
+from backends.cpu.wire import StagingBuffer, broadcast, gloo_group
 from miles_core.transfer import Bucket
 
 
@@ -37,6 +38,7 @@ class TrainerRank:
         self.model = build_model(policy)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=policy.lr)
         self._update_groups: dict[str, Any] = {}
+        self._staging = threading.local()  # one staging buffer per actor thread
 
     def ready(self) -> int:
         return os.getpid()
@@ -104,8 +106,13 @@ class TrainerRank:
         self._update_groups[name] = gloo_group(store_addr, name, 0, world)
 
     def send_bucket(self, name: str, bucket: Bucket) -> float:
-        """Broadcast one bucket's wire buffer; returns seconds spent in the collective."""
-        buffer = pack_bucket(self.model, bucket)
+        """Broadcast one bucket's wire buffer; returns seconds spent in the collective.
+
+        The buffer is packed into a staging buffer reused across buckets and updates
+        (backends/bench measured a fresh one per bucket at well under half the wire rate)."""
+        if not hasattr(self._staging, "buffer"):
+            self._staging.buffer = StagingBuffer()
+        buffer = self._staging.buffer.pack(self.model, bucket)
         started = time.perf_counter()
         broadcast(self._update_groups[name], buffer)
         return time.perf_counter() - started

@@ -8,7 +8,7 @@ start in a couple of seconds.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -61,3 +61,82 @@ def unpack_into(model: torch.nn.Module, spans: Iterable[StagingSpan], buffer: to
         for span in spans:
             dst = params[span.name]
             dst.view(torch.uint8).reshape(-1).copy_(buffer[span.start : span.end])
+
+
+def pack_into(params: Mapping[str, torch.Tensor], bucket: Bucket, buffer: torch.Tensor) -> None:
+    """pack_bucket's bytes written into a reused ``buffer`` (padding zeroed, nothing allocated):
+    a fresh large buffer costs a page fault per 4 KiB on every bucket."""
+    offset = 0
+    for span in bucket.spans:
+        if span.start > offset:
+            buffer[offset : span.start].zero_()
+        buffer[span.start : span.end].copy_(
+            params[span.name].detach().view(torch.uint8).reshape(-1)
+        )
+        offset = span.end
+
+
+class StagingBuffer:
+    """The sender's bucket buffer, allocated once at the largest bucket's size and reused."""
+
+    def __init__(self) -> None:
+        self._buffer = torch.empty(0, dtype=torch.uint8)
+
+    def pack(self, model: torch.nn.Module, bucket: Bucket) -> torch.Tensor:
+        if self._buffer.numel() < bucket.nbytes:
+            self._buffer = torch.empty(bucket.nbytes, dtype=torch.uint8)
+        buffer = self._buffer[: bucket.nbytes]
+        pack_into(dict(model.named_parameters()), bucket, buffer)
+        return buffer
+
+
+Layout = tuple[tuple[str, ...], tuple[str, ...], tuple[tuple[int, ...], ...]]
+
+
+class InPlaceReceiver:
+    """A receiver whose parameters are views into one persistent uint8 buffer per bucket
+    layout (RDT-style staging): a bucket is received straight into the weights, with nothing
+    to allocate or unpack. The staging spans are aligned to each dtype's item size, so a
+    span views as its tensor without a copy. The wire layout is pack_bucket's, unchanged.
+
+    The first bucket of a layout binds its parameters (their values copied into the new
+    buffer); a later layout that takes a parameter over retires the older layout, so a
+    buffer is only reused while it still backs every one of its parameters.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self._buffers: dict[Layout, torch.Tensor] = {}
+        self._owner: dict[str, Layout] = {}
+
+    def buffer_for(
+        self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]]
+    ) -> torch.Tensor:
+        """The buffer to receive this bucket into; its bytes are the parameters' bytes."""
+        layout = (tuple(names), tuple(dtypes), tuple(tuple(s) for s in shapes))
+        buffer = self._buffers.get(layout)
+        return buffer if buffer is not None else self._bind(layout)
+
+    def _bind(self, layout: Layout) -> torch.Tensor:
+        spans, nbytes = spans_of(*layout)
+        params = dict(self.model.named_parameters())
+        for span in spans:
+            p = params.get(span.name)
+            if p is None or str(p.dtype).removeprefix("torch.") != span.dtype:
+                have = None if p is None else str(p.dtype).removeprefix("torch.")
+                raise ValueError(f"{span.name}: the bucket says {span.dtype}, the model has {have}")
+            if tuple(p.shape) != span.shape:
+                raise ValueError(f"{span.name}: bucket shape {span.shape}, model {tuple(p.shape)}")
+        buffer = torch.zeros(nbytes, dtype=torch.uint8)
+        with torch.no_grad():
+            for span in spans:
+                p = params[span.name]
+                view = buffer[span.start : span.end].view(p.dtype).view(span.shape)
+                view.copy_(p)
+                p.data = view
+                old = self._owner.get(span.name)
+                if old is not None and old != layout:
+                    self._buffers.pop(old, None)
+                self._owner[span.name] = layout
+        self._buffers[layout] = buffer
+        return buffer
