@@ -83,10 +83,12 @@ class StagingBuffer:
         self._buffer = torch.empty(0, dtype=torch.uint8)
 
     def pack(self, model: torch.nn.Module, bucket: Bucket) -> torch.Tensor:
+        params = dict(model.named_parameters())
         if self._buffer.numel() < bucket.nbytes:
-            self._buffer = torch.empty(bucket.nbytes, dtype=torch.uint8)
+            device = params[bucket.spans[0].name].device
+            self._buffer = torch.empty(bucket.nbytes, dtype=torch.uint8, device=device)
         buffer = self._buffer[: bucket.nbytes]
-        pack_into(dict(model.named_parameters()), bucket, buffer)
+        pack_into(params, bucket, buffer)
         return buffer
 
 
@@ -127,7 +129,8 @@ class InPlaceReceiver:
                 raise ValueError(f"{span.name}: the bucket says {span.dtype}, the model has {have}")
             if tuple(p.shape) != span.shape:
                 raise ValueError(f"{span.name}: bucket shape {span.shape}, model {tuple(p.shape)}")
-        buffer = torch.zeros(nbytes, dtype=torch.uint8)
+        device = params[spans[0].name].device if spans else None
+        buffer = torch.zeros(nbytes, dtype=torch.uint8, device=device)
         with torch.no_grad():
             for span in spans:
                 p = params[span.name]

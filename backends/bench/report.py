@@ -1,0 +1,165 @@
+"""From raw trial times to the summary: GB/s with spread, and every figure's ratio to the ceiling.
+
+GB/s is state-dict bytes (the payload, padding excluded) over seconds until
+every receiver holds them, so all methods and modes share one numerator. The
+ceiling of a mode is its ``flat`` method (one flat tensor, sent once), pooled
+over every block it was measured in; a figure's ratio is the ceiling's median
+time over the figure's median time (> 1 means faster than the ceiling).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from miles_core.errors import ConfigError
+
+SCHEMA = "miles-testbed/transfer-bench/1"
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def gbps(payload_bytes: int, seconds: Mapping[str, float]) -> dict[str, float]:
+    """Rates from times: the slowest trial gives the minimum rate."""
+    rate = payload_bytes / 1e9
+    return {
+        "median": rate / seconds["median"],
+        "min": rate / seconds["max"],
+        "max": rate / seconds["min"],
+    }
+
+
+def summarize(raw: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON written by --out and printed by --json."""
+    payload = int(raw["payload_bytes"])
+    pooled: dict[tuple[str, str, int | None], list[float]] = {}
+    checks: dict[tuple[str, str, int | None], bool | None] = {}
+    for trial in raw["trials"]:
+        key = (trial["mode"], trial["method"], trial["bucket_bytes"])
+        pooled.setdefault(key, []).extend(trial["seconds"])
+        checks[key] = trial.get("weights_bitwise_equal")
+    ceilings = {}
+    for mode in {k[0] for k in pooled}:
+        flat = pooled.get((mode, "flat", None))
+        if not flat:
+            raise ConfigError("trials", f"mode {mode} has no flat trials", "measure the ceiling")
+        ceilings[mode] = statistics.median(flat)
+    results = []
+    for (mode, method, bucket), values in pooled.items():
+        seconds = spread(values)
+        results.append(
+            {
+                "mode": mode,
+                "method": method,
+                "bucket_bytes": bucket,
+                "buckets": raw.get("buckets", {}).get(str(bucket)) if bucket else None,
+                "repeats": len(values),
+                "seconds": seconds,
+                "gbps": gbps(payload, seconds),
+                "ratio_to_flat": ceilings[mode] / seconds["median"],
+                "weights_bitwise_equal": checks[(mode, method, bucket)],
+            }
+        )
+    default = config["default_bucket"]
+
+    def ratio(mode: str, method: str) -> float | None:
+        found = [
+            r["ratio_to_flat"]
+            for r in results
+            if (r["mode"], r["method"], r["bucket_bytes"]) == (mode, method, default)
+        ]
+        return found[0] if found else None
+
+    methods = sorted({r["method"] for r in results if r["bucket_bytes"] == default})
+    return {
+        "schema": SCHEMA,
+        "config": dict(config),
+        "payload_bytes": payload,
+        "tensors": raw["tensors"],
+        "ceiling_gbps": {m: payload / 1e9 / s for m, s in sorted(ceilings.items())},
+        "default_bucket": {
+            "bucket_bytes": default,
+            "real_backend_ratio_to_flat": {m: ratio(m, "backend") for m in sorted(ceilings)},
+            "v0_ratio_to_flat": {m: ratio(m, "v0") for m in sorted(ceilings)},
+            "ratio_to_flat": {m: {k: ratio(m, k) for k in methods} for m in sorted(ceilings)},
+        },
+        "all_weights_bitwise_equal": all(c for c in checks.values() if c is not None),
+        "results": results,
+    }
+
+
+def table(summary: Mapping[str, Any]) -> str:
+    """The side-by-side table: one line per mode, method and bucket size."""
+    lines = [
+        f"{summary['payload_bytes'] / 1024**2:.0f} MiB in {summary['tensors']} tensors, "
+        f"{summary['config']['receivers']} receiver(s), {summary['config']['backend']}",
+        f"{'mode':9s} {'method':10s} {'bucket':>8s} {'n':>4s}  "
+        f"{'GB/s median [min-max]':>24s}  {'x flat':>6s}  bitwise",
+    ]
+    for r in summary["results"]:
+        bucket = f"{r['bucket_bytes'] / 1024**2:g} MiB" if r["bucket_bytes"] else "-"
+        g = r["gbps"]
+        check = {True: "equal", False: "DIFFER", None: "-"}[r["weights_bitwise_equal"]]
+        lines.append(
+            f"{r['mode']:9s} {r['method']:10s} {bucket:>8s} {r['buckets'] or '':>4}  "
+            f"{g['median']:7.2f} [{g['min']:6.2f}-{g['max']:6.2f}]  "
+            f"{r['ratio_to_flat']:6.2f}  {check}"
+        )
+    d = summary["default_bucket"]
+
+    def x(ratio: float | None) -> str:
+        return "not measured" if ratio is None else f"{ratio:.2f}x"
+
+    for mode, value in d["real_backend_ratio_to_flat"].items():
+        best = max(d["ratio_to_flat"][mode].items(), key=lambda kv: kv[1] or 0)
+        lines.append(
+            f"default bucket {d['bucket_bytes'] / 1024**2:g} MiB, {mode}: CPU backend "
+            f"{x(value)} flat (v0, before: {x(d['v0_ratio_to_flat'][mode])}); "
+            f"best {best[0]} {x(best[1])}"
+        )
+    return "\n".join(lines)
+
+
+def plot(summary: Mapping[str, Any], path: Path) -> None:
+    """GB/s against bucket size, one panel per mode; references as horizontal lines."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError(
+            "--plot", "matplotlib is not installed", "pip install matplotlib or pass --plot ''"
+        ) from None
+    modes = sorted({r["mode"] for r in summary["results"]})
+    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 4.5), squeeze=False)
+    for ax, mode in zip(axes[0], modes, strict=True):
+        rows = [r for r in summary["results"] if r["mode"] == mode]
+        for method in dict.fromkeys(r["method"] for r in rows if r["bucket_bytes"]):
+            line = sorted(
+                (r for r in rows if r["method"] == method), key=lambda r: r["bucket_bytes"]
+            )
+            x = [r["bucket_bytes"] / 1024**2 for r in line]
+            y = [r["gbps"]["median"] for r in line]
+            err = [
+                [r["gbps"]["median"] - r["gbps"]["min"] for r in line],
+                [r["gbps"]["max"] - r["gbps"]["median"] for r in line],
+            ]
+            ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=method)
+        for r in rows:
+            if r["bucket_bytes"] is None:
+                style = {"flat": "-", "naive": ":", "memcpy": "--"}[r["method"]]
+                ax.axhline(r["gbps"]["median"], color="k", ls=style, lw=1, label=r["method"])
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("bucket size (MiB)")
+        ax.set_ylabel("GB/s (state-dict bytes / time)")
+        ax.set_title(f"{mode}: {summary['payload_bytes'] / 1024**2:.0f} MiB")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
