@@ -1,4 +1,4 @@
-"""The CPU backend's wire path: reused staging and in-place receive keep pack_bucket's bytes."""
+"""The CPU backend's wire path: parameters as bucket views keep pack_bucket's bytes, both ways."""
 
 from __future__ import annotations
 
@@ -6,13 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from backends.cpu.wire import (  # noqa: E402
-    InPlaceReceiver,
-    StagingBuffer,
-    pack_bucket,
-    pack_into,
-    spans_of,
-)
+from backends.cpu.wire import BucketViews, pack_bucket, pack_into, spans_of  # noqa: E402
 from miles_core.transfer import ParamSpec, plan_buckets, units_of  # noqa: E402
 
 
@@ -41,14 +35,17 @@ def raw(model: torch.nn.Module) -> dict[str, bytes]:
     return {n: p.detach().view(torch.uint8).numpy().tobytes() for n, p in model.named_parameters()}
 
 
-def deliver(sender: torch.nn.Module, receiver: InPlaceReceiver, buckets, staging) -> None:
-    """What a broadcast does to the receiver's buffer: the sender's bytes, copied."""
+def payload(bucket) -> tuple[list[str], list[str], list[list[int]]]:
+    spans = bucket.spans
+    return [s.name for s in spans], [s.dtype for s in spans], [list(s.shape) for s in spans]
+
+
+def deliver(sender: BucketViews, receiver: BucketViews, buckets) -> None:
+    """What a broadcast does: the sender's buffer's bytes land in the receiver's buffer."""
     for bucket in buckets:
-        wire = staging.pack(sender, bucket)
-        assert torch.equal(wire, pack_bucket(sender, bucket))  # the wire layout is unchanged
-        payload = ([s.name for s in bucket.spans], [s.dtype for s in bucket.spans])
-        buffer = receiver.buffer_for(*payload, [list(s.shape) for s in bucket.spans])
-        buffer.copy_(wire)
+        wire = sender.buffer_for(*payload(bucket))
+        assert torch.equal(wire, pack_bucket(sender.model, bucket))  # the wire is unchanged
+        receiver.buffer_for(*payload(bucket)).copy_(wire)
 
 
 def test_pack_into_a_dirty_reused_buffer_gives_pack_buckets_bytes() -> None:
@@ -63,33 +60,57 @@ def test_pack_into_a_dirty_reused_buffer_gives_pack_buckets_bytes() -> None:
 @pytest.mark.parametrize("size", [1 << 20, 16])
 def test_in_place_receiver_ends_bitwise_equal_update_after_update(size: int) -> None:
     sender, engine = Tiny(1), Tiny(2)
-    receiver, staging = InPlaceReceiver(engine), StagingBuffer()
+    views, receiver = BucketViews(sender), BucketViews(engine)
     buckets = plan(sender, size)
-    deliver(sender, receiver, buckets, staging)
+    deliver(views, receiver, buckets)
     assert raw(engine) == raw(sender)
     assert engine.head.weight is engine.b  # the tie survives: one parameter, rebound once
     with torch.no_grad():  # a training step changes the sender; the next update must land
         for p in sender.parameters():
             p.add_(1)
-    deliver(sender, receiver, buckets, staging)
+    deliver(views, receiver, buckets)
     assert raw(engine) == raw(sender)
 
 
 def test_a_new_layout_retires_the_old_one_and_going_back_rebinds() -> None:
     sender, engine = Tiny(3), Tiny(4)
-    receiver, staging = InPlaceReceiver(engine), StagingBuffer()
+    views, receiver = BucketViews(sender), BucketViews(engine)
     for size in (1 << 20, 16, 1 << 20):  # one bucket, many buckets, one bucket again
         with torch.no_grad():
             for p in sender.parameters():
                 p.add_(1)
-        deliver(sender, receiver, plan(sender, size), staging)
+        deliver(views, receiver, plan(sender, size))
         assert raw(engine) == raw(sender)
 
 
 def test_a_bucket_that_does_not_match_the_model_is_refused() -> None:
-    receiver = InPlaceReceiver(Tiny(0))
+    receiver = BucketViews(Tiny(0))
     with pytest.raises(ValueError, match="b: the bucket says float16"):
         receiver.buffer_for(["b"], ["float16"], [[5, 2]])
     with pytest.raises(ValueError, match="bucket shape"):
         receiver.buffer_for(["b"], ["float32"], [[2, 5]])
     assert spans_of(["a"], ["bfloat16"], [[3]])[1] == 6
+
+
+def test_a_trainer_whose_parameters_are_bucket_views_trains_bitwise_like_one_without() -> None:
+    """Adam updates parameters in place, so the views keep tracking the weights."""
+
+    def model() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+
+    plain, bound = model(), model()
+    views = BucketViews(bound)
+    for bucket in plan(bound, 100):
+        views.buffer_for(*payload(bucket))
+    optimizers = [torch.optim.Adam(m.parameters(), lr=1e-2) for m in (plain, bound)]
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        x = torch.randn(4, 6, generator=generator)
+        for m, opt in zip((plain, bound), optimizers, strict=True):
+            opt.zero_grad(set_to_none=False)
+            m(x).pow(2).mean().backward()
+            opt.step()
+    assert raw(bound) == raw(plain)
+    for bucket in plan(bound, 100):  # and the wire buffers hold the trained weights
+        assert torch.equal(views.buffer_for(*payload(bucket)), pack_bucket(bound, bucket))

@@ -1,7 +1,7 @@
 """Command line of the transfer benchmark.
 
     python -m backends.bench transfer [--size-mib 256] [--mix qwen3-30b-a3b|uniform]
-        [--receivers 2] [--bucket-mib 4,16,64,256] [--default-bucket-mib 64]
+        [--receivers 1] [--bucket-mib 4,16,64,256] [--default-bucket-mib 64]
         [--modes broadcast,p2p] [--repeats 5] [--warmup 1] [--seed 0]
         [--backend auto|gloo|nccl] [--out bench.json] [--plot bench.png] [--json]
 
@@ -120,7 +120,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--size-mib", type=int, default=256, help="state-dict budget")
     t.add_argument("--mix", default="qwen3-30b-a3b", help="tensor mix: qwen3-30b-a3b or uniform")
     t.add_argument("--tensors", type=int, default=64, help="tensor count of the uniform mix")
-    t.add_argument("--receivers", type=int, default=2, help="receiver ranks (engines)")
+    t.add_argument("--receivers", type=int, default=1, help="receiver ranks (engines)")
     t.add_argument("--bucket-mib", default="4,16,64,256", help="bucket sizes to sweep")
     t.add_argument("--default-bucket-mib", type=int, default=64, help="the headline bucket")
     t.add_argument("--modes", default="broadcast,p2p", help="transfer modes to measure")

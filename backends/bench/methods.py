@@ -6,24 +6,25 @@ engines); ``p2p`` uses one two-rank group per receiver, as the CPU backend's
 p2p mode does (a broadcast inside each pair group).
 
 Methods (a receiver's trial ends when the bytes are where that method puts them).
-The bucketed ones form a ladder, each keeping the techniques of the one before:
+The bucketed ones form a ladder, each adding one technique:
 
 - ``v0``: the CPU backend's path before this benchmark, call for call: the
   trainer packs each bucket into a fresh ``pack_bucket`` buffer (p2p: once per
   engine, one ``send_bucket`` call each), the engine builds spans from the
   (names, dtypes, shapes) payload, receives into a fresh buffer and
   ``unpack_into`` its model;
-- ``reuse``: the same with preallocated bucket buffers on both sides;
-- ``backend``: the CPU backend now, call for call: the trainer packs into its
-  reused ``StagingBuffer``, the engine's ``InPlaceReceiver`` receives straight
-  into its weights (parameters are views into a buffer per bucket layout);
-- ``pipeline``: the sender packs bucket k+1 while bucket k is on the wire
-  (double buffer, async gloo work; p2p sends to all receivers at once). Not in
-  the backend: the orchestration sends one bucket per call and waits for it;
-- ``zerocopy``: the sender's parameters are views into its bucket buffers too
-  (Megatron's contiguous parameter buffer): nothing is packed at all. Not in
-  the backend: the trainer pickles its parameters for healing, and a pickled
-  view carries its whole bucket's storage;
+- ``reuse``: preallocated bucket buffers on both sides (no allocation, no
+  page faults, no zero fill);
+- ``inplace``: ``reuse``, and the receiver's parameters are views into its
+  bucket buffers (``wire.BucketViews``): it receives straight into its weights;
+- ``pipeline``: ``inplace``, and the sender packs bucket k+1 while bucket k is
+  on the wire (double buffer, async gloo work; p2p sends to all receivers at
+  once). Not in the backend: the orchestration sends one bucket per call;
+- ``backend``: the CPU backend now, call for call: ``BucketViews`` on both
+  sides, so the sender packs nothing either; one blocking send per bucket
+  (p2p: per engine, in turn), as one ``send_bucket`` call does;
+- ``inflight``: ``backend`` with every bucket (and p2p receiver) in flight at
+  once: what one call per bucket leaves on the table;
 - ``flat``: one preallocated flat tensor of the same bytes, sent once (the
   ceiling of the backend for this message size);
 - ``naive``: one collective per tensor; the receiver gets a fresh tensor and
@@ -41,8 +42,7 @@ import torch
 import torch.distributed as dist
 
 from backends.cpu.wire import (
-    InPlaceReceiver,
-    StagingBuffer,
+    BucketViews,
     pack_bucket,
     pack_into,
     spans_of,
@@ -51,7 +51,7 @@ from backends.cpu.wire import (
 from miles_core.transfer import Bucket
 
 MODES = ("broadcast", "p2p")
-BUCKETED = ("v0", "reuse", "backend", "pipeline", "zerocopy")
+BUCKETED = ("v0", "reuse", "inplace", "pipeline", "backend", "inflight")
 """The bucketed ladder: each step keeps the techniques of the one before it."""
 REFERENCES = ("flat", "naive", "memcpy")
 METHODS = BUCKETED + REFERENCES
@@ -81,10 +81,8 @@ class Rank:
     buckets: tuple[Bucket, ...] = ()
     staging: list[torch.Tensor] = field(default_factory=list)
     """Reused bucket buffers (two on the source for double buffering, one on a receiver)."""
-    bound: list[torch.Tensor] = field(default_factory=list)
-    """The source's per-bucket buffers its parameters are views into (zerocopy)."""
-    sender: StagingBuffer = field(default_factory=StagingBuffer)
-    receiver: InPlaceReceiver | None = None
+    views: BucketViews | None = None
+    """Parameters as views into bucket buffers, as the CPU backend keeps them (both sides)."""
     copy_target: torch.Tensor | None = None
 
     @property
@@ -114,18 +112,18 @@ class Rank:
     # -- preparing for a bucket plan (outside the timed region) -----------------------
 
     def prepare(self, buckets: Sequence[Bucket]) -> None:
-        """Reused buffers for this plan; the source's parameters become views into its
-        buckets (zerocopy). Receivers bind lazily, as the engine does, in the warm-up."""
+        """Reused buffers for this plan, and parameters bound as views into its buckets
+        (the backend binds at a layout's first send; here it is done before timing)."""
         self.buckets = tuple(buckets)
         size = max(b.nbytes for b in buckets)
         copies = 2 if self.is_source else 1
         self.staging = [
             torch.zeros(size, dtype=torch.uint8, device=self.device) for _ in range(copies)
         ]
-        if self.is_source:
-            self.bound = bind(self.model, buckets, self.device)
-        elif self.receiver is None:
-            self.receiver = InPlaceReceiver(self.model)
+        if self.views is None:
+            self.views = BucketViews(self.model)
+        for bucket in buckets:
+            self.views.buffer_for(*_payload(bucket))
 
     # -- one trial ---------------------------------------------------------------------
 
@@ -169,22 +167,21 @@ class Rank:
             self.recv(mode, buffer).wait()
             unpack_into(self.model, spans, buffer)
 
+    def _wire(self, bucket: Bucket) -> torch.Tensor:
+        """The bucket's buffer of BucketViews: the weights themselves, on either side."""
+        assert self.views is not None
+        return self.views.buffer_for(*_payload(bucket))
+
     def _receive_in_place(self, mode: str) -> None:
         """The engine's /update_weights_from_distributed, bucket after bucket."""
-        assert self.receiver is not None
         for bucket in self.buckets:
-            self.recv(mode, self.receiver.buffer_for(*_payload(bucket))).wait()
+            self.recv(mode, self._wire(bucket)).wait()
 
-    def _backend(self, mode: str) -> None:
-        if not self.is_source:
+    def _inplace(self, mode: str) -> None:
+        if self.is_source:
+            self._reuse(mode)
+        else:
             self._receive_in_place(mode)
-            return
-        for bucket in self.buckets:
-            if mode == "broadcast":
-                self.send(mode, self.sender.pack(self.model, bucket))
-            else:  # one send_bucket call, hence one pack, per engine
-                for group in self.pairs.values():
-                    _bcast(group, self.sender.pack(self.model, bucket)).wait()
 
     def _pipeline(self, mode: str) -> None:
         if not self.is_source:
@@ -200,11 +197,22 @@ class Rank:
         for work in pending:
             work.wait()
 
-    def _zerocopy(self, mode: str) -> None:
+    def _backend(self, mode: str) -> None:
         if not self.is_source:
             self._receive_in_place(mode)
             return
-        works = [w for buffer in self.bound for w in self.send(mode, buffer, concurrent=True)]
+        for bucket in self.buckets:
+            if mode == "broadcast":
+                self.send(mode, self._wire(bucket))
+            else:  # one send_bucket call per engine
+                for group in self.pairs.values():
+                    _bcast(group, self._wire(bucket)).wait()
+
+    def _inflight(self, mode: str) -> None:
+        if not self.is_source:
+            self._receive_in_place(mode)
+            return
+        works = [w for b in self.buckets for w in self.send(mode, self._wire(b), concurrent=True)]
         for work in works:
             work.wait()
 
@@ -239,22 +247,3 @@ def _payload(bucket: Bucket) -> tuple[list[str], list[str], list[list[int]]]:
     """What the engine is told in /update_weights_from_distributed: names, dtypes, shapes."""
     spans = bucket.spans
     return [s.name for s in spans], [s.dtype for s in spans], [list(s.shape) for s in spans]
-
-
-def bind(
-    model: torch.nn.Module, buckets: Sequence[Bucket], device: torch.device
-) -> list[torch.Tensor]:
-    """Make every parameter a view into its bucket's buffer (values kept), as the sender's
-    side of zerocopy (the receiver's side is wire.InPlaceReceiver, for any device here)."""
-    params = dict(model.named_parameters())
-    buffers = []
-    with torch.no_grad():
-        for bucket in buckets:
-            buffer = torch.zeros(bucket.nbytes, dtype=torch.uint8, device=device)
-            for span in bucket.spans:
-                p = params[span.name]
-                view = buffer[span.start : span.end].view(p.dtype).view(span.shape)
-                view.copy_(p)
-                p.data = view
-            buffers.append(buffer)
-    return buffers

@@ -35,7 +35,7 @@ class BenchConfig:
     size_bytes: int = 256 * 1024**2
     mix: str = "qwen3-30b-a3b"
     tensors: int = 64
-    receivers: int = 2
+    receivers: int = 1
     bucket_sizes: tuple[int, ...] = tuple(m * 1024**2 for m in (4, 16, 64, 256))
     default_bucket: int = 64 * 1024**2
     modes: tuple[str, ...] = ("broadcast", "p2p")

@@ -27,7 +27,7 @@ from aiohttp import web
 
 from backends.common.ray_session import LOOPBACK
 from backends.cpu.policy import PolicyConfig, build_model, checksum, sample
-from backends.cpu.wire import InPlaceReceiver, broadcast, gloo_group
+from backends.cpu.wire import BucketViews, broadcast, gloo_group
 
 DIE_MIDWAY = "X-Testbed-Die-Midway"
 
@@ -45,7 +45,7 @@ class EngineServer:
     def __init__(self, engine_id: str, policy: PolicyConfig) -> None:
         self.engine_id = engine_id
         self.model = build_model(policy)
-        self._receiver = InPlaceReceiver(self.model)
+        self._views = BucketViews(self.model)
         self.weight_version = "default"  # SGLang's value before any update
         self.paused = False
         self._resumed = asyncio.Event()
@@ -175,8 +175,8 @@ class EngineServer:
                 {"success": False, "message": "send load_format 'flattened_bucket'"}, status=400
             )
         try:
-            # the weights themselves are the receive buffer (wire.InPlaceReceiver): no unpack
-            buffer = self._receiver.buffer_for(body["names"], body["dtypes"], body["shapes"])
+            # the weights themselves are the receive buffer (wire.BucketViews): no unpack
+            buffer = self._views.buffer_for(body["names"], body["dtypes"], body["shapes"])
         except ValueError as error:
             return web.json_response({"success": False, "message": str(error)[:200]}, status=400)
         loop = asyncio.get_running_loop()

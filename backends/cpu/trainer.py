@@ -12,7 +12,6 @@ attempt is DISCARDED: no optimizer step, the gradients are dropped.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -27,7 +26,7 @@ from backends.cpu.policy import (
     checksum,
     grpo_loss,
 )
-from backends.cpu.wire import StagingBuffer, broadcast, gloo_group
+from backends.cpu.wire import BucketViews, broadcast, gloo_group
 from miles_core.transfer import Bucket
 
 
@@ -38,7 +37,7 @@ class TrainerRank:
         self.model = build_model(policy)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=policy.lr)
         self._update_groups: dict[str, Any] = {}
-        self._staging = threading.local()  # one staging buffer per actor thread
+        self._views = BucketViews(self.model)  # the weights are the buckets' wire buffers
 
     def ready(self) -> int:
         return os.getpid()
@@ -89,8 +88,12 @@ class TrainerRank:
         }
 
     def get_state(self) -> dict[str, Any]:
-        """The checkpoint a healing cell receives: model and optimizer."""
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        """The checkpoint a healing cell receives: model and optimizer.
+
+        Parameters are cloned: each is a view into a bucket buffer, and a pickled view
+        would carry its whole buffer."""
+        model = {k: v.clone() for k, v in self.model.state_dict().items()}
+        return {"model": model, "optimizer": self.optimizer.state_dict()}
 
     def set_state(self, state: dict[str, Any]) -> str:
         self.model.load_state_dict(state["model"])
@@ -108,11 +111,13 @@ class TrainerRank:
     def send_bucket(self, name: str, bucket: Bucket) -> float:
         """Broadcast one bucket's wire buffer; returns seconds spent in the collective.
 
-        The buffer is packed into a staging buffer reused across buckets and updates
-        (backends/bench measured a fresh one per bucket at well under half the wire rate)."""
-        if not hasattr(self._staging, "buffer"):
-            self._staging.buffer = StagingBuffer()
-        buffer = self._staging.buffer.pack(self.model, bucket)
+        The parameters are views into the bucket's buffer (bound at its first send), so
+        nothing is packed: backends/bench measured packing into a fresh buffer per bucket
+        at well under half of the wire's rate."""
+        spans = bucket.spans
+        buffer = self._views.buffer_for(
+            [s.name for s in spans], [s.dtype for s in spans], [list(s.shape) for s in spans]
+        )
         started = time.perf_counter()
         broadcast(self._update_groups[name], buffer)
         return time.perf_counter() - started

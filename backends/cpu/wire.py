@@ -76,30 +76,15 @@ def pack_into(params: Mapping[str, torch.Tensor], bucket: Bucket, buffer: torch.
         offset = span.end
 
 
-class StagingBuffer:
-    """The sender's bucket buffer, allocated once at the largest bucket's size and reused."""
-
-    def __init__(self) -> None:
-        self._buffer = torch.empty(0, dtype=torch.uint8)
-
-    def pack(self, model: torch.nn.Module, bucket: Bucket) -> torch.Tensor:
-        params = dict(model.named_parameters())
-        if self._buffer.numel() < bucket.nbytes:
-            device = params[bucket.spans[0].name].device
-            self._buffer = torch.empty(bucket.nbytes, dtype=torch.uint8, device=device)
-        buffer = self._buffer[: bucket.nbytes]
-        pack_into(params, bucket, buffer)
-        return buffer
-
-
 Layout = tuple[tuple[str, ...], tuple[str, ...], tuple[tuple[int, ...], ...]]
 
 
-class InPlaceReceiver:
-    """A receiver whose parameters are views into one persistent uint8 buffer per bucket
-    layout (RDT-style staging): a bucket is received straight into the weights, with nothing
-    to allocate or unpack. The staging spans are aligned to each dtype's item size, so a
-    span views as its tensor without a copy. The wire layout is pack_bucket's, unchanged.
+class BucketViews:
+    """Parameters as views into one persistent uint8 buffer per bucket layout (RDT-style
+    staging), so the buffer *is* the bucket on the wire: the sender broadcasts it without
+    packing, the receiver receives straight into its weights without unpacking. The staging
+    spans are aligned to each dtype's item size, so a span views as its tensor without a
+    copy; padding stays zero. The wire bytes are pack_bucket's, unchanged.
 
     The first bucket of a layout binds its parameters (their values copied into the new
     buffer); a later layout that takes a parameter over retires the older layout, so a
@@ -114,7 +99,7 @@ class InPlaceReceiver:
     def buffer_for(
         self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]]
     ) -> torch.Tensor:
-        """The buffer to receive this bucket into; its bytes are the parameters' bytes."""
+        """The bucket's wire buffer; its bytes are the parameters' bytes, both ways."""
         layout = (tuple(names), tuple(dtypes), tuple(tuple(s) for s in shapes))
         buffer = self._buffers.get(layout)
         return buffer if buffer is not None else self._bind(layout)
