@@ -155,6 +155,8 @@ def plot(summary: Mapping[str, Any], path: Path) -> None:
                 style = {"flat": "-", "naive": ":", "memcpy": "--"}[r["method"]]
                 ax.axhline(r["gbps"]["median"], color="k", ls=style, lw=1, label=r["method"])
         ax.set_xscale("log", base=2)
+        sizes = sorted({r["bucket_bytes"] / 1024**2 for r in rows if r["bucket_bytes"]})
+        ax.set_xticks(sizes, [f"{s:g}" for s in sizes])
         ax.set_xlabel("bucket size (MiB)")
         ax.set_ylabel("GB/s (state-dict bytes / time)")
         ax.set_title(f"{mode}: {summary['payload_bytes'] / 1024**2:.0f} MiB")
