@@ -43,38 +43,43 @@ def test_every_method_leaves_every_receiver_bitwise_equal_in_both_modes() -> Non
     assert summarize(raw, cfg.as_json())["all_weights_bitwise_equal"]
 
 
-def _raw(flat_a: list[float], flat_b: list[float], check: bool = True) -> dict:
+def _raw(check: bool = True) -> dict:
+    """Two blocks (buckets of 100 and 200 bytes), three repeats; default bucket 200."""
     trial = {"mode": "broadcast", "weights_bitwise_equal": None}
     return {
         "payload_bytes": 10**9,
         "tensors": 3,
         "buckets": {"100": 4, "200": 2},
         "trials": [
-            {**trial, "method": "flat", "bucket_bytes": None, "seconds": flat_a + flat_b},
+            {**trial, "method": "flat", "bucket_bytes": 100, "seconds": [1.0, 0.5, 2.0]},
             {**trial, "method": "v0", "bucket_bytes": 100, "seconds": [4.0, 2.0, 3.0]},
+            {**trial, "method": "flat", "bucket_bytes": 200, "seconds": [1.0, 1.0, 4.0]},
             {
                 **trial,
                 "method": "backend",
                 "bucket_bytes": 200,
-                "seconds": [1.0, 1.25, 2.0],
+                "seconds": [1.25, 2.0, 4.0],
                 "weights_bitwise_equal": check,
             },
-            {**trial, "method": "memcpy", "bucket_bytes": None, "seconds": [0.1]},
+            {**trial, "method": "memcpy", "bucket_bytes": None, "seconds": [0.1, 0.2, 0.1]},
         ],
     }
 
 
-def test_summary_rates_ratios_and_the_default_bucket_ratio_follow_from_the_timings() -> None:
-    summary = summarize(_raw([1.0, 0.5], [2.0]), {"default_bucket": 200, "receivers": 1})
+def test_summary_rates_and_side_by_side_ratios_follow_from_the_timings() -> None:
+    summary = summarize(_raw(), {"default_bucket": 200, "receivers": 1})
     rows = {(r["method"], r["bucket_bytes"]): r for r in summary["results"]}
-    assert summary["ceiling_gbps"]["broadcast"] == pytest.approx(1.0)  # median of 1, .5, 2
+    # the ceiling shown is the median of every flat trial: 0.5, 1, 1, 1, 2, 4 -> 1 s
+    assert summary["ceiling_gbps"]["broadcast"] == pytest.approx(1.0)
     v0 = rows[("v0", 100)]
     assert v0["seconds"] == {"median": 3.0, "min": 2.0, "max": 4.0}
     assert v0["gbps"] == pytest.approx({"median": 1 / 3, "min": 0.25, "max": 0.5})
-    assert v0["ratio_to_flat"] == pytest.approx(1 / 3)
+    # each repeat against the flat trial of the same repeat and block: 1/4, .5/2, 2/3
+    assert v0["ratio_to_flat"] == pytest.approx(0.25)
     assert v0["buckets"] == 4
-    assert rows[("backend", 200)]["ratio_to_flat"] == pytest.approx(1 / 1.25)
-    assert rows[("memcpy", None)]["ratio_to_flat"] == pytest.approx(10.0)
+    # 1/1.25, 1/2, 4/4: a slow repeat slows both, and the pair still says 0.8
+    assert rows[("backend", 200)]["ratio_to_flat"] == pytest.approx(0.8)
+    assert rows[("memcpy", None)]["ratio_to_flat"] == pytest.approx(10.0)  # default block
     default = summary["default_bucket"]
     assert default["real_backend_ratio_to_flat"] == {"broadcast": pytest.approx(0.8)}
     assert default["v0_ratio_to_flat"] == {"broadcast": None}  # v0 was not measured at 200
@@ -83,9 +88,9 @@ def test_summary_rates_ratios_and_the_default_bucket_ratio_follow_from_the_timin
 
 
 def test_one_failed_check_fails_the_summary_and_a_missing_ceiling_is_an_error() -> None:
-    failed = summarize(_raw([1.0], [1.0], check=False), {"default_bucket": 200})
+    failed = summarize(_raw(check=False), {"default_bucket": 200})
     assert failed["all_weights_bitwise_equal"] is False
-    raw = _raw([1.0], [1.0])
+    raw = _raw()
     raw["trials"] = [t for t in raw["trials"] if t["method"] != "flat"]
     with pytest.raises(ConfigError, match="no flat trials"):
         summarize(raw, {"default_bucket": 200})

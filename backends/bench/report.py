@@ -2,9 +2,13 @@
 
 GB/s is state-dict bytes (the payload, padding excluded) over seconds until
 every receiver holds them, so all methods and modes share one numerator. The
-ceiling of a mode is its ``flat`` method (one flat tensor, sent once), pooled
-over every block it was measured in; a figure's ratio is the ceiling's median
-time over the figure's median time (> 1 means faster than the ceiling).
+ceiling is the ``flat`` method (one flat tensor, sent once), measured in every
+block of trials (one mode, one bucket size) interleaved with the other methods.
+A figure's ratio to the ceiling is the median over repeats of flat's time over
+the figure's time in the same repeat of the same block: side by side, so load
+that drifts between blocks (this is a shared 2-core machine) cancels out.
+Methods that do not depend on the bucket size (naive, memcpy) were measured in
+the default bucket's block and are paired with its flat trials.
 """
 
 from __future__ import annotations
@@ -42,12 +46,22 @@ def summarize(raw: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, An
         key = (trial["mode"], trial["method"], trial["bucket_bytes"])
         pooled.setdefault(key, []).extend(trial["seconds"])
         checks[key] = trial.get("weights_bitwise_equal")
+    default = config["default_bucket"]
     ceilings = {}
     for mode in {k[0] for k in pooled}:
-        flat = pooled.get((mode, "flat", None))
+        flat = [t for k, v in pooled.items() if k[:2] == (mode, "flat") for t in v]
         if not flat:
             raise ConfigError("trials", f"mode {mode} has no flat trials", "measure the ceiling")
         ceilings[mode] = statistics.median(flat)
+
+    def paired(mode: str, bucket: int | None, values: Sequence[float]) -> float:
+        flat = pooled.get((mode, "flat", bucket if bucket is not None else default))
+        if not flat or len(flat) != len(values):
+            raise ConfigError(
+                "trials", f"{mode} bucket {bucket} has no flat trial per repeat", "rerun the bench"
+            )
+        return statistics.median(f / t for f, t in zip(flat, values, strict=True))
+
     results = []
     for (mode, method, bucket), values in pooled.items():
         seconds = spread(values)
@@ -60,11 +74,10 @@ def summarize(raw: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, An
                 "repeats": len(values),
                 "seconds": seconds,
                 "gbps": gbps(payload, seconds),
-                "ratio_to_flat": ceilings[mode] / seconds["median"],
+                "ratio_to_flat": paired(mode, bucket, values),
                 "weights_bitwise_equal": checks[(mode, method, bucket)],
             }
         )
-    default = config["default_bucket"]
 
     def ratio(mode: str, method: str) -> float | None:
         found = [
@@ -140,6 +153,7 @@ def plot(summary: Mapping[str, Any], path: Path) -> None:
     for ax, mode in zip(axes[0], modes, strict=True):
         rows = [r for r in summary["results"] if r["mode"] == mode]
         for method in dict.fromkeys(r["method"] for r in rows if r["bucket_bytes"]):
+            color = {"flat": "k"}.get(method)
             line = sorted(
                 (r for r in rows if r["method"] == method), key=lambda r: r["bucket_bytes"]
             )
@@ -149,10 +163,10 @@ def plot(summary: Mapping[str, Any], path: Path) -> None:
                 [r["gbps"]["median"] - r["gbps"]["min"] for r in line],
                 [r["gbps"]["max"] - r["gbps"]["median"] for r in line],
             ]
-            ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=method)
+            ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=method, color=color)
         for r in rows:
             if r["bucket_bytes"] is None:
-                style = {"flat": "-", "naive": ":", "memcpy": "--"}[r["method"]]
+                style = {"naive": ":", "memcpy": "--"}[r["method"]]
                 ax.axhline(r["gbps"]["median"], color="k", ls=style, lw=1, label=r["method"])
         ax.set_xscale("log", base=2)
         sizes = sorted({r["bucket_bytes"] / 1024**2 for r in rows if r["bucket_bytes"]})

@@ -55,11 +55,12 @@ Key = tuple[str, str, int | None]
 
 def schedule(cfg: BenchConfig) -> list[tuple[str, int, list[tuple[str, int | None]]]]:
     """Blocks of (mode, bucket size, methods with their key's bucket): flat in every block
-    (the ceiling, pooled), naive and memcpy once per mode, in the default bucket's block."""
+    (the ceiling each figure of the block is paired with), naive and memcpy once per mode,
+    in the default bucket's block."""
     blocks = []
     for mode in cfg.modes:
         for size in cfg.bucket_sizes:
-            methods: list[tuple[str, int | None]] = [("flat", None)]
+            methods: list[tuple[str, int | None]] = [("flat", size)]
             methods += [(m, size) for m in BUCKETED]
             if size == cfg.default_bucket:
                 methods += [("naive", None), ("memcpy", None)]
