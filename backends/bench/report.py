@@ -87,7 +87,9 @@ def summarize(raw: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, An
         ]
         return found[0] if found else None
 
-    methods = sorted({r["method"] for r in results if r["bucket_bytes"] == default})
+    methods = sorted(
+        {r["method"] for r in results if r["bucket_bytes"] == default and r["method"] != "flat"}
+    )
     return {
         "schema": SCHEMA,
         "config": dict(config),
