@@ -157,7 +157,7 @@ def _calibrate_main(argv: Sequence[str]) -> int:
     parser.add_argument("bench", help="the JSON of python -m backends.bench transfer --out")
     parser.add_argument("--method", default="backend", help="the bucketed method to fit")
     parser.add_argument(
-        "--mode", default=None, help="the mode to write to --out (default: p2p if measured)"
+        "--mode", default=None, help="the mode to write to --out (default: broadcast if measured)"
     )
     parser.add_argument("--link", default="link", choices=sorted(LINK_FIELDS))
     parser.add_argument("--out", default="fit.json", help="the fit, for predict --calibration")
@@ -166,7 +166,7 @@ def _calibrate_main(argv: Sequence[str]) -> int:
     try:
         summary = _load_json(args.bench, "bench")
         fits = calibrate(summary, args.method)
-        mode = args.mode or ("p2p" if "p2p" in fits else sorted(fits)[0])
+        mode = args.mode or ("broadcast" if "broadcast" in fits else sorted(fits)[0])
         if mode not in fits:
             raise ConfigError("--mode", f"{mode!r} was not measured", f"use one of {sorted(fits)}")
     except ConfigError as error:

@@ -4,6 +4,7 @@
         [--receivers 1] [--bucket-mib 4,16,64,256] [--default-bucket-mib 64]
         [--modes broadcast,p2p] [--repeats 5] [--warmup 1] [--seed 0]
         [--backend auto|gloo|nccl] [--out bench.json] [--plot bench.png] [--json]
+    python -m backends.bench transfer --markdown bench.json   (the README's table)
 
 One source and N receiver processes on 127.0.0.1 (gloo on CPU; NCCL when
 CUDA is present and asked for: written, not run on the CPU machine the figures
@@ -131,12 +132,20 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--out", default="bench.json", help="summary JSON ('' to skip)")
     t.add_argument("--plot", default=None, help="PNG plot (default: --out with .png; '' skips)")
     t.add_argument("--json", action="store_true", help="print the summary JSON")
+    t.add_argument(
+        "--markdown", metavar="JSON", help="print the table of a written --out file as Markdown"
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.markdown:
+        from backends.bench.report import markdown
+
+        print(markdown(json.loads(Path(args.markdown).read_text())))
+        return 0
     try:
         import torch
 

@@ -139,6 +139,32 @@ def table(summary: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def markdown(summary: Mapping[str, Any]) -> str:
+    """The table for a README: one row per mode and method, one column per bucket size;
+    a cell is GB/s median [min-max] and the side-by-side ratio to flat."""
+    results = summary["results"]
+    sizes = sorted({r["bucket_bytes"] for r in results if r["bucket_bytes"]})
+    head = " | ".join(f"{s / 1024**2:g} MiB buckets" for s in sizes)
+    lines = [f"| mode | method | {head} |", "|---|---|" + "---|" * len(sizes)]
+    cell = {(r["mode"], r["method"], r["bucket_bytes"]): r for r in results}
+
+    def fmt(r: Mapping[str, Any]) -> str:
+        g = r["gbps"]
+        return f"{g['median']:.2f} [{g['min']:.2f}-{g['max']:.2f}] **{r['ratio_to_flat']:.2f}x**"
+
+    for mode in sorted({r["mode"] for r in results}):
+        for method in dict.fromkeys(r["method"] for r in results if r["mode"] == mode):
+            row = [cell.get((mode, method, s)) for s in sizes]
+            if all(r is None for r in row):  # measured once, in the default bucket's block
+                ref = cell[(mode, method, None)]
+                row = [
+                    ref if s == summary["default_bucket"]["bucket_bytes"] else None for s in sizes
+                ]
+            cells = " | ".join(fmt(r) if r else "" for r in row)
+            lines.append(f"| {mode} | {method} | {cells} |")
+    return "\n".join(lines)
+
+
 def plot(summary: Mapping[str, Any], path: Path) -> None:
     """GB/s against bucket size, one panel per mode; references as horizontal lines."""
     try:
