@@ -2,6 +2,8 @@
 
     python -m sim list
     python -m sim run [NAME_OR_FILE] [--seed N] [--steps K] [--trace out.json] [--json]
+    python -m sim calibrate bench.json      (fit the transfer model; see sim/calibrate.py)
+    python -m sim predict PRESET            (a weight update's time by that model)
 
 A run whose history violates an oracle exits 1 and prints, as its last line on
 stderr, the command that replays it exactly.
@@ -155,8 +157,16 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser(
         "bench", help="simulator throughput vs bare SimPy; production preset", add_help=False
     )
+    sub.add_parser(
+        "calibrate", help="fit the transfer model to a transfer-bench JSON", add_help=False
+    )
+    sub.add_parser("predict", help="a preset's weight-update time by the model", add_help=False)
     if argv is None:
         argv = sys.argv[1:]
+    if argv[:1] in (["calibrate"], ["predict"]):
+        from sim.calibrate import main as calibrate
+
+        return calibrate(argv)
     if argv[:1] == ["bench"]:
         from sim.bench import main as bench
 

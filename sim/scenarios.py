@@ -55,6 +55,42 @@ PRESETS: Mapping[str, SimConfig] = {
         nvlink_bytes_per_second=370e9,
         checkpoint_bytes_per_second=20e9,
     ),
+    # Shaped like published weight-update runs, with link figures from public specs:
+    # NVLink ~370 GB/s broadcast bus bandwidth, a 400 Gb/s InfiniBand NIC ~47 GB/s.
+    "kimi-k2-1t-fp8-256gpu": SimConfig(
+        # Kimi-K2: 1.04T parameters, one byte each in FP8 (scales and the few BF16 tensors
+        # left out); 256 GPUs as 128 trainer GPUs and 8 engines of TP16 (checkpoint-engine's
+        # 256xH20 run used TP16 instances), NCCL broadcast from one source rank.
+        num_cells=1,
+        gpus_per_cell=128,
+        num_engines=8,
+        gpus_per_engine=16,
+        param_bytes=1_040 * 10**9,
+        num_tensors=8192,
+        response_tokens_mean=4096.0,
+        train_step_seconds=600.0,
+        allreduce_seconds=10.0,
+        link_bytes_per_second=47e9,
+        nvlink_bytes_per_second=370e9,
+        checkpoint_bytes_per_second=20e9,
+    ),
+    "qwen3-30b-a3b-4x8-h100": SimConfig(
+        # Qwen3-30B-A3B in BF16 (~61 GB) on 4 nodes x 8 H100: 16 trainer GPUs as 2 cells of 8,
+        # 16 rollout GPUs as 4 engines of TP4.
+        num_cells=2,
+        gpus_per_cell=8,
+        num_engines=4,
+        gpus_per_engine=4,
+        param_bytes=61 * 10**9,
+        num_tensors=1024,
+        response_tokens_mean=2048.0,
+        decode_seconds_per_token=0.004,
+        train_step_seconds=120.0,
+        allreduce_seconds=4.0,
+        link_bytes_per_second=47e9,
+        nvlink_bytes_per_second=370e9,
+        checkpoint_bytes_per_second=20e9,
+    ),
 }
 
 _LOOP = LoopConfig(

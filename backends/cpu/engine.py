@@ -23,12 +23,11 @@ import os
 from typing import Any
 
 import ray
-import torch
 from aiohttp import web
 
 from backends.common.ray_session import LOOPBACK
-from backends.cpu.policy import PolicyConfig, build_model, checksum, sample, spans_of, unpack_into
-from backends.cpu.trainer import broadcast, gloo_group
+from backends.cpu.policy import PolicyConfig, build_model, checksum, sample
+from backends.cpu.wire import BucketViews, broadcast, gloo_group
 
 DIE_MIDWAY = "X-Testbed-Die-Midway"
 
@@ -46,6 +45,7 @@ class EngineServer:
     def __init__(self, engine_id: str, policy: PolicyConfig) -> None:
         self.engine_id = engine_id
         self.model = build_model(policy)
+        self._views = BucketViews(self.model)
         self.weight_version = "default"  # SGLang's value before any update
         self.paused = False
         self._resumed = asyncio.Event()
@@ -174,14 +174,16 @@ class EngineServer:
             return web.json_response(
                 {"success": False, "message": "send load_format 'flattened_bucket'"}, status=400
             )
-        spans, nbytes = spans_of(body["names"], body["dtypes"], body["shapes"])
-        buffer = torch.empty(nbytes, dtype=torch.uint8)
+        try:
+            # the weights themselves are the receive buffer (wire.BucketViews): no unpack
+            buffer = self._views.buffer_for(body["names"], body["dtypes"], body["shapes"])
+        except ValueError as error:
+            return web.json_response({"success": False, "message": str(error)[:200]}, status=400)
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(None, broadcast, self._groups[name], buffer)
         except (RuntimeError, KeyError) as error:
             return web.json_response({"success": False, "message": str(error)[:200]}, status=500)
-        unpack_into(self.model, spans, buffer)
         if body.get("weight_version") is not None:
             self.weight_version = str(body["weight_version"])
         return _ok()

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from miles_core.transfer import Bucket, ParamSpec, StagingSpan, UpdateUnit, units_of
+from miles_core.transfer import Bucket, ParamSpec, UpdateUnit, units_of
 from sim.runtime import derive_seed
 
 DIGITS = 10
@@ -116,36 +116,6 @@ def bucket_tensors(model: torch.nn.Module, bucket: Bucket) -> dict[str, torch.Te
     """The bucket's tensors, whole (a collective of the cell on a sharded model)."""
     params = dict(model.named_parameters())
     return {span.name: full(params[span.name]) for span in bucket.spans}
-
-
-def pack_bucket(tensors: dict[str, torch.Tensor], bucket: Bucket) -> torch.Tensor:
-    """The bucket's uint8 wire buffer, each tensor at its staging span."""
-    buffer = torch.zeros(bucket.nbytes, dtype=torch.uint8)
-    for span in bucket.spans:
-        src = tensors[span.name].contiguous().view(torch.uint8).reshape(-1)
-        buffer[span.start : span.end].copy_(src)
-    return buffer
-
-
-def spans_of(names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]]):
-    """The receiver's view of a bucket from SGLang's (names, dtypes, shapes) payload."""
-    from miles_core.transfer import staging_span
-
-    spans, offset = [], 0
-    for name, dtype, shape in zip(names, dtypes, shapes, strict=True):
-        spec = ParamSpec.of(name, shape, dtype)
-        start, end = staging_span(offset, dtype, spec.nbytes)
-        spans.append(StagingSpan(name, dtype, tuple(shape), start, end))
-        offset = end
-    return spans, offset
-
-
-def unpack_into(model: torch.nn.Module, spans: Iterable[StagingSpan], buffer: torch.Tensor) -> None:
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for span in spans:
-            dst = params[span.name]
-            dst.view(torch.uint8).reshape(-1).copy_(buffer[span.start : span.end])
 
 
 @torch.no_grad()

@@ -19,7 +19,6 @@ step runs, as a real trainer's heartbeat thread does.
 
 from __future__ import annotations
 
-import datetime
 import os
 import time
 from collections.abc import Sequence
@@ -36,30 +35,14 @@ from backends.cpu.policy import (
     build_model,
     checksum,
     grpo_loss,
-    pack_bucket,
 )
+from backends.cpu.wire import GLOO_TIMEOUT, BucketViews, broadcast, gloo_group, pack_into
 from miles_core.transfer import Bucket
-
-GLOO_TIMEOUT = datetime.timedelta(seconds=30)
-"""Bounds every rendezvous and collective: a hung (not dead) peer fails after this."""
 
 
 def _store(store_addr: tuple[str, int]) -> Any:
     host, port = store_addr
     return dist.TCPStore(host, port, is_master=False, timeout=GLOO_TIMEOUT)
-
-
-def gloo_group(store_addr: tuple[str, int], prefix: str, rank: int, size: int) -> Any:
-    """A gloo process group of its own (not the default world), as torchft builds them."""
-    return dist.ProcessGroupGloo(
-        dist.PrefixStore(prefix, _store(store_addr)), rank, size, GLOO_TIMEOUT
-    )
-
-
-def broadcast(group: Any, tensor: torch.Tensor, root: int = 0) -> None:
-    options = dist.BroadcastOptions()
-    options.rootRank = root
-    group.broadcast([tensor], options).wait()
 
 
 def _local(tensor: Any) -> Any:
@@ -121,6 +104,8 @@ class TrainerRank:
             fully_shard(self.model, mesh=mesh)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=policy.lr)
         self._update_groups: dict[str, Any] = {}
+        # one rank: the weights are the buckets' wire buffers (a sharded cell gathers instead)
+        self._views = BucketViews(self.model) if ranks == 1 else None
 
     def ready(self) -> int:
         return os.getpid()
@@ -191,7 +176,8 @@ class TrainerRank:
     # -- checkpoints (healing copies these rank to rank) ------------------------------
 
     def get_state(self) -> dict[str, Any]:
-        """This rank's share of model and optimizer state."""
+        """This rank's share of model and optimizer state, copied (a parameter may be a view
+        into a bucket buffer, and a pickled view would carry its whole buffer)."""
         from torch.distributed.checkpoint.state_dict import (
             get_model_state_dict,
             get_optimizer_state_dict,
@@ -228,12 +214,23 @@ class TrainerRank:
             self._update_groups[name] = gloo_group(store_addr, name, 0, world)
 
     def send_bucket(self, name: str, bucket: Bucket) -> float:
-        """Gather the bucket's tensors (every rank of the cell takes part), and broadcast its
-        wire buffer from rank 0; returns rank 0's seconds in the broadcast."""
-        tensors = bucket_tensors(self.model, bucket)
-        if self.rank != 0:
-            return 0.0
-        buffer = pack_bucket(tensors, bucket)
+        """Broadcast one bucket's wire buffer from rank 0; returns its seconds in the broadcast.
+
+        One rank: the parameters are views into the bucket's buffer (bound at its first
+        send), so nothing is packed (backends/bench measured packing into a fresh buffer
+        per bucket at well under half of the wire's rate). A sharded cell: every rank takes
+        part in gathering the bucket's whole tensors, and rank 0 packs them."""
+        if self._views is None:
+            tensors = bucket_tensors(self.model, bucket)
+            if self.rank != 0:
+                return 0.0
+            buffer = torch.empty(bucket.nbytes, dtype=torch.uint8)
+            pack_into(tensors, bucket, buffer)
+        else:
+            spans = bucket.spans
+            buffer = self._views.buffer_for(
+                [s.name for s in spans], [s.dtype for s in spans], [list(s.shape) for s in spans]
+            )
         started = time.perf_counter()
         broadcast(self._update_groups[name], buffer)
         return time.perf_counter() - started
