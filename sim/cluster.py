@@ -46,7 +46,7 @@ from sim.runtime import SimRuntime, SimSignal
 
 @dataclass(frozen=True)
 class SimConfig:
-    """The simulated hardware and model; presets live in sim/presets.py."""
+    """The simulated hardware and model; presets live in sim/scenarios.py (PRESETS)."""
 
     num_cells: int = 2
     gpus_per_cell: int = 1
