@@ -608,6 +608,17 @@ ORACLES = (
 )
 
 
+def verdict_lines(verdicts: dict[str, Violation | None]) -> list[str]:
+    """One line per oracle (pass / FAIL), each failure's evidence indented under it: what
+    every CLI prints, simulated or real."""
+    lines = []
+    for name, verdict in verdicts.items():
+        lines.append(f"  oracle {name:20s} {'pass' if verdict is None else 'FAIL'}")
+        if verdict is not None:
+            lines.append("    " + str(verdict).replace("\n", "\n    "))
+    return lines
+
+
 def check_all(history: History, progress_window: float) -> dict[str, Violation | None]:
     """Every oracle's verdict, by name (None means it passed)."""
     return {

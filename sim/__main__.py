@@ -30,6 +30,7 @@ from miles_core.events import (
     GroupTrained,
     StepCommitted,
 )
+from miles_core.oracles import verdict_lines
 from sim.run import SimResult, run_scenario
 from sim.scenarios import SCENARIOS, find_scenario
 from sim.swarm import SWARM, SWARM_TOTAL_LOSS
@@ -94,10 +95,7 @@ def _print_human(result: SimResult, info: dict[str, object], wall: float) -> Non
         f"dropped {info['groups_dropped']}"
     )
     print(f"  staleness of trained groups (staleness: groups): {info['staleness_histogram']}")
-    for name, verdict in result.verdicts.items():
-        print(f"  oracle {name:20s} {'pass' if verdict is None else 'FAIL'}")
-        if verdict is not None:
-            print("    " + str(verdict).replace("\n", "\n    "))
+    print("\n".join(verdict_lines(result.verdicts)))
     print(f"  history hash: {info['history_hash']}")
 
 

@@ -22,6 +22,7 @@ from tqdm import tqdm
 from backends.cpu.run import TRAIN, RealResult, run_real
 from miles_core.errors import ConfigError
 from miles_core.events import StepCommitted
+from miles_core.oracles import verdict_lines
 from miles_core.transfer import TransferMode
 from sim.scenarios import find_scenario
 from sim.trace import write_trace
@@ -42,10 +43,7 @@ def _print_human(result: RealResult) -> None:
             f"{t['median_seconds'] * 1e3:.1f} ms, {t['median_gbps']:.4f} GB/s"
         )
     print(f"  wall: {info['seconds_per_step']:.2f} s/step")
-    for name, verdict in result.verdicts.items():
-        print(f"  oracle {name:20s} {'pass' if verdict is None else 'FAIL'}")
-        if verdict is not None:
-            print("    " + str(verdict).replace("\n", "\n    "))
+    print("\n".join(verdict_lines(result.verdicts)))
     print(f"  history hash: {info['history_hash']}")
 
 
