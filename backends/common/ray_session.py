@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Iterator
 
 import ray
@@ -26,8 +28,31 @@ LOOPBACK = "127.0.0.1"
 
 
 @contextlib.contextmanager
+def _terminate_cleanly() -> Iterator[None]:
+    """SIGTERM raises SystemExit while the session is open, so ``finally`` shuts Ray down
+    (Python's default for SIGTERM ends the process at once, leaving Ray's daemons behind)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
 def ray_session(num_gpus: int, address: str | None = None, num_cpus: int = 16) -> Iterator[None]:
     """Ray for one run; ``num_cpus`` is logical (actors reserve none while running)."""
+    with _terminate_cleanly():
+        yield from _ray_session(num_gpus, address, num_cpus)
+
+
+def _ray_session(num_gpus: int, address: str | None, num_cpus: int) -> Iterator[None]:
     tmp = None
     if address is None:
         tmp = tempfile.mkdtemp(prefix="ray-", dir=os.environ.get("RAY_TMPDIR", "/tmp"))
