@@ -186,9 +186,10 @@ def test_sigterm_mid_run_leaves_no_ray_process(ray_tmpdir: Path) -> None:
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 120
-        while len(_session_processes(ray_tmpdir)) < 3 and time.monotonic() < deadline:
-            time.sleep(0.5)  # wait until the driver and Ray's daemons run
-        assert len(_session_processes(ray_tmpdir)) >= 3, "Ray never started"
+        # the driver, Ray's daemons and agents, and the run's actors (2 cells, 2 engines)
+        while len(_session_processes(ray_tmpdir)) < 8 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert len(_session_processes(ray_tmpdir)) >= 8, "the run never started its actors"
         time.sleep(3)
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=120)

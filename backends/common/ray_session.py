@@ -36,6 +36,7 @@ def _terminate_cleanly() -> Iterator[None]:
         return
 
     def stop(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the cleanup
         raise SystemExit(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, stop)
@@ -54,20 +55,20 @@ def ray_session(num_gpus: int, address: str | None = None, num_cpus: int = 16) -
 
 def _ray_session(num_gpus: int, address: str | None, num_cpus: int) -> Iterator[None]:
     tmp = None
-    if address is None:
-        tmp = tempfile.mkdtemp(prefix="ray-", dir=os.environ.get("RAY_TMPDIR", "/tmp"))
-        ray.init(
-            num_gpus=num_gpus,
-            num_cpus=num_cpus,
-            _temp_dir=tmp,
-            _node_ip_address=LOOPBACK,
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-        )
-    else:
-        ray.init(address=address, log_to_driver=False)
-    try:
+    try:  # ray.init inside: a SIGTERM during start-up still shuts down what it started
+        if address is None:
+            tmp = tempfile.mkdtemp(prefix="ray-", dir=os.environ.get("RAY_TMPDIR", "/tmp"))
+            ray.init(
+                num_gpus=num_gpus,
+                num_cpus=num_cpus,
+                _temp_dir=tmp,
+                _node_ip_address=LOOPBACK,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+            )
+        else:
+            ray.init(address=address, log_to_driver=False)
         yield
     finally:
         ray.shutdown()
