@@ -1,9 +1,9 @@
 """A Ray session that never outlives its run, and placement groups laid out by miles_core.
 
 ``ray_session`` starts a local Ray with virtual GPUs (``ray.init(num_gpus=N)``)
-in its own temporary directory on loopback, or joins ``address``; either way
-Ray is shut down on exit, errors included, and a local session's directory is
-removed. ``placed_bundles`` asks Ray where each bundle of a placement group
+in its own temporary directory on this machine, or joins ``address``; either
+way Ray is shut down on exit, errors and SIGTERM included, and a local
+session's directory is removed. ``placed_bundles`` asks Ray where each bundle of a placement group
 landed (node address and GPU id, from an actor inside the bundle, as miles'
 InfoActor does) and lets miles_core.placement order them.
 """
