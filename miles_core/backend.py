@@ -3,13 +3,23 @@
 The simulator implements these over SimPy models, the CPU backend over Ray
 actors. Each call is a coroutine; a component that died raises
 ComponentFailure (naming what died), and the orchestration decides what that
-means through the cell group and the ledger. Implementations translate; they
-never decide (no retries, no version numbers of their own).
+means through the cell group, the engine table and the ledger. Implementations
+translate; they never decide (no retries, no version numbers of their own).
+
+A world also reports what it sees without being asked (WorldObserver): a new
+process for an engine or a cell, an engine process that exited, the way a real
+cluster learns of them (an actor that died, a server answering its health
+check). A trainer cell's death is found the way miles finds it: by its calls
+failing and its heartbeats going unanswered. Calls to an engine are
+addressed to one process (its incarnation): a call that reaches a process
+which has since been replaced raises EngineFailure instead of landing on the
+new one. Replies carry what the world measured (a cell's compute time, which
+engines a bucket reached), so the history records what happened.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -73,6 +83,29 @@ class GenerateResult:
     reward: float = 0.0
     payload: Any = field(default=None, compare=False, repr=False)
     """Opaque to the control plane (token ids for the trainer); copied into the Sample."""
+    engine_seconds: float | None = None
+    """How long the engine says it worked on the request (meta_info's e2e latency)."""
+
+
+@dataclass(frozen=True)
+class TrainReport:
+    """A cell's own account of one attempt it finished."""
+
+    outcome: Outcome
+    """NORMAL, or DISCARDED when the cross-cell exchange failed (no optimizer step)."""
+    exchange: tuple[int, ...]
+    """The cells it exchanged gradients with (the group it joined)."""
+    seconds: float
+    """Its forward/backward time, as the cell measured it."""
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What a bucket send achieved, as the transport saw it."""
+
+    engines: tuple[str, ...]
+    """The engines that hold the bucket now."""
+    seconds: float
 
 
 class TrainCell(Protocol):
@@ -80,15 +113,16 @@ class TrainCell(Protocol):
 
     async def train(
         self, step: int, attempt: int, batch: Sequence[Group], members: tuple[int, ...]
-    ) -> Outcome:
-        """One attempt of a step: NORMAL, or DISCARDED when the cross-cell exchange failed.
+    ) -> TrainReport:
+        """One attempt of a step, exchanging gradients with ``members``.
 
         Raises CellFailure when this cell dies.
         """
         ...
 
     async def heal(self, heal: Heal) -> None:
-        """Receive a checkpoint from ``heal.src_cell`` (raises CellFailure naming who died)."""
+        """Receive a checkpoint from ``heal.src_cell`` into this cell's running processes
+        (raises CellFailure naming who died, or this cell when it has no processes)."""
         ...
 
     async def ping(self) -> None:
@@ -123,16 +157,36 @@ class RolloutEngine(Protocol):
 
 
 class Router(Protocol):
-    async def generate(self, engine: str, request: GenerateRequest) -> GenerateResult:
-        """Send one generate call to ``engine``; raises EngineFailure if it is dead."""
+    async def generate(
+        self, engine: str, incarnation: int, request: GenerateRequest
+    ) -> GenerateResult:
+        """Send one generate call to that process of ``engine``; raises EngineFailure if it
+        is dead or replaced, RouterFailure if the router could not deliver it."""
         ...
 
 
 class WeightTransport(Protocol):
     async def send_bucket(
-        self, update_id: int, source_cell: int, bucket: Bucket, engines: tuple[str, ...]
-    ) -> None:
-        """Move one bucket from the source cell to the engines; raises Cell/EngineFailure."""
+        self, update_id: int, source_cell: int, bucket: Bucket, engines: Mapping[str, int]
+    ) -> Delivery:
+        """Move one bucket from the source cell to these engine processes (id -> incarnation);
+        raises CellFailure or EngineFailure naming who failed."""
+        ...
+
+
+class WorldObserver(Protocol):
+    """What a world tells the control plane without being asked."""
+
+    def engine_started(self, engine: str, incarnation: int, how: str) -> None:
+        """A new process for ``engine`` answers (initial weights, no version)."""
+        ...
+
+    def engine_exited(self, engine: str, incarnation: int, how: str) -> None:
+        """That process of ``engine`` is gone (a dead actor, a process exit)."""
+        ...
+
+    def cell_started(self, cell: int, incarnation: int, how: str) -> None:
+        """New processes for ``cell`` answer (initial weights, ready to be healed)."""
         ...
 
 
@@ -151,4 +205,10 @@ class Cluster(Protocol):
 
     def cell(self, index: int) -> TrainCell: ...
 
-    def engine(self, engine_id: str) -> RolloutEngine: ...
+    def engine(self, engine_id: str, incarnation: int) -> RolloutEngine:
+        """That process of the engine; its calls raise EngineFailure once it was replaced."""
+        ...
+
+    def attach(self, observer: WorldObserver) -> None:
+        """Report new processes to ``observer`` from now on."""
+        ...

@@ -3,9 +3,10 @@
 The simulator and the real backend run the same orchestration, so for the same
 scenario they must make the same decisions: which attempts retried or
 committed and why, which cells failed, shrank out of the quorum and were
-healed, which versions were published by which cell, which engines went down
-and came back, how the run ended. ``Decisions`` holds exactly that, and
-nothing that depends on timing.
+healed, which versions were published by which cell, how the run ended; and
+they must observe the same world: which new engine processes the world
+reported, and where each engine ended (serving or down). ``Decisions`` holds
+exactly that, and nothing that depends on timing.
 
 What does depend on timing is kept apart in ``Rollout``: how many groups were
 recycled or dropped and why, and how many updates an engine's death aborted.
@@ -13,7 +14,10 @@ Which groups are in flight when an update pauses the engines, and whether an
 engine dies before or during an update, depend on generation latencies, which
 the simulator draws from its own model; these are reported side by side, not
 required to match. An update aborted by a *cell* failure is a decision (the
-fault strikes at a named point of the update) and is compared.
+fault strikes at a named point of the update) and is compared. So is the
+engines' final state, but not the path to it: a real restart takes seconds, in
+which requests to the old process fail and take the engine down before the
+new process is reported; the simulator's restart is instant.
 """
 
 from __future__ import annotations
@@ -22,9 +26,11 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from miles_core.engines import EngineState
 from miles_core.events import (
     AttemptEnded,
     CellStateChanged,
+    EngineStarted,
     EngineStateChanged,
     Event,
     GroupDropped,
@@ -33,10 +39,12 @@ from miles_core.events import (
     HealEnded,
     QuorumChanged,
     RunEnded,
+    RunStarted,
     UpdateAborted,
     UpdateBegan,
     VersionPublished,
 )
+from miles_core.kinds import AbortCause
 
 
 @dataclass(frozen=True)
@@ -52,8 +60,8 @@ class Decisions:
     """(version, updater cell) per published version."""
     aborted_updates: tuple[tuple[int, int], ...]
     """(version, updater cell) of each publishing update a cell failure aborted."""
-    engines: tuple[tuple[str, bool], ...]
-    """(engine, up) per engine state change."""
+    engines: tuple[tuple[str, tuple[int, ...], str], ...]
+    """(engine, new processes the world reported, its state at the end) per engine."""
     status: str
 
     def differences(self, other: Decisions) -> list[str]:
@@ -74,15 +82,17 @@ class Rollout:
 
 
 def decisions(history: Iterable[Event]) -> Decisions:
-    attempts, cells, quorums, heals, versions, aborted, engines = [], [], [], [], [], [], []
+    attempts, cells, quorums, heals, versions, aborted = [], [], [], [], [], []
+    started: dict[str, list[int]] = {}
+    final: dict[str, str] = {}
     updaters: dict[int, tuple[int, bool]] = {}
     heal_sources: dict[int, int] = {}
     status = "running"
     for e in history:
         if isinstance(e, AttemptEnded):
-            attempts.append((e.step, e.attempt, e.decision, e.discarded, e.errored))
+            attempts.append((e.step, e.attempt, e.decision.value, e.discarded, e.errored))
         elif isinstance(e, CellStateChanged):
-            cells.append((e.cell, e.old, e.new))
+            cells.append((e.cell, e.old.value, e.new.value))
         elif isinstance(e, QuorumChanged):
             quorums.append(e.members)
         elif isinstance(e, HealBegan):
@@ -95,12 +105,22 @@ def decisions(history: Iterable[Event]) -> Decisions:
             versions.append((e.version, e.updater))
         elif isinstance(e, UpdateAborted):
             updater, publishes = updaters.get(e.update_id, (-1, True))
-            if publishes and e.reason.startswith("cell-"):
+            if publishes and e.cause is AbortCause.CELL:
                 aborted.append((e.version, updater))
+        elif isinstance(e, RunStarted):
+            for engine in e.engines:
+                started.setdefault(engine, [])
+                final.setdefault(engine, EngineState.SERVING.value)
+        elif isinstance(e, EngineStarted):
+            started.setdefault(e.engine, []).append(e.incarnation)
         elif isinstance(e, EngineStateChanged):
-            engines.append((e.engine, e.up))
+            final[e.engine] = e.new.value
         elif isinstance(e, RunEnded):
             status = str(e.status)
+    engines = tuple(
+        (engine, tuple(started.get(engine, ())), final.get(engine, EngineState.SERVING.value))
+        for engine in sorted(set(started) | set(final))
+    )
     return Decisions(
         tuple(attempts),
         tuple(cells),
@@ -108,7 +128,7 @@ def decisions(history: Iterable[Event]) -> Decisions:
         tuple(heals),
         tuple(versions),
         tuple(aborted),
-        tuple(engines),
+        engines,
         status,
     )
 
@@ -122,6 +142,6 @@ def rollout(history: Iterable[Event]) -> Rollout:
             recycled[e.reason] += 1
         elif isinstance(e, GroupDropped):
             dropped[e.reason] += 1
-        elif isinstance(e, UpdateAborted) and not e.reason.startswith("cell-"):
+        elif isinstance(e, UpdateAborted) and e.cause is AbortCause.ENGINE:
             by_engines += 1
     return Rollout(tuple(sorted(recycled.items())), tuple(sorted(dropped.items())), by_engines)

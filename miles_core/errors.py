@@ -40,3 +40,39 @@ class TransitionError(MilesCoreError):
 def int_at_least(value: object, minimum: int) -> bool:
     """True for an int (not a bool, not a float) >= minimum: the check behind every count flag."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+_PACKAGES = ("miles_core", "sim", "backends", "tests", "scenarios", "benchmarks")
+"""Paths in a traceback are cut to start at one of these, so that the same failure gives
+the same text (and history hash) in any checkout."""
+
+
+def _where(filename: str) -> str:
+    parts = filename.replace("\\", "/").split("/")
+    for i in range(len(parts) - 1, -1, -1):
+        if parts[i] in _PACKAGES:
+            return "/".join(parts[i:])
+    return parts[-1]
+
+
+def format_traceback(error: BaseException, limit: int = 12) -> str:
+    """An exception and its causes as ``Type: message`` plus ``path:line in function`` frames.
+
+    Built from the frames alone (no source files are read), innermost frames last, at
+    most ``limit`` per exception; a cause follows its effect, as "caused by".
+    """
+    blocks: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        frames = []
+        tb = current.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            frames.append(f"  {_where(code.co_filename)}:{tb.tb_lineno} in {code.co_name}")
+            tb = tb.tb_next
+        head = f"{type(current).__name__}: {current}"
+        blocks.append("\n".join([head, *frames[-limit:]]))
+        current = current.__cause__
+    return "\ncaused by ".join(blocks)

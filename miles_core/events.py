@@ -1,11 +1,17 @@
-"""The event history: a typed record of everything the control plane does.
+"""The event history: a typed record of what happened in one run.
 
 The simulator and the real backends append the same events to a History; the
-oracles read nothing else. An event is a frozen dataclass with the time ``t``
-at which it happened (virtual seconds in the simulator, seconds since the run
-started for real). Cells are named by index, engines by id, groups by a
-group_id unique per generation attempt, prompts by a prompt_id that survives
-recycling. The history's hash (sha256 over its canonical JSON) is what
+oracles read nothing else. Events record what happened, not what was meant:
+a bucket when the world's transport says it arrived (BucketReceived), a stamp
+when the engine answered, a process when the world saw it start, a cell's
+attempt as the cell reported it. Fields that take one of a few values are
+enums (CellState, Decision, AbortCause, ...), never free strings.
+
+An event is a frozen dataclass with the time ``t`` at which it happened
+(virtual seconds in the simulator, seconds since the run started for real).
+Cells are named by index, engines by id (and their processes by incarnation),
+groups by a group_id unique per generation attempt, prompts by a prompt_id that
+survives recycling. The history's hash (sha256 over its canonical JSON) is what
 "the same seed gives the same run" is checked against.
 """
 
@@ -21,29 +27,18 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar
 
+from miles_core.cells import CellState, Decision, Outcome
+from miles_core.engines import EngineState
 from miles_core.errors import ConfigError
-
-
-class FaultKind(StrEnum):
-    KILL_CELL = "kill_cell"
-    STOP_CELL = "stop_cell"
-    START_CELL = "start_cell"
-    SLOW_CELL = "slow_cell"
-    KILL_ENGINE = "kill_engine"
-    RESTART_ENGINE = "restart_engine"
-    SLOW_LINK = "slow_link"
-    DELAY_ROUTER = "delay_router"
-    FAIL_ROUTER = "fail_router"
-    DROP_HEARTBEAT = "drop_heartbeat"
-
-
-class RunStatus(StrEnum):
-    COMPLETED = "completed"
-    FAILED = "failed"
-    """Stopped with a clear error (e.g. no cell alive): not a hang."""
-    STALLED = "stalled"
-    """Nothing could make progress: the run was stopped from outside."""
-
+from miles_core.kinds import (
+    AbortCause,
+    FaultKind,
+    FaultPoint,
+    PutFate,
+    RunStatus,
+    SampleOutcome,
+)
+from miles_core.weight_update import UpdateKind
 
 _REGISTRY: dict[str, type[Event]] = {}
 
@@ -99,11 +94,19 @@ def event_from_dict(data: Mapping[str, Any]) -> Event:
         if f.name not in data:
             raise ConfigError(f"{name}.{f.name}", "is missing", "pass every field of the event")
         value = data[f.name]
-        hint = hints[f.name]
-        if isinstance(hint, type) and issubclass(hint, StrEnum):
-            value = hint(value)
+        enum = _enum_of(hints[f.name])
+        if enum is not None and value is not None:
+            value = enum(value)
         kwargs[f.name] = tuple(value) if isinstance(value, list) else value
     return cls(**kwargs)
+
+
+def _enum_of(hint: Any) -> type[StrEnum] | None:
+    """The StrEnum a field holds (``E`` or ``E | None``), if any."""
+    for candidate in (hint, *typing.get_args(hint)):
+        if isinstance(candidate, type) and issubclass(candidate, StrEnum):
+            return candidate
+    return None
 
 
 # -- the run -----------------------------------------------------------------
@@ -116,6 +119,12 @@ class RunStarted(Event):
     engines: tuple[str, ...]
     num_cells: int
     max_weight_staleness: int | None
+    steps: int = 0
+    """Training steps the run is set to do (0: not stated)."""
+    expected_status: RunStatus = RunStatus.COMPLETED
+    """How the scenario says the run must end (end_state judges RunEnded against it)."""
+    expected_error: str | None = None
+    """The error class a scenario about a clean failure expects, e.g. NoAliveCellError."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,24 +133,45 @@ class RunEnded(Event):
     reason: str
     outstanding_prompts: tuple[int, ...]
     """Prompts drawn but neither trained nor dropped: queued, in flight or awaiting regeneration."""
+    awaiting_regeneration: tuple[int, ...] = ()
+    """Of those, the prompts recycled and still waiting to be generated again."""
+    error: str | None = None
+    """The class name of the exception that ended the run, if one did."""
+    traceback: str = ""
+    """Where it was raised: frames as package-relative ``path:line in function``."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class FaultScheduled(Event):
-    """A fault the run is set to inject; failover_witness checks that it fired."""
+    """A fault the run is set to inject; fault_witness checks that it fired and took effect."""
 
+    index: int
+    """Its position in the scenario's fault list."""
     fault: FaultKind
     cell: int | None = None
     engine: str | None = None
     detail: str = ""
+    point: FaultPoint | None = None
+    at: float | None = None
+    """For a fault at a time: when."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class FaultInjected(Event):
+    """The injector acted on the world (and nothing more: the world reports the effects)."""
+
+    index: int
     fault: FaultKind
     cell: int | None = None
     engine: str | None = None
     detail: str = ""
+    point: FaultPoint | None = None
+    factor: float | None = None
+    """slow_cell / slow_link: how many times slower."""
+    seconds: float | None = None
+    """delay_router: seconds added to each request."""
+    duration: float | None = None
+    """How long a slow_*, *_router or drop_heartbeat fault lasts."""
 
 
 # -- training steps and cells -------------------------------------------------
@@ -161,10 +191,24 @@ class AttemptBegan(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class CellTrained(Event):
+    """A cell's report of one attempt it finished (an errored cell raised instead)."""
+
+    cell: int
+    step: int
+    attempt: int
+    outcome: Outcome
+    exchange: tuple[int, ...]
+    """The cells whose gradients this cell exchanged with (its allreduce group)."""
+    seconds: float
+    """The cell's forward/backward time, as the world measured it."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class AttemptEnded(Event):
     step: int
     attempt: int
-    decision: str
+    decision: Decision
     normal: tuple[int, ...]
     discarded: tuple[int, ...]
     errored: tuple[int, ...]
@@ -180,9 +224,18 @@ class StepCommitted(Event):
 @dataclass(frozen=True, kw_only=True)
 class CellStateChanged(Event):
     cell: int
-    old: str
-    new: str
+    old: CellState
+    new: CellState
     reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class CellStarted(Event):
+    """The world reports a new set of processes for a cell (they answered)."""
+
+    cell: int
+    incarnation: int
+    how: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,6 +259,17 @@ class HealEnded(Event):
     ok: bool
 
 
+@dataclass(frozen=True, kw_only=True)
+class HeartbeatMissed(Event):
+    """A cell did not answer a heartbeat within the timeout."""
+
+    cell: int
+    misses: int
+    """Misses in a row, this one included."""
+    sent: float
+    """When the heartbeat was sent (``t`` is when its timeout ran out)."""
+
+
 # -- weight updates -----------------------------------------------------------
 
 
@@ -215,17 +279,22 @@ class UpdateBegan(Event):
     version: int
     updater: int
     """The cell that performs the update."""
-    kind: str
+    kind: UpdateKind
     n_buckets: int
     engines: tuple[str, ...]
+    """The engines the update's transfer plan names."""
     publishes: bool = True
     """False for a sync of restarted engines to the already published version."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class EnginesPaused(Event):
+    """The engine processes that answered the update's pause."""
+
     update_id: int
     engines: tuple[str, ...]
+    incarnations: tuple[int, ...]
+    """The process of each engine, in the same order."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -238,18 +307,27 @@ class AdapterUnloaded(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class BucketSent(Event):
+class BucketReceived(Event):
+    """A bucket has arrived at these engines (the world's transport says so)."""
+
     update_id: int
     bucket: int
     n_buckets: int
     engines: tuple[str, ...]
+    incarnations: tuple[int, ...]
+    """The process of each engine that received it, in the same order."""
     nbytes: int
+    seconds: float
+    """How long the send took, as the world measured it."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class EngineStamped(Event):
+    """The engine process answered update_weight_version with ``version``."""
+
     update_id: int
     engine: str
+    incarnation: int
     version: int
 
 
@@ -270,14 +348,20 @@ class VersionPublished(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class EnginesResumed(Event):
+    """The engine processes that answered the update's continue_generation."""
+
     update_id: int
     engines: tuple[str, ...]
+    incarnations: tuple[int, ...]
 
 
 @dataclass(frozen=True, kw_only=True)
 class UpdateAborted(Event):
     update_id: int
     version: int
+    cause: AbortCause
+    component: str
+    """Who failed: ``cell-N`` or an engine id."""
     reason: str
 
 
@@ -295,10 +379,36 @@ class WeightsChecked(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class EngineStateChanged(Event):
+class EngineStarted(Event):
+    """The world reports a new process for an engine slot (it answered its health check)."""
+
     engine: str
-    up: bool
+    incarnation: int
+    how: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineExited(Event):
+    """The world reports that an engine process is gone (its actor died, it exited)."""
+
+    engine: str
+    incarnation: int
+    how: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineStateChanged(Event):
+    """The control plane moved an engine in its table (rotation); see miles_core.engines."""
+
+    engine: str
+    old: EngineState
+    new: EngineState
+    incarnation: int
     reason: str
+
+    @property
+    def up(self) -> bool:
+        return self.new is not EngineState.DOWN
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -307,23 +417,42 @@ class PromptDrawn(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class GroupStarted(Event):
+    """The producer started generating a group for a prompt (new or recycled)."""
+
+    group_id: int
+    prompt_id: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class SampleGenerated(Event):
-    """One generate call (one turn) finished on an engine."""
+    """One generate call (one turn) ended."""
 
     group_id: int
     prompt_id: int
     sample: int
     turn: int
     engine: str
+    incarnation: int
+    """The engine process the request was sent to."""
     version: int | None
-    aborted: bool = False
+    """The weight_version the engine reported (None: never updated, SGLang's 'default')."""
+    outcome: SampleOutcome = SampleOutcome.COMPLETED
+    sent: float = 0.0
+    """When the control plane sent the request (``t`` is when the answer came)."""
+    engine_seconds: float | None = None
+    """How long the engine says it spent on the request (None when it did not answer)."""
+
+    @property
+    def aborted(self) -> bool:
+        return self.outcome is not SampleOutcome.COMPLETED
 
 
 @dataclass(frozen=True, kw_only=True)
 class GroupPut(Event):
     group_id: int
     prompt_id: int
-    fate: str
+    fate: PutFate
     """queued or blocked (recycle/drop verdicts are GroupRecycled/GroupDropped)."""
 
 

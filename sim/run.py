@@ -2,45 +2,28 @@
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from miles_core.events import Event, History, RunEnded, RunStatus, StepCommitted
-from miles_core.loop import LoopConfig, Orchestrator, RunReport
-from miles_core.oracles import (
-    Violation,
-    bounded_staleness,
-    check_all,
-    exactly_once,
-    monotonic_versions,
-    published_weights,
-)
+from miles_core.errors import ConfigError
+from miles_core.events import Event, History, StepCommitted
+from miles_core.kinds import RunStatus
+from miles_core.loop import Orchestrator, RunReport
+from miles_core.oracles import SAFETY, Violation, check_all
+from miles_core.scenario import Scenario
+from miles_core.scenario.schedule import FaultSchedule
 from miles_core.versions import VersionLedger
-from sim.cluster import SimCluster, SimConfig
-from sim.faults import Fault, ScheduledFaults
-from sim.runtime import SimRuntime
-
-
-@dataclass(frozen=True)
-class Scenario:
-    name: str
-    description: str
-    sim: SimConfig = field(default_factory=SimConfig)
-    loop: LoopConfig = field(default_factory=lambda: LoopConfig(steps=8))
-    faults: tuple[Fault, ...] = ()
-    progress_window: float = 600.0
-    """Virtual seconds within which a step must commit after the last fault."""
-    max_seconds: float | None = None
-    """Virtual-time horizon; a run still going then is STALLED (default: 50 train-step
-    times per step)."""
+from sim.cluster import SimCluster
+from sim.faults import SimFaultActions
+from sim.runtime import Deadlock, Livelock, SimRuntime
 
 
 @dataclass
 class SimResult:
     scenario: Scenario
+    """The scenario as this run saw it (``--steps`` and the seed applied)."""
     seed: int
     history: History
     report: RunReport
@@ -56,50 +39,32 @@ class SimResult:
     def hash(self) -> str:
         return self.history.hash()
 
+    def failures(self) -> str:
+        return "\n".join(str(v) for v in self.verdicts.values() if v)
+
     def replay_line(self) -> str:
-        return (
-            f"python -m sim run {self.scenario.name} --seed {self.seed} --steps {self.report_steps}"
-        )
-
-    @property
-    def report_steps(self) -> int:
-        return self.scenario.loop.steps
+        """The command that replays a named scenario's run exactly."""
+        steps = self.scenario.loop.steps
+        return f"python -m sim run {self.scenario.name} --seed {self.seed} --steps {steps}"
 
 
-SAFETY_ORACLES = (monotonic_versions, bounded_staleness, exactly_once, published_weights)
-"""The oracles that judge a history prefix: progress and failover witnesses need the end."""
+class OracleStop(BaseException):
+    """Raised from an observer to stop a run at once (not an Exception: the loop must not
+    take it for its own failure and end the run as crashed)."""
 
-
-class OracleStop(Exception):
     def __init__(self, violation: Violation) -> None:
         super().__init__(str(violation))
         self.violation = violation
 
 
 def _live_checker(history: History, every: int) -> Callable[[Event], None]:
-    if every < 1:
-        raise ValueError(f"check_every must be >= 1, got {every}")
-
     def check(event: Event) -> None:
         if isinstance(event, StepCommitted) and (event.step + 1) % every == 0:
-            for oracle in SAFETY_ORACLES:
+            for oracle in SAFETY.values():
                 if (violation := oracle(history)) is not None:
                     raise OracleStop(violation)
 
     return check
-
-
-def _end_early(control: Orchestrator, status: RunStatus, reason: str) -> RunReport:
-    """Record the end of a run the orchestration did not finish itself."""
-    control.history.append(
-        RunEnded(
-            t=control.rt.now(),
-            status=status,
-            reason=reason,
-            outstanding_prompts=control.outstanding(),
-        )
-    )
-    return RunReport(status, reason, control.steps_done(), list(control.versions))
 
 
 @contextmanager
@@ -131,44 +96,55 @@ def run_scenario(
 ) -> SimResult:
     """Run ``scenario`` under ``seed``; the same arguments give the same history hash.
 
-    ``observers`` see every event as it is recorded (progress bars, live checks).
-    ``check_every=K`` also runs the safety oracles every K committed steps and stops
-    the run at the first violation (the final verdicts then show it).
-    ``ledger`` resumes a checkpoint's version sequence (restored with its snapshot).
+    ``steps`` overrides the scenario's (its faults are checked against the new
+    count first). ``observers`` see every event as it is recorded (progress
+    bars, live checks). ``check_every=K`` also runs the safety oracles every K
+    committed steps and stops the run at the first violation (the final verdicts
+    then show it). ``ledger`` resumes a checkpoint's version sequence.
     """
+    if check_every is not None and (isinstance(check_every, bool) or check_every < 1):
+        raise ConfigError("--check-every", f"got {check_every!r}", "pass an integer >= 1")
+    scenario = scenario.with_run(steps=steps, seed=seed)
     with _no_cyclic_gc():
-        return _run_scenario(scenario, seed, steps, observers, check_every, ledger)
+        return _run(scenario, seed, observers, check_every, ledger)
 
 
-def _run_scenario(
+def _run(
     scenario: Scenario,
     seed: int,
-    steps: int | None,
     observers: Sequence[Callable[[Event], None]],
     check_every: int | None,
     ledger: VersionLedger | None,
 ) -> SimResult:
-    loop = dataclasses.replace(
-        scenario.loop, seed=seed, scenario=scenario.name, steps=steps or scenario.loop.steps
-    )
-    scenario = dataclasses.replace(scenario, loop=loop)
     rt = SimRuntime(seed)
-    faults = ScheduledFaults(scenario.faults)
-    cluster = SimCluster(rt, scenario.sim, faults)
+    schedule = FaultSchedule(scenario.faults)
+    cluster = SimCluster(rt, scenario.world, scenario.timing, schedule)
     history = History()
     for observer in observers:
         history.observe(observer)
     if check_every is not None:
         history.observe(_live_checker(history, check_every))
-    control = Orchestrator(rt, cluster, loop, history, ledger)
-    faults.install(cluster, control)
-    horizon = scenario.max_seconds or 50.0 * loop.steps * scenario.sim.train_step_seconds
+    control = Orchestrator(
+        rt,
+        cluster,
+        scenario.loop,
+        history,
+        ledger,
+        expected_status=scenario.expect.status,
+        expected_error=scenario.expect.error,
+    )
+    horizon = (
+        scenario.max_seconds or 50.0 * scenario.loop.steps * scenario.timing.train_step_seconds
+    )
     try:
+        schedule.install(rt, history, SimFaultActions(cluster))
         report = rt.run(control.run(), until=horizon)
     except OracleStop as stop:
-        reason = f"stopped at the first violation: {stop.violation.oracle}"
-        report = _end_early(control, RunStatus.FAILED, reason)
-    except (RuntimeError, TimeoutError) as stuck:  # deadlock, livelock, or past the horizon
-        report = _end_early(control, RunStatus.STALLED, str(stuck))
+        reason = f"stopped at the first violation ({stop.violation.oracle}), as --check-every asks"
+        report = control.end(RunStatus.FAILED, reason)
+    except (Deadlock, Livelock, TimeoutError) as stuck:  # past the horizon, or nothing can move
+        report = control.end(RunStatus.STALLED, str(stuck))
+    except Exception as error:  # a world's or an injector's own failure: a crash, kept whole
+        report = control.end_with(error, "raised in the simulated world")
     verdicts = check_all(history, scenario.progress_window)
     return SimResult(scenario, seed, history, report, verdicts, rt.env.processed)

@@ -24,7 +24,6 @@ independent of each other and of PYTHONHASHSEED.
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Coroutine, Generator, Sequence
 from heapq import heappop, heappush
@@ -36,23 +35,27 @@ from simpy.events import NORMAL, PENDING, URGENT, Event, Timeout
 from simpy.exceptions import Interrupt
 
 from miles_core.runtime import Cancelled
+from miles_core.scenario.seeds import derive_seed
 
 T = TypeVar("T")
-
-
-def derive_seed(root: int, stream: str) -> int:
-    """A 64-bit seed for ``stream``, stable across processes and Python versions."""
-    digest = hashlib.sha256(f"{root}:{stream}".encode()).digest()
-    return int.from_bytes(digest[:8], "big")
 
 
 class Livelock(RuntimeError):
     """Virtual time stopped advancing: events keep firing at one instant."""
 
 
+class Deadlock(RuntimeError):
+    """Nothing is scheduled, yet the main task has not finished: everything waits."""
+
+
 def _copy(error: BaseException) -> BaseException:
-    """A fresh copy of a failure for one receiver (SimPy's rule: tracebacks stay apart)."""
-    copy = type(error)(*error.args)
+    """A fresh copy of a failure for one receiver (SimPy's rule: tracebacks stay apart).
+
+    An exception that cannot be rebuilt from its args is passed on as it is."""
+    try:
+        copy = type(error)(*error.args)
+    except Exception:
+        return error
     copy.__cause__ = error
     return copy
 
@@ -353,8 +356,10 @@ class SimRuntime:
     def run(self, main: Coroutine[Any, Any, T], until: float | None = None) -> T:
         """Run ``main`` as a task until it finishes (or virtual time ``until``); give its result.
 
-        Raises RuntimeError naming the blocked tasks when nothing is left to
-        happen but ``main`` has not finished: a deadlock in virtual time.
+        Raises Deadlock when nothing is left to happen but ``main`` has not finished,
+        Livelock when virtual time stops advancing, and TimeoutError at ``until``. A task
+        that failed with nobody awaiting it raises its own exception (a copy whose
+        ``__cause__`` is the original, with its traceback), never a deadlock.
         """
         task = self.spawn(main, "main")
         stop = (
@@ -362,14 +367,12 @@ class SimRuntime:
         )
         try:
             self.env.run(until=stop)
-        except Livelock:
-            raise
         except RuntimeError as error:
-            if "No scheduled events left" in str(error) or not task.done():
-                raise RuntimeError(
+            if type(error) is RuntimeError and str(error).startswith("No scheduled events left"):
+                raise Deadlock(
                     f"deadlock at t={self.env.now}: task 'main' is waiting but no event is "
                     "scheduled"
-                ) from error
+                ) from None
             raise
         if not task.done():
             raise TimeoutError(f"main did not finish by t={until}")

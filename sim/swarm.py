@@ -1,33 +1,65 @@
-"""Swarm testing: each seed draws its own cluster, flags, fault mix and fault rates.
+"""Swarm testing: each seed draws its own cluster, flags, fault mix and fault moments.
 
-Faults happen in a fault phase (the first ~60 % of the run's expected virtual
-time); a quiet phase follows in which progress must resume (the progress
-oracle). The budget keeps at least one cell and one engine alive: kills of
-cells are spaced further apart than detection plus healing takes, and every
-killed component is restarted. ``total_loss=True`` instead kills every cell
-and expects the run to end with a clear error.
+Faults happen in a fault phase (the first ~60 % of the run); a quiet phase
+follows in which progress must resume (the progress oracle). Each seed draws,
+for its cells and for its engines, either faults at times or faults at named
+points of the control plane's work:
+
+- cells at points: one dies before the allreduce of a step; the updater dies
+  after bucket k of an update; a cell dies while it is being healed;
+- engines at points: one restarts right after bucket k of an update (k is
+  often the last, the window between the last bucket and the stamp); one dies
+  halfway through a request;
+- at times: kills and restarts;
+- impairments (a slow cell, a slow link, a delayed or failing router), each
+  opening as a step begins and long enough to act on something its witness
+  can see.
+
+The budget keeps at least one cell and one engine alive: cell faults are
+spaced further apart than detection plus healing takes, and every killed
+component is restarted. ``total_loss=True`` instead kills every cell and
+expects the run to end with NoAliveCellError.
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 from miles_core.buffer import UnusedHandler
+from miles_core.kinds import RunStatus
 from miles_core.loop import LoopConfig
+from miles_core.scenario import Expect, Scenario, TimeModel, WorldShape, derive_seed
+from miles_core.scenario.faults import AnyFault, make_fault, target_engine
 from miles_core.transfer import TransferMode
-from sim.cluster import SimConfig
-from sim.faults import Fault
-from sim.run import Scenario
-from sim.runtime import derive_seed
 
 SWARM = "swarm"
 SWARM_TOTAL_LOSS = "swarm_total_loss"
 
 
-def swarm_scenario(seed: int, steps: int = 12, total_loss: bool = False) -> Scenario:
-    """The scenario that ``seed`` draws (the run itself then uses the same seed)."""
-    rng = random.Random(derive_seed(seed, "swarm"))
-    sim = SimConfig(
+@dataclass
+class _Draw:
+    """One seed's drawing state: its stream, the run's shape, what it drew so far."""
+
+    rng: random.Random
+    world: WorldShape
+    steps: int
+    n_buckets: int
+    step_seconds: float
+    fault_phase: float
+    faults: list[AnyFault]
+    killed_cells: set[int]
+
+    def slots(self, count: int, spacing: int = 4) -> list[int]:
+        """Steps at which to strike, ``spacing`` apart, inside the fault phase."""
+        last = min(int(0.6 * self.steps), self.steps - 4)  # room for the restarts after
+        free = list(range(1, last + 1, spacing))
+        self.rng.shuffle(free)
+        return sorted(free[:count])
+
+
+def _world_and_loop(rng: random.Random, steps: int) -> tuple[WorldShape, LoopConfig]:
+    world = WorldShape(
         num_cells=rng.choice([2, 3, 4]),
         num_engines=rng.choice([1, 2, 3, 4]),
         gpus_per_node=rng.choice([1, 2, 8]),
@@ -49,60 +81,148 @@ def swarm_scenario(seed: int, steps: int = 12, total_loss: bool = False) -> Scen
         heartbeat_timeout=1.0,
         heartbeat_failure_threshold=3,
     )
-    step_seconds = sim.train_step_seconds + sim.allreduce_seconds + 1.0
-    fault_phase = 0.6 * steps * step_seconds
-    faults: list[Fault] = []
-    if total_loss:
-        t = rng.uniform(0.1, 0.5) * fault_phase
-        faults += [Fault("kill_cell", cell=c, at=t + c * 0.1) for c in range(sim.num_cells)]
-        return Scenario(SWARM_TOTAL_LOSS, "every cell dies", sim, loop, tuple(faults))
+    return world, loop
 
-    rate = rng.choice([0.5, 1.0, 2.0])  # faults per kind in the fault phase, on average
-    gap = 4 * step_seconds  # longer than detection + restart + heal
 
-    def times(kind_rate: float, spacing: float = 0.0) -> list[float]:
-        chosen: list[float] = []
-        for _ in range(rng.randint(0, round(2 * kind_rate * rate))):
-            t = rng.uniform(0.0, fault_phase)
-            if all(abs(t - other) > spacing for other in chosen):
-                chosen.append(t)
-        return sorted(chosen)
-
-    for t in times(1.0, spacing=gap):
-        cell = rng.randrange(sim.num_cells)
-        faults += [
-            Fault("kill_cell", cell=cell, at=t),
-            Fault("start_cell", cell=cell, at=t + rng.uniform(0.5, step_seconds)),
-        ]
-    for t in times(1.0, spacing=gap):
-        engine = f"engine-{rng.randrange(sim.num_engines)}"
-        if rng.random() < 0.5:
-            faults.append(Fault("restart_engine", engine=engine, at=t))
-        else:
-            faults += [
-                Fault("kill_engine", engine=engine, at=t),
-                Fault("restart_engine", engine=engine, at=t + rng.uniform(1.0, step_seconds)),
+def _cells_at_points(d: _Draw, rate: float) -> None:
+    for s in d.slots(d.rng.randint(0, round(2 * rate))):
+        what = d.rng.choice(["before_allreduce", "after_bucket", "during_heal"])
+        F = make_fault
+        if what == "before_allreduce":
+            cell = d.rng.randrange(d.world.num_cells)
+            d.faults += [
+                F("kill_cell", cell=cell, point="before_allreduce", step=s),
+                F("start_cell", cell=cell, point="step_begin", step=s + 2),
             ]
-    for t in times(0.5):
-        faults.append(
-            Fault(
-                "slow_cell",
-                cell=rng.randrange(sim.num_cells),
-                at=t,
-                duration=rng.uniform(1, 20),
-                factor=rng.uniform(1, 5),
+        elif what == "after_bucket":  # cell 0 is the updater while it is alive
+            cell = 0
+            bucket = d.rng.randrange(d.n_buckets)
+            d.faults += [
+                F("kill_cell", cell=cell, point="after_bucket", bucket=bucket, after_step=s - 1),
+                F("start_cell", cell=cell, point="step_begin", step=s + 2),
+            ]
+        else:  # the cell being healed dies during its heal, and is started again
+            cell = d.rng.randrange(1, d.world.num_cells)
+            d.faults += [
+                F("kill_cell", cell=cell, point="before_allreduce", step=s),
+                F("start_cell", cell=cell, point="step_begin", step=s + 1),
+                F("kill_cell", cell=cell, point="during_heal", after_step=s),
+                F("start_cell", cell=cell, point="step_begin", step=s + 3),
+            ]
+        d.killed_cells.add(cell)
+
+
+def _engines_at_points(d: _Draw, rate: float) -> None:
+    for s in d.slots(d.rng.randint(0, round(2 * rate)), spacing=3):
+        engine = f"engine-{d.rng.randrange(d.world.num_engines)}"
+        if d.world.num_engines > 1 and d.rng.random() < 0.4:
+            d.faults += [
+                make_fault("kill_engine", engine=engine, point="mid_generation", after_step=s - 1),
+                make_fault("restart_engine", engine=engine, point="step_begin", step=s + 2),
+            ]
+        else:  # the last bucket half the time: the window between buckets and stamp
+            last = d.n_buckets - 1
+            bucket = last if d.rng.random() < 0.5 else d.rng.randrange(d.n_buckets)
+            d.faults.append(
+                make_fault(
+                    "restart_engine",
+                    engine=engine,
+                    point="after_bucket",
+                    bucket=bucket,
+                    after_step=s - 1,
+                )
             )
+
+
+def _times(d: _Draw, kind_rate: float, rate: float, spacing: float = 0.0) -> list[float]:
+    chosen: list[float] = []
+    for _ in range(d.rng.randint(0, round(2 * kind_rate * rate))):
+        t = d.rng.uniform(0.0, d.fault_phase)
+        if all(abs(t - other) > spacing for other in chosen):
+            chosen.append(t)
+    return sorted(chosen)
+
+
+def _cells_at_times(d: _Draw, rate: float) -> None:
+    for t in _times(d, 1.0, rate, spacing=4 * d.step_seconds):
+        cell = d.rng.randrange(d.world.num_cells)
+        d.faults += [
+            make_fault("kill_cell", cell=cell, at=t),
+            make_fault("start_cell", cell=cell, at=t + d.rng.uniform(0.5, d.step_seconds)),
+        ]
+        d.killed_cells.add(cell)
+
+
+def _engines_at_times(d: _Draw, rate: float) -> None:
+    for t in _times(d, 1.0, rate, spacing=4 * d.step_seconds):
+        engine = f"engine-{d.rng.randrange(d.world.num_engines)}"
+        if d.rng.random() < 0.5:
+            d.faults.append(make_fault("restart_engine", engine=engine, at=t))
+        else:
+            d.faults += [
+                make_fault("kill_engine", engine=engine, at=t),
+                make_fault(
+                    "restart_engine", engine=engine, at=t + d.rng.uniform(1.0, d.step_seconds)
+                ),
+            ]
+
+
+def _impairments(d: _Draw, rate: float) -> None:
+    """At most one window of each kind, each opening as a step begins (so that it has a
+    step, an update or requests to act on) on a step of its own, long enough for them."""
+    rng, step = d.rng, d.step_seconds
+    starts = d.slots(4, spacing=3)  # apart, so that one window does not delay another's
+    rng.shuffle(starts)
+    spared = [c for c in range(d.world.num_cells) if c not in d.killed_cells]
+    kinds: list[tuple[str, dict[str, object]]] = []
+    if spared and rng.random() < 0.35 * rate:
+        slow = {"cell": rng.choice(spared), "factor": rng.uniform(1.5, 5)}
+        kinds.append(("slow_cell", slow | {"duration": rng.uniform(1.5, 3) * step}))
+    if rng.random() < 0.35 * rate:
+        # open long enough for the step's training (even retried) and the update after it
+        slow = {"factor": rng.uniform(1.5, 100), "duration": rng.uniform(4, 6) * step}
+        kinds.append(("slow_link", slow))
+    # a lone engine that a fault takes away leaves the router nothing to act on
+    lone = d.world.num_engines == 1 and any(target_engine(f) for f in d.faults)
+    if not lone and rng.random() < 0.35 * rate:
+        delay = {"seconds": rng.uniform(0.5, 3), "duration": rng.uniform(1, 2) * step}
+        kinds.append(("delay_router", delay))
+    if not lone and rng.random() < 0.25 * rate:
+        kinds.append(("fail_router", {"duration": rng.uniform(1, 2) * step}))
+    for (kind, keys), s in zip(kinds, starts, strict=False):
+        d.faults.append(make_fault(kind, point="step_begin", step=s, **keys))
+
+
+def swarm_scenario(seed: int, steps: int = 12, total_loss: bool = False) -> Scenario:
+    """The scenario that ``seed`` draws (the run itself then uses the same seed)."""
+    rng = random.Random(derive_seed(seed, "swarm"))
+    world, loop = _world_and_loop(rng, steps)
+    timing = TimeModel()
+    step_seconds = timing.train_step_seconds + timing.allreduce_seconds + 1.0
+    probe = Scenario(SWARM, world=world, loop=loop)
+    d = _Draw(
+        rng, world, steps, probe.n_buckets, step_seconds, 0.6 * steps * step_seconds, [], set()
+    )
+    if total_loss:
+        t = rng.uniform(0.1, 0.5) * d.fault_phase
+        faults = [make_fault("kill_cell", cell=c, at=t + c * 0.1) for c in range(world.num_cells)]
+        expect = Expect(RunStatus.FAILED, "NoAliveCellError")
+        return Scenario(
+            SWARM_TOTAL_LOSS, "every cell dies", world, timing, loop, tuple(faults), expect
         )
-    for t in times(0.5):
-        faults.append(
-            Fault("slow_link", at=t, duration=rng.uniform(1, 20), factor=rng.uniform(1, 100))
-        )
-    for t in times(0.5):
-        faults.append(
-            Fault("delay_router", at=t, duration=rng.uniform(1, 10), seconds=rng.uniform(0.1, 3))
-        )
-    for t in times(0.3):
-        faults.append(Fault("fail_router", at=t, duration=rng.uniform(0.5, 5)))
-    faults.sort(key=lambda f: f.at or 0.0)
-    description = f"{len(faults)} faults drawn by seed {seed}"
-    return Scenario(SWARM, description, sim, loop, tuple(faults), progress_window=8 * step_seconds)
+    rate = rng.choice([0.5, 1.0, 2.0])  # faults per kind in the fault phase, on average
+    (_cells_at_points if rng.random() < 0.5 else _cells_at_times)(d, rate)
+    (_engines_at_points if rng.random() < 0.5 else _engines_at_times)(d, rate)
+    _impairments(d, rate)
+    timed = sorted((f for f in d.faults if f.point is None), key=lambda f: f.when.at)  # type: ignore[union-attr]
+    at_points = [f for f in d.faults if f.point is not None]  # drawn in step order already
+    description = f"{len(d.faults)} faults drawn by seed {seed}"
+    return Scenario(
+        SWARM,
+        description,
+        world,
+        timing,
+        loop,
+        (*at_points, *timed),
+        progress_window=8 * step_seconds,
+    )

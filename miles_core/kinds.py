@@ -1,0 +1,79 @@
+"""The small enums that events, faults and oracles share; each names one kind of fact.
+
+They live apart from the modules that use them so that the event history
+(miles_core.events) can be typed without importing the loop or the scenario
+layer. The cell and engine states live with their transition tables
+(miles_core.cells, miles_core.engines).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class RunStatus(StrEnum):
+    """How a run ended. Which ending is *good* is the scenario's expectation (Expect)."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    """Stopped with a named miles_core error (e.g. no cell alive): not a hang."""
+    STALLED = "stalled"
+    """Nothing could make progress (deadlock, livelock, horizon or timeout)."""
+    CRASHED = "crashed"
+    """An exception the control plane does not raise on purpose (a bug): never a pass."""
+
+
+class FaultKind(StrEnum):
+    KILL_CELL = "kill_cell"
+    STOP_CELL = "stop_cell"
+    START_CELL = "start_cell"
+    SLOW_CELL = "slow_cell"
+    KILL_ENGINE = "kill_engine"
+    RESTART_ENGINE = "restart_engine"
+    SLOW_LINK = "slow_link"
+    DELAY_ROUTER = "delay_router"
+    FAIL_ROUTER = "fail_router"
+    DROP_HEARTBEAT = "drop_heartbeat"
+
+
+class FaultPoint(StrEnum):
+    """A named place in a world's code where a scheduled fault may strike."""
+
+    BEFORE_ALLREDUCE = "before_allreduce"
+    """A cell has done its forward/backward of step ``step`` and not yet exchanged."""
+    AFTER_BUCKET = "after_bucket"
+    """Bucket ``bucket`` of a weight update (or sync) has just reached its engines."""
+    DURING_HEAL = "during_heal"
+    """A heal has started: a checkpoint is on its way from one cell to another."""
+    MID_GENERATION = "mid_generation"
+    """An engine is halfway through a generate request."""
+    STEP_BEGIN = "step_begin"
+    """Training step ``step`` begins (its batch is drained)."""
+
+
+class SampleOutcome(StrEnum):
+    """How one generate call ended, as the control plane saw it."""
+
+    COMPLETED = "completed"
+    ABORTED = "aborted"
+    """The engine answered with finish_reason abort (a pause or an abort request)."""
+    ENGINE_FAILED = "engine_failed"
+    """The engine died or could not be reached during the call."""
+    ROUTER_FAILED = "router_failed"
+    """The router could not deliver the request; the engine behind it may be fine."""
+
+
+class PutFate(StrEnum):
+    """What the buffer did with a group put into it (recycled/dropped are their own events)."""
+
+    QUEUED = "queued"
+    BLOCKED = "blocked"
+
+
+class AbortCause(StrEnum):
+    """Why a weight update (or sync) stopped before it finished."""
+
+    CELL = "cell"
+    """The updating cell failed: another alive cell retries with the same version."""
+    ENGINE = "engine"
+    """An engine of the update failed: the update is retried without it."""

@@ -1,0 +1,99 @@
+"""What the roles of one run share: the world, the flags, the history, the state machines.
+
+The roles (producer, trainer, updater, engine supervisor, heartbeat monitor)
+each own one job and talk through this context. It also supervises the run's
+background tasks: an exception in a task nobody awaits (a group's generation,
+a sync, the producer) is not lost. The first one is kept with its traceback and
+ends the run, which reports it as its end state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from miles_core.backend import Cluster
+from miles_core.buffer import DataBuffer
+from miles_core.cells import CellGroup
+from miles_core.engines import EngineTable
+from miles_core.events import CellStateChanged, EngineStateChanged, Event, History
+from miles_core.loop.config import LoopConfig
+from miles_core.runtime import Cancelled, Runtime, Task
+from miles_core.sync import Lock, Notifier
+from miles_core.versions import VersionLedger
+
+T = TypeVar("T")
+
+
+class RunContext:
+    """The shared state of one run; each role holds a reference to it."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        cluster: Cluster,
+        config: LoopConfig,
+        history: History,
+        ledger: VersionLedger,
+    ) -> None:
+        self.rt = rt
+        self.cluster = cluster
+        self.config = config
+        self.history = history
+        self.ledger = ledger
+        self.cells = CellGroup(
+            cluster.num_cells,
+            cluster.gpus_per_cell,
+            max_step_attempts=config.max_step_attempts,
+            max_route_attempts=config.max_route_attempts,
+        )
+        self.engines = EngineTable(cluster.engine_ids)
+        self.buffer = DataBuffer(config.buffer_config())
+        self.update_lock = Lock(rt)
+        """Held from a step's training to the end of its update, and by each sync: a sync
+        sends the trainer's current weights, right only while they are the published ones."""
+        self.engines_changed = Notifier(rt)
+        self.monitor_paused = 0
+        """The heartbeat checker is paused while this is > 0 (updates, heals), as in miles."""
+        self.stopping = False
+        self.versions: list[int] = []
+        self.crash: tuple[BaseException, str] | None = None
+        """The first exception of a background task, and the task's name."""
+        self.crashed = rt.signal()
+
+    def emit(self, event_type: type[Event], **fields: Any) -> None:
+        self.history.append(event_type(t=self.rt.now(), **fields))
+
+    def spawn(self, coro: Coroutine[Any, Any, T], name: str) -> Task[T | None]:
+        """A background task: if it raises, the run ends with that exception."""
+        return self.rt.spawn(self._guarded(coro, name), name)
+
+    async def _guarded(self, coro: Coroutine[Any, Any, T], name: str) -> T | None:
+        try:
+            return await coro
+        except Cancelled:
+            raise
+        except Exception as error:
+            if self.crash is None and not self.stopping:
+                self.crash = (error, name)
+                self.crashed.set()
+            return None
+
+    def record_cells(self) -> None:
+        for tr in self.cells.take_transitions():
+            self.emit(CellStateChanged, cell=tr.cell, old=tr.old, new=tr.new, reason=tr.reason)
+
+    def record_engines(self) -> None:
+        changed = False
+        for tr in self.engines.take_transitions():
+            self.emit(
+                EngineStateChanged,
+                engine=tr.engine,
+                old=tr.old,
+                new=tr.new,
+                incarnation=tr.incarnation,
+                reason=tr.reason,
+            )
+            changed = True
+        if changed:
+            self.engines_changed.notify()

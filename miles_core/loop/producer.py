@@ -1,0 +1,219 @@
+"""The producer: prompts become groups of samples, groups go through the data buffer.
+
+Where each decision is made:
+
+- the producer keeps up to ``in_flight_groups`` prompt groups generating
+  (miles' rollout_batch_size by default);
+- a recycled prompt is generated again before a new one is drawn, as miles'
+  ``RolloutDataSourceWithBuffer.get_samples`` takes its buffer first
+  (miles/rollout/data_source.py);
+- each sample goes to the engine the supervisor picks; a request that fails
+  ends its sample (the group is then aborted and goes to the unused handler);
+- a full buffer blocks the put until a get makes space (backpressure): nothing
+  accepted is lost;
+- the consumer drains ``rollout_batch_size`` groups through the buffer at the
+  ledger's published version; what the buffer refuses goes to the unused
+  handler (retry recycles the prompt, drop drops it with its reason).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from typing import Any
+
+from miles_core.backend import EngineFailure, GenerateRequest, RouterFailure
+from miles_core.buffer import Fate, Group, Sample, SampleStatus, Verdict
+from miles_core.events import (
+    GroupDropped,
+    GroupGot,
+    GroupPut,
+    GroupRecycled,
+    GroupStarted,
+    PromptDrawn,
+    SampleGenerated,
+)
+from miles_core.kinds import PutFate, SampleOutcome
+from miles_core.loop.context import RunContext
+from miles_core.loop.supervision import EngineSupervisor
+from miles_core.sync import Notifier
+
+
+class Producer:
+    def __init__(self, ctx: RunContext, engines: EngineSupervisor) -> None:
+        self.ctx = ctx
+        self.engines = engines
+        self.batch: list[Group] = []
+        """The batch being trained (held outside the buffer until its step commits)."""
+        self._prompts = itertools.count()
+        self._groups = itertools.count()
+        self.recycled: deque[int] = deque()
+        """Prompts waiting to be generated again, oldest first."""
+        self._in_flight: dict[int, int] = {}  # group_id -> prompt_id
+        self._blocked: dict[int, int] = {}
+        self._arrived = Notifier(ctx.rt)
+        self._space = Notifier(ctx.rt)
+        self._progress = Notifier(ctx.rt)
+
+    # -- generation ---------------------------------------------------------------------
+
+    async def _generate_sample(self, group_id: int, prompt_id: int, index: int) -> Sample:
+        ctx = self.ctx
+        engine, incarnation = await self.engines.pick()
+        self.engines.load[engine] += 1
+        request = GenerateRequest(group_id=group_id, prompt_id=prompt_id, sample=index)
+        sent = ctx.rt.now()
+        version, outcome, reward, payload, engine_seconds = (
+            None,
+            SampleOutcome.ENGINE_FAILED,
+            0.0,
+            None,
+            None,
+        )
+        try:
+            result = await ctx.cluster.router.generate(engine, incarnation, request)
+            version, reward, payload = result.weight_version, result.reward, result.payload
+            outcome = SampleOutcome.ABORTED if result.aborted else SampleOutcome.COMPLETED
+            engine_seconds = result.engine_seconds
+        except EngineFailure as failure:
+            self.engines.failed(engine, incarnation, failure.reason)
+        except RouterFailure:
+            outcome = SampleOutcome.ROUTER_FAILED
+        finally:
+            self.engines.load[engine] -= 1
+        ctx.emit(
+            SampleGenerated,
+            group_id=group_id,
+            prompt_id=prompt_id,
+            sample=index,
+            turn=0,
+            engine=engine,
+            incarnation=incarnation,
+            version=version,
+            outcome=outcome,
+            sent=sent,
+            engine_seconds=engine_seconds,
+        )
+        if outcome is not SampleOutcome.COMPLETED:
+            return Sample(index, (), SampleStatus.ABORTED)
+        return Sample(index, (version,), reward=reward, payload=payload)
+
+    async def _generate_group(self, group_id: int, prompt_id: int) -> bool:
+        rt = self.ctx.rt
+        n = self.ctx.config.n_samples_per_prompt
+        tasks = [
+            rt.spawn(self._generate_sample(group_id, prompt_id, i), f"g{group_id}s{i}")
+            for i in range(n)
+        ]
+        samples = await rt.wait_all(tasks)
+        group = Group(group_id, prompt_id, tuple(samples))
+        del self._in_flight[group_id]
+        queued = await self._put(group)
+        self._progress.notify()
+        return queued
+
+    def _next_prompt(self) -> int:
+        if self.recycled:
+            return self.recycled.popleft()
+        prompt = next(self._prompts)
+        self.ctx.emit(PromptDrawn, prompt_id=prompt)
+        return prompt
+
+    def _start_group(self) -> Any:
+        group_id, prompt_id = next(self._groups), self._next_prompt()
+        self._in_flight[group_id] = prompt_id
+        self.ctx.emit(GroupStarted, group_id=group_id, prompt_id=prompt_id)
+        return self.ctx.spawn(self._generate_group(group_id, prompt_id), f"group-{group_id}")
+
+    async def run(self) -> None:
+        """fully_async: keep the budget of groups generating, for the whole run."""
+        ctx = self.ctx
+        budget = ctx.config.in_flight_groups or ctx.config.rollout_batch_size
+        while not ctx.stopping:
+            while len(self._in_flight) + len(self._blocked) < budget:
+                self._start_group()
+            await self._progress.wait()
+
+    async def rollout(self, groups: int) -> None:
+        """one_step_off: generate until ``groups`` more groups are queued (aborted ones redone)."""
+        queued = 0
+        while queued < groups:
+            tasks = [self._start_group() for _ in range(groups - queued)]
+            queued += sum(bool(q) for q in await self.ctx.rt.wait_all(tasks))
+
+    # -- the buffer ---------------------------------------------------------------------
+
+    async def _put(self, group: Group) -> bool:
+        """Put with backpressure; True when the group was queued for training."""
+        ctx = self.ctx
+        while True:
+            verdict = ctx.buffer.put(group)
+            if verdict.fate is Fate.QUEUED:
+                self._blocked.pop(group.group_id, None)
+                ctx.emit(
+                    GroupPut,
+                    group_id=group.group_id,
+                    prompt_id=group.prompt_id,
+                    fate=PutFate.QUEUED,
+                )
+                self._arrived.notify()
+                return True
+            if verdict.fate is not Fate.BLOCKED:
+                self._unused(verdict)
+                return False
+            if group.group_id not in self._blocked:
+                self._blocked[group.group_id] = group.prompt_id
+                ctx.emit(
+                    GroupPut,
+                    group_id=group.group_id,
+                    prompt_id=group.prompt_id,
+                    fate=PutFate.BLOCKED,
+                )
+            await self._space.wait()
+
+    def _unused(self, verdict: Verdict) -> None:
+        group, reason = verdict.group, str(verdict.reason)
+        if verdict.detail:
+            reason = f"{reason}:{verdict.detail}"
+        event = GroupRecycled if verdict.fate is Fate.RECYCLE else GroupDropped
+        if verdict.fate is Fate.RECYCLE:
+            self.recycled.append(group.prompt_id)
+        self.ctx.emit(event, group_id=group.group_id, prompt_id=group.prompt_id, reason=reason)
+
+    async def drain(self) -> list[Group]:
+        """The next batch: ``rollout_batch_size`` groups the buffer lets through now."""
+        ctx = self.ctx
+        batch: list[Group] = []
+        while len(batch) < ctx.config.rollout_batch_size:
+            current = ctx.ledger.current
+            verdicts = ctx.buffer.get(current)
+            if verdicts:
+                self._space.notify()
+            for verdict in verdicts:
+                group = verdict.group
+                if verdict.fate is Fate.TRAIN:
+                    ctx.emit(
+                        GroupGot,
+                        group_id=group.group_id,
+                        prompt_id=group.prompt_id,
+                        current_version=current,
+                        staleness=verdict.staleness,
+                    )
+                    batch.append(group)
+                else:
+                    self._unused(verdict)
+            if not verdicts or verdicts[-1].fate is not Fate.TRAIN:
+                if ctx.config.mode == "one_step_off":  # no producer: top the batch up now
+                    await self.rollout(ctx.config.rollout_batch_size - len(batch))
+                else:
+                    self._progress.notify()  # recycled prompts may be regenerated now
+                    await self._arrived.wait()
+        return batch
+
+    # -- what is left at the end --------------------------------------------------------------
+
+    def outstanding(self) -> tuple[int, ...]:
+        """Prompts drawn but neither trained nor dropped: queued, in the batch, or generating."""
+        held = [g.prompt_id for g in (*self.ctx.buffer.queued(), *self.batch)]
+        waiting = [*self.recycled, *self._in_flight.values(), *self._blocked.values()]
+        return tuple(sorted([*held, *waiting]))

@@ -1,0 +1,219 @@
+"""The Orchestrator: one run of the loop over one world; it wires the roles and owns the end.
+
+Two modes: fully_async (miles' fully-async rollout: a producer keeps generating,
+weight updates abort what is in flight) and one_step_off (batch k+1 is
+generated while step k trains; the update waits for both).
+
+The roles, each in its own module: the producer (prompts -> groups -> buffer),
+the trainer (quorum, attempts, heals), the updater (the weight-update sequence
+and syncs), the engine supervisor (which processes serve) and the heartbeat
+monitor. The world reports new processes to the Orchestrator
+(WorldObserver), which hands them to the role that owns them.
+
+How a run ends is decided here, once: completed; failed with the named
+miles_core error that stopped it; or crashed, when any other exception escaped
+the loop or one of its background tasks. Every ending is recorded as RunEnded
+with the error's type and traceback; whether it was the expected ending is the
+end_state oracle's call, against the scenario's expectation (RunStarted).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from miles_core.backend import Cluster
+from miles_core.errors import MilesCoreError, format_traceback
+from miles_core.events import History, LedgerRestored, RunEnded, RunStarted, StepCommitted
+from miles_core.kinds import RunStatus
+from miles_core.loop.config import LoopConfig
+from miles_core.loop.context import RunContext
+from miles_core.loop.heartbeat import HeartbeatMonitor
+from miles_core.loop.producer import Producer
+from miles_core.loop.supervision import EngineSupervisor
+from miles_core.loop.train import Trainer
+from miles_core.loop.update import Updater
+from miles_core.runtime import Runtime, Task
+from miles_core.versions import VersionLedger
+
+
+@dataclass
+class RunReport:
+    status: RunStatus
+    reason: str
+    steps_done: int
+    versions: list[int] = field(default_factory=list)
+    error: BaseException | None = None
+    traceback: str = ""
+
+
+class Orchestrator:
+    """One run of the loop over one world (``cluster``)."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        cluster: Cluster,
+        config: LoopConfig,
+        history: History | None = None,
+        ledger: VersionLedger | None = None,
+        expected_status: RunStatus = RunStatus.COMPLETED,
+        expected_error: str | None = None,
+    ) -> None:
+        """``ledger``: a ledger restored from a checkpoint, to resume its version sequence;
+        ``expected_*``: how the scenario says the run must end (recorded in RunStarted)."""
+        self.ctx = RunContext(
+            rt,
+            cluster,
+            config,
+            history if history is not None else History(),
+            ledger if ledger is not None else VersionLedger(),
+        )
+        self.expected = (expected_status, expected_error)
+        self.engines = EngineSupervisor(self.ctx, on_unsynced=self._sync_soon)
+        self.producer = Producer(self.ctx, self.engines)
+        self.trainer = Trainer(self.ctx)
+        self.updater = Updater(self.ctx, self.engines, self.trainer)
+        self.monitor = HeartbeatMonitor(self.ctx, self.trainer)
+        self._background: list[Task[object]] = []
+        self.report: RunReport | None = None
+
+    # -- what drivers and tests read ---------------------------------------------------
+
+    @property
+    def rt(self) -> Runtime:
+        return self.ctx.rt
+
+    @property
+    def history(self) -> History:
+        return self.ctx.history
+
+    @property
+    def ledger(self) -> VersionLedger:
+        return self.ctx.ledger
+
+    @property
+    def cells(self):
+        return self.ctx.cells
+
+    @property
+    def config(self) -> LoopConfig:
+        return self.ctx.config
+
+    @property
+    def versions(self) -> list[int]:
+        return self.ctx.versions
+
+    def steps_done(self) -> int:
+        return sum(isinstance(e, StepCommitted) for e in self.ctx.history)
+
+    # -- what the world reports (WorldObserver) ---------------------------------------
+
+    def engine_started(self, engine: str, incarnation: int, how: str) -> None:
+        if not self.ctx.stopping:
+            self.engines.started(engine, incarnation, how)
+
+    def engine_exited(self, engine: str, incarnation: int, how: str) -> None:
+        if not self.ctx.stopping:
+            self.engines.exited(engine, incarnation, how)
+
+    def cell_started(self, cell: int, incarnation: int, how: str) -> None:
+        if not self.ctx.stopping:
+            self.trainer.cell_started(cell, incarnation, how)
+
+    def _sync_soon(self, engine: str) -> None:
+        self.ctx.spawn(self.updater.sync(engine), f"sync-{engine}")
+
+    # -- the run -------------------------------------------------------------------------
+
+    async def _fully_async(self) -> None:
+        producer = self.producer
+        for step in range(self.ctx.config.steps):
+            producer.batch = await producer.drain()
+            await self.updater.train_and_update(step, producer.batch, self._trained)
+
+    async def _one_step_off(self) -> None:
+        """Batch k+1 is generated while step k trains; the update waits for both, so it
+        never interrupts generation and every batch is exactly one version old."""
+        ctx, producer = self.ctx, self.producer
+        rbs = ctx.config.rollout_batch_size
+        next_batch = ctx.spawn(producer.rollout(rbs), "rollout-0")
+        for step in range(ctx.config.steps):
+            await next_batch
+            producer.batch = await producer.drain()
+            if step + 1 < ctx.config.steps:
+                next_batch = ctx.spawn(producer.rollout(rbs), f"rollout-{step + 1}")
+            await self.updater.train_and_update(step, producer.batch, self._trained, next_batch)
+
+    def _trained(self) -> None:
+        self.producer.batch = []
+
+    def _start(self) -> None:
+        ctx, c = self.ctx, self.ctx.config
+        ctx.emit(
+            RunStarted,
+            seed=c.seed,
+            scenario=c.scenario,
+            engines=ctx.engines.ids,
+            num_cells=ctx.cells.num_cells,
+            max_weight_staleness=c.max_weight_staleness,
+            steps=c.steps,
+            expected_status=self.expected[0],
+            expected_error=self.expected[1],
+        )
+        ctx.cluster.attach(self)
+        if ctx.ledger.current is not None:  # resumed: engines hold their initial weights
+            ctx.emit(LedgerRestored, version=ctx.ledger.current)
+            for engine in ctx.engines.ids:
+                self.engines.outdated(engine, "resumed from a checkpoint: synced before it serves")
+        if c.mode == "fully_async":
+            self._background.append(ctx.spawn(self.producer.run(), "producer"))
+        if c.heartbeat_interval is not None:
+            monitor = self.monitor.run(c.heartbeat_interval)
+            self._background.append(ctx.spawn(monitor, "heartbeat-monitor"))
+
+    async def run(self) -> RunReport:
+        """Run every step; the report (and RunEnded) says how the run ended."""
+        ctx = self.ctx
+        self._start()
+        body = self._one_step_off() if ctx.config.mode == "one_step_off" else self._fully_async()
+        main = ctx.rt.spawn(body, "loop")
+        try:  # a failed task may fail the wait itself (the simulator's conditions do)
+            crashed = await ctx.rt.wait_any([main, ctx.crashed]) == 1
+            if not crashed:
+                await main
+        except Exception as error:
+            return self.end_with(error)
+        if crashed:
+            main.cancel("a background task crashed")
+            assert ctx.crash is not None
+            error, task = ctx.crash
+            return self.end_with(error, f"in task {task!r}")
+        return self.end(RunStatus.COMPLETED, f"{ctx.config.steps} steps")
+
+    def end_with(self, error: BaseException, where: str = "") -> RunReport:
+        """End the run because ``error`` was raised: failed if it is a miles_core error the
+        control plane raises on purpose, crashed otherwise."""
+        status = RunStatus.FAILED if isinstance(error, MilesCoreError) else RunStatus.CRASHED
+        reason = f"{type(error).__name__}: {error}" + (f" ({where})" if where else "")
+        return self.end(status, reason, error)
+
+    def end(self, status: RunStatus, reason: str, error: BaseException | None = None) -> RunReport:
+        """Record how the run ended (once); drivers call it for a stall they detect."""
+        if self.report is not None:
+            return self.report
+        ctx = self.ctx
+        ctx.stopping = True
+        for task in self._background:
+            task.cancel("run ended")
+        trace = format_traceback(error) if error is not None else ""
+        ctx.emit(
+            RunEnded,
+            status=status,
+            reason=reason,
+            outstanding_prompts=self.producer.outstanding(),
+            awaiting_regeneration=tuple(self.producer.recycled),
+            error=type(error).__name__ if error is not None else None,
+            traceback=trace,
+        )
+        self.report = RunReport(status, reason, self.steps_done(), list(ctx.versions), error, trace)
+        return self.report

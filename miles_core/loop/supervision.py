@@ -1,0 +1,85 @@
+"""The engine supervisor: which engine processes serve, and routing requests to them.
+
+Where each decision is made:
+
+- a request goes to the serving engine with the fewest requests in flight
+  (ties broken by the "router" random stream), addressed to its current
+  process (incarnation);
+- a failed call takes that process out of rotation (DOWN); the failure of a
+  process that was already replaced is stale news and changes nothing;
+- a new process reported by the world serves at once only if no version was
+  ever reserved (its initial weights are then the current ones); otherwise it
+  waits out of rotation for a sync (``on_unsynced``) or the next update.
+
+The states and their transitions are miles_core.engines' table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from miles_core.engines import EngineState
+from miles_core.events import EngineExited, EngineStarted
+from miles_core.loop.context import RunContext
+
+
+class EngineSupervisor:
+    def __init__(self, ctx: RunContext, on_unsynced: Callable[[str], None]) -> None:
+        self.ctx = ctx
+        self.on_unsynced = on_unsynced
+        self.load: dict[str, int] = dict.fromkeys(ctx.engines.ids, 0)
+
+    def serving(self) -> tuple[str, ...]:
+        return self.ctx.engines.serving()
+
+    async def pick(self) -> tuple[str, int]:
+        """The engine (and its process) for the next request; waits while none serves."""
+        ctx = self.ctx
+        while not (candidates := ctx.engines.serving()):
+            await ctx.engines_changed.wait()
+        load = self.load
+        least = min(load[e] for e in candidates)
+        engine = ctx.rt.rng("router").choice(sorted(e for e in candidates if load[e] == least))
+        return engine, ctx.engines.incarnation(engine)
+
+    def failed(self, engine: str, incarnation: int, reason: str) -> None:
+        """A call to that process failed: out of rotation, unless it was already replaced."""
+        if self.ctx.engines.failed(engine, incarnation, reason):
+            self.ctx.record_engines()
+
+    def started(self, engine: str, incarnation: int, how: str) -> None:
+        """The world reports a new process: it holds initial weights and no version."""
+        ctx = self.ctx
+        ctx.emit(EngineStarted, engine=engine, incarnation=incarnation, how=how)
+        if not ctx.engines.started(engine, incarnation, f"new process: {how}"):
+            return  # not newer than the process already known
+        pristine = ctx.ledger.current is None and ctx.ledger.reservation is None
+        if pristine:
+            ctx.engines.synced(
+                engine,
+                incarnation,
+                "no version was ever reserved: its initial weights are the current ones",
+            )
+        ctx.record_engines()
+        if not pristine:
+            self.on_unsynced(engine)
+
+    def exited(self, engine: str, incarnation: int, how: str) -> None:
+        """The world reports that process gone: out of rotation (unless already replaced)."""
+        self.ctx.emit(EngineExited, engine=engine, incarnation=incarnation, how=how)
+        self.failed(engine, incarnation, f"process exited: {how}")
+
+    def outdated(self, engine: str, reason: str) -> None:
+        """The published version moved past this engine's weights (a resumed run)."""
+        self.ctx.engines.outdated(engine, reason)
+        self.ctx.record_engines()
+        self.on_unsynced(engine)
+
+    def synced(self, engines: dict[str, int], reason: str) -> None:
+        """These processes were stamped and resumed: they serve the published weights."""
+        for engine, incarnation in engines.items():
+            self.ctx.engines.synced(engine, incarnation, reason)
+        self.ctx.record_engines()
+
+    def unsynced(self, engine: str) -> bool:
+        return self.ctx.engines.state(engine) is EngineState.UNSYNCED

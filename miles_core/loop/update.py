@@ -1,0 +1,296 @@
+"""The weight updater: miles_core.weight_update's sequence, run on the first alive cell.
+
+Where each decision is made:
+
+- an update (or the sync of restarted engines) is planned for the engine
+  processes live when it begins, each addressed by its incarnation; a bucket
+  is recorded when the world's transport says it arrived, a stamp when the
+  engine answered;
+- a process replaced during the update did not receive its buckets: its stamp
+  is refused (EngineFailure) and the update is retried, now with the new
+  process, before anything is published;
+- a cell failure fails over to the next alive cell with the same reserved
+  version; an engine failure takes the engine out and retries without it;
+- once published, the update is done: an engine that fails to resume leaves
+  rotation and nothing is published twice;
+- a sync never overlaps a step between its train and its update (the weights
+  lock spans both), since it sends the trainer's current weights under the
+  published version;
+- one-step-off waits for the next batch before updating, so as not to abort
+  it, but only while some engine serves (a restarted engine may be waiting for
+  this very lock to be synced, and the batch needs it).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+from miles_core.backend import ComponentFailure, EngineFailure
+from miles_core.buffer import Group
+from miles_core.errors import NoAliveCellError, RetriesExhaustedError
+from miles_core.events import (
+    AdapterUnloaded,
+    BucketReceived,
+    EnginesPaused,
+    EnginesResumed,
+    EngineStamped,
+    UpdateAborted,
+    UpdateBegan,
+    VersionPublished,
+)
+from miles_core.kinds import AbortCause
+from miles_core.loop.context import RunContext
+from miles_core.loop.supervision import EngineSupervisor
+from miles_core.loop.train import Trainer
+from miles_core.runtime import Task
+from miles_core.transfer import Bucket, lora_unit, plan_buckets, plan_transfer
+from miles_core.weight_update import (
+    PauseEngines,
+    PublishVersion,
+    ResumeEngines,
+    SendBucket,
+    StampEngines,
+    UnloadAdapter,
+    UpdateKind,
+    UpdateStep,
+    WeightUpdate,
+)
+
+
+class Updater:
+    def __init__(self, ctx: RunContext, engines: EngineSupervisor, trainer: Trainer) -> None:
+        self.ctx = ctx
+        self.engines = engines
+        self.trainer = trainer
+        units = ctx.cluster.units
+        if ctx.config.lora_adapter is not None:  # the base model stays; the adapter travels whole
+            units = (lora_unit(ctx.config.lora_adapter, ctx.cluster.lora_params),)
+        self.buckets: tuple[Bucket, ...] = plan_buckets(units, ctx.config.update_weight_buffer_size)
+        self._updates = itertools.count()
+
+    # -- calls to engines ---------------------------------------------------------------
+
+    async def _call(
+        self, engine: str, incarnation: int, method: str, *args: Any
+    ) -> EngineFailure | None:
+        if not self.ctx.engines.current(engine, incarnation):
+            return EngineFailure(engine, "its process was replaced during the update")
+        try:
+            await getattr(self.ctx.cluster.engine(engine, incarnation), method)(*args)
+        except EngineFailure as failure:
+            return failure
+        return None
+
+    async def _each(
+        self,
+        targets: dict[str, int],
+        method: str,
+        *args: Any,
+        answered: Callable[[str], None] = lambda engine: None,
+    ) -> list[EngineFailure]:
+        """Call every engine at once; ``answered(engine)`` as each succeeds; the failures,
+        in engine order, once all ended."""
+
+        async def one(engine: str) -> EngineFailure | None:
+            failure = await self._call(engine, targets[engine], method, *args)
+            if failure is None:
+                answered(engine)
+            return failure
+
+        rt = self.ctx.rt
+        tasks = [rt.spawn(one(e), f"{method}-{e}") for e in targets]
+        return [f for f in await rt.wait_all(tasks) if f is not None]
+
+    # -- one step of the sequence --------------------------------------------------------
+
+    async def _run_step(
+        self, update_id: int, cell: int, step: UpdateStep, targets: dict[str, int]
+    ) -> None:
+        ctx = self.ctx
+        mine = {e: targets[e] for e in getattr(step, "engines", ())}
+        if isinstance(step, PauseEngines):
+            paused: list[str] = []
+            failures = await self._each(mine, "pause", answered=paused.append)
+            paused.sort()
+            ctx.emit(
+                EnginesPaused,
+                update_id=update_id,
+                engines=tuple(paused),
+                incarnations=tuple(mine[e] for e in paused),
+            )
+            if failures:
+                raise failures[0]
+        elif isinstance(step, UnloadAdapter):
+            unloaded: list[str] = []
+            failures = await self._each(
+                mine, "unload_adapter", step.adapter, answered=unloaded.append
+            )
+            ctx.emit(
+                AdapterUnloaded,
+                update_id=update_id,
+                adapter=step.adapter,
+                engines=tuple(sorted(unloaded)),
+            )
+            if failures:
+                raise failures[0]
+        elif isinstance(step, SendBucket):
+            await self._send_bucket(update_id, cell, step, mine)
+        elif isinstance(step, StampEngines):
+            await ctx.cluster.cell(cell).ping()  # the updater's rank 0 stamps: it must be alive
+
+            def stamped(engine: str) -> None:
+                ctx.emit(
+                    EngineStamped,
+                    update_id=update_id,
+                    engine=engine,
+                    incarnation=mine[engine],
+                    version=step.version,
+                )
+
+            failures = await self._each(mine, "stamp", step.version, answered=stamped)
+            if failures:
+                raise failures[0]
+        elif isinstance(step, PublishVersion):
+            ctx.ledger.publish(step.version, f"cell-{cell}")
+            ctx.versions.append(step.version)
+            ctx.emit(VersionPublished, update_id=update_id, version=step.version, updater=cell)
+        elif isinstance(step, ResumeEngines):
+            resumed: list[str] = []
+            failures = await self._each(mine, "resume", answered=resumed.append)
+            resumed.sort()
+            ctx.emit(
+                EnginesResumed,
+                update_id=update_id,
+                engines=tuple(resumed),
+                incarnations=tuple(mine[e] for e in resumed),
+            )
+            self.engines.synced(
+                {e: mine[e] for e in resumed}, f"stamped and resumed by update {update_id}"
+            )
+            for failure in failures:  # done is done: nothing is published twice
+                self.engines.failed(failure.engine, mine[failure.engine], failure.reason)
+
+    async def _send_bucket(
+        self, update_id: int, cell: int, step: SendBucket, targets: dict[str, int]
+    ) -> None:
+        ctx = self.ctx
+        bucket = self.buckets[step.bucket]
+        plan = plan_transfer(ctx.config.transfer_mode, (bucket,), tuple(targets))
+        for transfer in plan.transfers:  # broadcast: one call; p2p: one per engine
+            for engine in transfer.targets:
+                if not ctx.engines.current(engine, targets[engine]):
+                    raise EngineFailure(engine, "its process was replaced during the update")
+            to = {e: targets[e] for e in transfer.targets}
+            delivery = await ctx.cluster.transport.send_bucket(update_id, cell, bucket, to)
+            ctx.emit(
+                BucketReceived,
+                update_id=update_id,
+                bucket=step.bucket,
+                n_buckets=step.n_buckets,
+                engines=delivery.engines,
+                incarnations=tuple(targets[e] for e in delivery.engines),
+                nbytes=bucket.nbytes,
+                seconds=delivery.seconds,
+            )
+
+    # -- whole updates -------------------------------------------------------------------
+
+    async def route(self, publish: bool, only: tuple[str, ...] | None = None) -> None:
+        """One update on the first alive cell, failing over; ``publish=False`` re-sends the
+        published version to ``only`` (a sync of restarted engines)."""
+        ctx = self.ctx
+        call = ctx.cells.routed("update_weights" if publish else "sync_engines")
+        while True:
+            cell = call.target()
+            engines = tuple(e for e in ctx.engines.live() if only is None or e in only)
+            if not engines:
+                return  # a sync whose engine died again
+            targets = ctx.engines.incarnations(engines)
+            if publish:
+                version = ctx.ledger.reserve(f"cell-{cell}")
+            else:
+                version = ctx.ledger.current
+                assert version is not None
+            update_id = next(self._updates)
+            adapter = ctx.config.lora_adapter
+            kind = UpdateKind.FULL if adapter is None else UpdateKind.LORA
+            update = WeightUpdate(version, engines, len(self.buckets), kind, adapter, publish)
+            ctx.emit(
+                UpdateBegan,
+                update_id=update_id,
+                version=version,
+                updater=cell,
+                kind=update.kind,
+                n_buckets=len(self.buckets),
+                engines=engines,
+                publishes=publish,
+            )
+            try:
+                while (step := update.next_step()) is not None:
+                    await self._run_step(update_id, cell, step, targets)
+                    update.complete(step)
+                return
+            except ComponentFailure as failure:
+                if publish:
+                    ctx.ledger.abandon(version)
+                engine_failed = isinstance(failure, EngineFailure)
+                ctx.emit(
+                    UpdateAborted,
+                    update_id=update_id,
+                    version=version,
+                    cause=AbortCause.ENGINE if engine_failed else AbortCause.CELL,
+                    component=failure.component,
+                    reason=failure.reason,
+                )
+                if isinstance(failure, EngineFailure):
+                    if failure.engine in targets:
+                        self.engines.failed(failure.engine, targets[failure.engine], failure.reason)
+                else:
+                    call.failed(failure.reason)
+                    self.trainer.cell_failed(cell, failure.reason)
+
+    async def train_and_update(
+        self,
+        step: int,
+        batch: list[Group],
+        trained: Callable[[], None],
+        next_batch: Task[Any] | None = None,
+    ) -> None:
+        """Train a step, then update the weights, holding the weights lock throughout."""
+        ctx = self.ctx
+        await ctx.update_lock.acquire()
+        try:
+            await self.trainer.train(step, batch)
+            trained()
+            while next_batch is not None and not next_batch.done() and self.engines.serving():
+                await ctx.rt.wait_any([next_batch, ctx.engines_changed.wait()])
+            ctx.monitor_paused += 1
+            try:
+                while not ctx.engines.live():  # every engine is down: wait for one to come back
+                    await ctx.engines_changed.wait()
+                await self.route(publish=True)
+            finally:
+                ctx.monitor_paused -= 1
+        finally:
+            ctx.update_lock.release()
+
+    async def sync(self, engine: str) -> None:
+        """Bring a new (or outdated) engine process to the published weights before it serves."""
+        ctx = self.ctx
+        await ctx.update_lock.acquire()
+        try:
+            if ctx.stopping or not self.engines.unsynced(engine):
+                return  # an update synced it meanwhile, or it is down again
+            if ctx.ledger.current is None:  # no version was ever published
+                self.engines.synced(
+                    {engine: ctx.engines.incarnation(engine)},
+                    "no version was published: its initial weights are the current ones",
+                )
+            else:
+                await self.route(publish=False, only=(engine,))
+        except (NoAliveCellError, RetriesExhaustedError):
+            pass  # no cell can send now: the next full update includes the engine
+        finally:
+            ctx.update_lock.release()

@@ -1,0 +1,91 @@
+"""The oracles: functions over one event history, from any world, that judge a run.
+
+Each reads only the history, recomputes what it checks from what the world
+reported (staleness from the samples' versions, an attempt's verdict from the
+cells' own reports, a bucket's arrival from the transport), and returns the
+first violation with the events that prove it, or None.
+
+    end_state             the run ended as its scenario expects (completed, or failed with
+                          a named error); a crash or a stall never passes
+    monotonic_versions    versions never go backwards: published, per engine, at the consumer
+    bounded_staleness     every trained group has 0 <= staleness <= bound
+    exactly_once          each prompt is trained at most once; at the end each drawn prompt
+                          is trained, dropped or outstanding
+    recycled_regenerated  a recycled prompt is generated again, before any new prompt
+    published_weights     every sample came from published, whole, current weights
+    update_order          buckets -> stamp -> publish -> resume, per engine process; every
+                          engine of a transfer plan received every bucket
+    step_attempts         a step commits once, on its quorum, from an attempt no cell discarded
+    progress              after the last fault steps commit and engines catch up
+    fault_witness         every fault that fired took effect (one witness per fault kind)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from miles_core.events import History
+from miles_core.oracles.base import Indexed, Violation
+from miles_core.oracles.delivery import exactly_once, recycled_regenerated
+from miles_core.oracles.end_state import end_state
+from miles_core.oracles.progress import progress
+from miles_core.oracles.staleness import bounded_staleness
+from miles_core.oracles.training import step_attempts
+from miles_core.oracles.updates import update_order
+from miles_core.oracles.versions import monotonic_versions
+from miles_core.oracles.weights import published_weights
+from miles_core.oracles.witnesses import fault_witness, unfired_reason
+
+SAFETY: dict[str, Callable[[History], Violation | None]] = {
+    "monotonic_versions": monotonic_versions,
+    "bounded_staleness": bounded_staleness,
+    "exactly_once": exactly_once,
+    "recycled_regenerated": recycled_regenerated,
+    "published_weights": published_weights,
+    "update_order": update_order,
+    "step_attempts": step_attempts,
+}
+"""The oracles that can judge a history before it ends (``--check-every``)."""
+
+ORACLES = ("end_state", *SAFETY, "progress", "fault_witness")
+
+
+def check_all(history: History, progress_window: float) -> dict[str, Violation | None]:
+    """Every oracle's verdict, by name (None means it passed)."""
+    verdicts: dict[str, Violation | None] = {"end_state": end_state(history)}
+    verdicts |= {name: oracle(history) for name, oracle in SAFETY.items()}
+    verdicts["progress"] = progress(history, progress_window)
+    verdicts["fault_witness"] = fault_witness(history)
+    return verdicts
+
+
+def verdict_lines(verdicts: dict[str, Violation | None]) -> list[str]:
+    """One line per oracle (pass / FAIL), each failure's evidence indented under it: what
+    every CLI prints, simulated or real."""
+    lines = []
+    for name, verdict in verdicts.items():
+        lines.append(f"  oracle {name:20s} {'pass' if verdict is None else 'FAIL'}")
+        if verdict is not None:
+            lines.append("    " + str(verdict).replace("\n", "\n    "))
+    return lines
+
+
+__all__ = [
+    "ORACLES",
+    "SAFETY",
+    "Indexed",
+    "Violation",
+    "bounded_staleness",
+    "check_all",
+    "end_state",
+    "exactly_once",
+    "fault_witness",
+    "monotonic_versions",
+    "progress",
+    "published_weights",
+    "recycled_regenerated",
+    "step_attempts",
+    "unfired_reason",
+    "update_order",
+    "verdict_lines",
+]

@@ -1,0 +1,75 @@
+"""bounded_staleness: every trained group has 0 <= staleness <= bound.
+
+staleness = the version the consumer drained the group at - the oldest
+version any of its samples was generated under (recomputed here from the
+samples, and compared with what the buffer reported). Before the first update
+there is no current version and the filter is off: nothing is judged.
+"""
+
+from __future__ import annotations
+
+from miles_core.events import GroupGot, GroupTrained, History, SampleGenerated
+from miles_core.oracles.base import Indexed, Violation, run_started, version_number
+
+NAME = "bounded_staleness"
+
+
+def bounded_staleness(history: History, bound: int | None = None) -> Violation | None:
+    """Each trained group: 0 <= current version at consumption - oldest sample version <= bound.
+
+    The bound defaults to RunStarted.max_weight_staleness; staleness is recomputed
+    from the group's SampleGenerated events and must match what the buffer reported.
+    """
+    if bound is None:
+        started = run_started(history)
+        bound = started[1].max_weight_staleness if started else None  # type: ignore[union-attr]
+    oldest: dict[int, Indexed] = {}
+    got: dict[int, Indexed] = {}
+    for seq, e in history.indexed():
+        if isinstance(e, SampleGenerated) and not e.aborted:
+            prev = oldest.get(e.group_id)
+            if prev is None or version_number(e.version) < version_number(prev[1].version):
+                oldest[e.group_id] = (seq, e)
+        elif isinstance(e, GroupGot):
+            got[e.group_id] = (seq, e)
+        elif isinstance(e, GroupTrained):
+            consumed = got.get(e.group_id)
+            if consumed is None:
+                return Violation(
+                    NAME,
+                    f"group {e.group_id} was trained but never got from the buffer",
+                    ((seq, e),),
+                )
+            current = consumed[1].current_version
+            if current is None:
+                continue  # before the first update the filter is off
+            sample = oldest.get(e.group_id)
+            if sample is None:
+                return Violation(
+                    NAME,
+                    f"group {e.group_id} was trained but has no generated sample",
+                    (consumed, (seq, e)),
+                )
+            age = current - version_number(sample[1].version)
+            evidence = (sample, consumed, (seq, e))
+            if consumed[1].staleness is not None and consumed[1].staleness != age:
+                return Violation(
+                    NAME,
+                    f"group {e.group_id}: the buffer reported staleness {consumed[1].staleness} "
+                    f"but its samples give {current} - {version_number(sample[1].version)} = {age}",
+                    evidence,
+                )
+            if age < 0:
+                return Violation(
+                    NAME,
+                    f"group {e.group_id} trained with negative staleness {age}: a sample of "
+                    f"version {sample[1].version} consumed at version {current}",
+                    evidence,
+                )
+            if bound is not None and age > bound:
+                return Violation(
+                    NAME,
+                    f"group {e.group_id} trained with staleness {age} > bound {bound}",
+                    evidence,
+                )
+    return None

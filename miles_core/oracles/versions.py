@@ -1,0 +1,72 @@
+"""monotonic_versions: weight versions never go backwards.
+
+At the rollout manager (published versions strictly increase, and a resumed
+run continues its checkpoint's sequence), per engine (stamps and the versions
+samples report never decrease) and at the consumer (the version it drains at
+never decreases). This is what catches the per-cell counter of the seed report
+on PR #2244: a survivor of a failover restarting from its own count.
+"""
+
+from __future__ import annotations
+
+from miles_core.events import (
+    EngineStamped,
+    GroupGot,
+    History,
+    LedgerRestored,
+    SampleGenerated,
+    VersionPublished,
+)
+from miles_core.oracles.base import Indexed, Violation, version_number
+
+NAME = "monotonic_versions"
+
+
+def monotonic_versions(history: History) -> Violation | None:
+    """Published versions strictly increase; per engine stamps and samples, and the
+    consumer's version, never decrease."""
+    last_published: Indexed | None = None
+    last_stamp: dict[str, Indexed] = {}
+    last_sample: dict[str, Indexed] = {}
+    last_got: Indexed | None = None
+    for seq, e in history.indexed():
+        if isinstance(e, VersionPublished):
+            if last_published is not None and e.version <= last_published[1].version:
+                return Violation(
+                    NAME,
+                    f"published version went from {last_published[1].version} to {e.version} "
+                    f"(updater cell {e.updater})",
+                    (last_published, (seq, e)),
+                )
+            last_published = (seq, e)
+        elif isinstance(e, LedgerRestored):  # a resumed run continues its checkpoint's sequence
+            last_published = (seq, e)
+        elif isinstance(e, EngineStamped):
+            prev = last_stamp.get(e.engine)
+            if prev is not None and e.version < prev[1].version:
+                return Violation(
+                    NAME,
+                    f"engine {e.engine} stamped {e.version} after {prev[1].version}",
+                    (prev, (seq, e)),
+                )
+            last_stamp[e.engine] = (seq, e)
+        elif isinstance(e, SampleGenerated) and not e.aborted:
+            prev = last_sample.get(e.engine)
+            if prev is not None and version_number(e.version) < version_number(prev[1].version):
+                return Violation(
+                    NAME,
+                    f"engine {e.engine} generated under version {e.version} after "
+                    f"{prev[1].version}",
+                    (prev, (seq, e)),
+                )
+            last_sample[e.engine] = (seq, e)
+        elif isinstance(e, GroupGot) and e.current_version is not None:
+            if last_got is not None and e.current_version < last_got[1].current_version:
+                return Violation(
+                    NAME,
+                    f"the consumer's version went from {last_got[1].current_version} to "
+                    f"{e.current_version}",
+                    (last_got, (seq, e)),
+                )
+            last_got = (seq, e)
+    return None

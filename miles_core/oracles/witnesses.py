@@ -1,0 +1,322 @@
+"""fault_witness: every fault that fired took effect, as the world (not the injector) reports.
+
+One witness per kind, each read from what the world and the control plane
+recorded after the fault fired:
+
+    kill_cell, stop_cell  the cell was marked failed, and then left out of a quorum,
+                          healed back, or the run stopped with its clear error
+    start_cell            the world reported the cell's new processes, which were healed
+                          into a quorum
+    kill_engine           the engine went down (out of rotation)
+    restart_engine        the world reported a new process, which came to serve
+    slow_cell             the cell's steps begun in the window took longer than its
+                          other steps, by at least half the slowdown
+    slow_link             buckets sent in the window took longer per byte than the
+                          others, by at least half the slowdown
+    delay_router          requests sent in the window spent at least half the delay
+                          outside the engine (the router's own time)
+    fail_router           a request sent in the window failed at the router
+    drop_heartbeat        a heartbeat sent to the cell in the window was missed
+
+A fault that fired and changed nothing fails its witness, and so does one that
+had nothing to act on (no step began in a slow window). In a run that
+completed, every scheduled fault must have fired; ``unfired_reason`` says why
+one did not (the run ended first, or its point was never reached).
+"""
+
+from __future__ import annotations
+
+import statistics
+from bisect import bisect_left
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from miles_core.cells import CellState
+from miles_core.engines import EngineState
+from miles_core.events import (
+    AttemptBegan,
+    BucketReceived,
+    CellStarted,
+    CellStateChanged,
+    CellTrained,
+    EngineStarted,
+    EngineStateChanged,
+    Event,
+    FaultInjected,
+    FaultScheduled,
+    HealEnded,
+    HeartbeatMissed,
+    History,
+    QuorumChanged,
+    RunEnded,
+    RunStarted,
+    SampleGenerated,
+    StepCommitted,
+)
+from miles_core.kinds import FaultKind, RunStatus, SampleOutcome
+from miles_core.oracles.base import Indexed, Violation
+
+NAME = "fault_witness"
+
+
+@dataclass
+class _Index:
+    """The events the witnesses read, picked out of the history in one pass."""
+
+    events: list[Indexed] = field(default_factory=list)
+    fired: list[Indexed] = field(default_factory=list)
+    scheduled: list[Indexed] = field(default_factory=list)
+    attempts: dict[tuple[int, int], float] = field(default_factory=dict)
+    trained: list[CellTrained] = field(default_factory=list)
+    buckets: list[BucketReceived] = field(default_factory=list)
+    samples: list[SampleGenerated] = field(default_factory=list)
+    misses: list[HeartbeatMissed] = field(default_factory=list)
+    started: RunStarted | None = None
+    ended: Indexed | None = None
+    steps: int = 0
+
+    @classmethod
+    def of(cls, history: History) -> _Index:
+        index = cls()
+        for seq, e in history.indexed():
+            if isinstance(e, SampleGenerated):
+                index.samples.append(e)
+                continue
+            index.events.append((seq, e))
+            if isinstance(e, FaultInjected):
+                index.fired.append((seq, e))
+            elif isinstance(e, FaultScheduled):
+                index.scheduled.append((seq, e))
+            elif isinstance(e, AttemptBegan):
+                index.attempts[(e.step, e.attempt)] = e.t
+            elif isinstance(e, CellTrained):
+                index.trained.append(e)
+            elif isinstance(e, BucketReceived):
+                index.buckets.append(e)
+            elif isinstance(e, HeartbeatMissed):
+                index.misses.append(e)
+            elif isinstance(e, StepCommitted):
+                index.steps += 1
+            elif isinstance(e, RunStarted):
+                index.started = index.started or e
+            elif isinstance(e, RunEnded):
+                index.ended = index.ended or (seq, e)
+        return index
+
+    def after(self, seq: int) -> list[Indexed]:
+        """The events (samples aside) recorded after position ``seq``."""
+        return self.events[bisect_left(self.events, seq + 1, key=lambda x: x[0]) :]
+
+    def windows(self, kind: FaultKind, cell: int | None = None) -> list[tuple[float, float]]:
+        return [
+            (e.t, e.t + (e.duration or 0.0))
+            for _, e in self.fired
+            if e.fault is kind and (cell is None or e.cell == cell)  # type: ignore[union-attr]
+        ]
+
+
+def fault_witness(history: History) -> Violation | None:
+    index = _Index.of(history)
+    if index.ended is not None and index.ended[1].status is RunStatus.COMPLETED:  # type: ignore[union-attr]
+        fired = {e.index for _, e in index.fired}  # type: ignore[union-attr]
+        for seq, e in index.scheduled:
+            if e.index not in fired:  # type: ignore[union-attr]
+                return Violation(
+                    NAME,
+                    f"scheduled fault {e.fault.value} ({e.detail}) never fired: "  # type: ignore[union-attr]
+                    f"{unfired_reason(e, history)}",  # type: ignore[arg-type]
+                    ((seq, e), index.ended),
+                )
+    for seq, e in index.fired:
+        assert isinstance(e, FaultInjected)
+        missing = WITNESSES[e.fault](e, seq, index)
+        if missing is not None:
+            return Violation(
+                NAME, f"fault {e.fault.value} ({e.detail}) had no effect: {missing}", ((seq, e),)
+            )
+    return None
+
+
+def unfired_reason(fault: FaultScheduled, history: History) -> str:
+    """Why a scheduled fault never fired: the run ended first, or it never reached the point."""
+    end = next((e for e in history if isinstance(e, RunEnded)), None)
+    started = next((e for e in history if isinstance(e, RunStarted)), None)
+    steps = sum(isinstance(e, StepCommitted) for e in history)
+    planned = started.steps if started is not None and started.steps else steps
+    end_t = history[-1].t if len(history) else 0.0
+    if end is None:
+        return "the run was cut off before it"
+    if end.status is not RunStatus.COMPLETED:
+        return f"the run ended early ({end.status.value} after {steps} of {planned} steps)"
+    if fault.at is not None:
+        return f"the run ended at t={end_t:g}, before its time t={fault.at:g}; move it earlier"
+    target = f"cell {fault.cell}" if fault.cell is not None else fault.engine or "the world"
+    return (
+        f"the run completed its {planned} steps without reaching that point for {target} "
+        "(the point is unreachable in this run; move the fault or make the run longer)"
+    )
+
+
+# -- one witness per kind ----------------------------------------------------------------
+
+
+def _first(events: list[Indexed], predicate: Callable[[Event], bool]) -> Indexed | None:
+    return next(((s, x) for s, x in events if predicate(x)), None)
+
+
+def _cell_killed(fault: FaultInjected, seq: int, index: _Index) -> str | None:
+    cell, after = fault.cell, index.after(seq)
+    failed = _first(
+        after,
+        lambda x: isinstance(x, CellStateChanged) and x.cell == cell and x.new is CellState.ERRORED,
+    )
+    if failed is None:
+        return f"cell {cell} was never marked failed"
+    later = [p for p in after if p[0] > failed[0]]
+    if _first(later, lambda x: isinstance(x, QuorumChanged) and cell not in x.members):
+        return None
+    if _first(later, lambda x: isinstance(x, HealEnded) and x.dst_cell == cell and x.ok):
+        return None
+    if _first(later, lambda x: isinstance(x, RunEnded) and x.status is RunStatus.FAILED):
+        return None
+    return f"cell {cell} failed but no later quorum excluded it and it was not healed"
+
+
+def _cell_started(fault: FaultInjected, seq: int, index: _Index) -> str | None:
+    cell, after = fault.cell, index.after(seq)
+    up = _first(after, lambda x: isinstance(x, CellStarted) and x.cell == cell)
+    if up is None:
+        return f"the world never reported new processes for cell {cell}"
+    later = [p for p in after if p[0] > up[0]]
+    healed = _first(later, lambda x: isinstance(x, HealEnded) and x.dst_cell == cell and x.ok)
+    grown = _first(later, lambda x: isinstance(x, QuorumChanged) and cell in x.members)
+    return (
+        None if healed and grown else f"cell {cell}'s new processes were not healed into a quorum"
+    )
+
+
+def _engine_killed(fault: FaultInjected, seq: int, index: _Index) -> str | None:
+    engine = fault.engine
+    down = _first(
+        index.after(seq),
+        lambda x: (
+            isinstance(x, EngineStateChanged) and x.engine == engine and x.new is EngineState.DOWN
+        ),
+    )
+    return None if down else f"engine {engine} never went out of rotation"
+
+
+def _engine_restarted(fault: FaultInjected, seq: int, index: _Index) -> str | None:
+    engine, after = fault.engine, index.after(seq)
+    up = _first(after, lambda x: isinstance(x, EngineStarted) and x.engine == engine)
+    if up is None:
+        return f"the world never reported a new process for engine {engine}"
+    incarnation = up[1].incarnation  # type: ignore[union-attr]
+    serving = _first(  # this process, or one that replaced it in turn
+        [p for p in after if p[0] > up[0]],
+        lambda x: (
+            isinstance(x, EngineStateChanged)
+            and x.engine == engine
+            and x.incarnation >= incarnation
+            and x.new is EngineState.SERVING
+        ),
+    )
+    if serving is None:
+        return f"engine {engine}'s new process {incarnation} (or a later one) never came to serve"
+    return None
+
+
+def _inside(t: float, windows: list[tuple[float, float]]) -> bool:
+    return any(start <= t < end for start, end in windows)
+
+
+def _slower(inside: list[float], outside: list[float], factor: float, what: str) -> str | None:
+    if not inside:
+        return f"no {what} began during the window, so there was nothing to slow"
+    if not outside:
+        return f"no {what} outside the window to compare with"
+    ratio = statistics.median(inside) / statistics.median(outside)
+    wanted = 1 + (factor - 1) / 2
+    if ratio < wanted:
+        return (
+            f"{what}s in the window took {ratio:.2f}x the others, not the >= {wanted:.2f}x "
+            f"that a {factor:g}x slowdown shows"
+        )
+    return None
+
+
+def _cell_slowed(fault: FaultInjected, seq: int, index: _Index) -> str | None:
+    del seq
+    start, end = fault.t, fault.t + (fault.duration or 0.0)
+    windows = index.windows(FaultKind.SLOW_CELL, fault.cell)
+    began = index.attempts
+    mine = [r for r in index.trained if r.cell == fault.cell and (r.step, r.attempt) in began]
+    inside = [r.seconds for r in mine if start <= began[(r.step, r.attempt)] < end]
+    outside = [r.seconds for r in mine if not _inside(began[(r.step, r.attempt)], windows)]
+    if not outside:  # the cell was slow all along: compare with its peers in the same attempts
+        keys = {(r.step, r.attempt) for r in mine if start <= began[(r.step, r.attempt)] < end}
+        outside = [
+            r.seconds for r in index.trained if r.cell != fault.cell and (r.step, r.attempt) in keys
+        ]
+    return _slower(inside, outside, fault.factor or 1.0, f"step of cell {fault.cell}")
+
+
+def _link_slowed(fault: FaultInjected, seq: int, index: _Index) -> str | None:
+    del seq
+    start, end = fault.t, fault.t + (fault.duration or 0.0)
+    windows = index.windows(FaultKind.SLOW_LINK)
+    per_byte = [(b.t - b.seconds, b.seconds / max(1, b.nbytes)) for b in index.buckets]
+    inside = [s for t, s in per_byte if start <= t < end]
+    outside = [s for t, s in per_byte if not _inside(t, windows)]
+    return _slower(inside, outside, fault.factor or 1.0, "bucket send")
+
+
+def _router_delayed(fault: FaultInjected, seq: int, index: _Index) -> str | None:
+    del seq
+    start, end = fault.t, fault.t + (fault.duration or 0.0)
+    delay = fault.seconds or 0.0
+    overheads = [  # time outside the engine, where it is known (a router failure: all of it)
+        (s.sent, (s.t - s.sent) - (s.engine_seconds or 0.0))
+        for s in index.samples
+        if start <= s.sent < end
+        and (s.engine_seconds is not None or s.outcome is SampleOutcome.ROUTER_FAILED)
+    ]
+    if not any(overhead >= delay / 2 for _, overhead in overheads):
+        return f"no request sent during the window spent ~{delay:g}s in the router"
+    # a request sent at the very instant the window opened may have left just before it did;
+    # any sent later must have been delayed
+    quick = [overhead for sent, overhead in overheads if sent > start and overhead < delay / 2]
+    if quick:
+        return f"a request sent during the window spent only {quick[0]:.3g}s in the router"
+    return None
+
+
+def _router_failed(fault: FaultInjected, seq: int, index: _Index) -> str | None:
+    del seq
+    start, end = fault.t, fault.t + (fault.duration or 0.0)
+    failed = any(
+        start <= s.sent <= end and s.outcome is SampleOutcome.ROUTER_FAILED for s in index.samples
+    )
+    return None if failed else "no request sent during the window failed at the router"
+
+
+def _heartbeat_dropped(fault: FaultInjected, seq: int, index: _Index) -> str | None:
+    del seq
+    start, end = fault.t, fault.t + (fault.duration or 0.0)
+    if any(m.cell == fault.cell and start <= m.sent < end for m in index.misses):
+        return None
+    return f"no heartbeat sent to cell {fault.cell} during the window was missed"
+
+
+WITNESSES: dict[FaultKind, Callable[[FaultInjected, int, _Index], str | None]] = {
+    FaultKind.KILL_CELL: _cell_killed,
+    FaultKind.STOP_CELL: _cell_killed,
+    FaultKind.START_CELL: _cell_started,
+    FaultKind.KILL_ENGINE: _engine_killed,
+    FaultKind.RESTART_ENGINE: _engine_restarted,
+    FaultKind.SLOW_CELL: _cell_slowed,
+    FaultKind.SLOW_LINK: _link_slowed,
+    FaultKind.DELAY_ROUTER: _router_delayed,
+    FaultKind.FAIL_ROUTER: _router_failed,
+    FaultKind.DROP_HEARTBEAT: _heartbeat_dropped,
+}

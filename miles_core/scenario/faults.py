@@ -1,0 +1,374 @@
+"""Faults as data: one type per kind, a trigger that says when, checked against the world.
+
+A fault is what it does (its kind and target) and when it strikes (its trigger):
+
+    trigger              keys                 strikes
+    at                   at                   at that many seconds into the run
+    before_allreduce     step                 a cell has done step ``step``'s forward/backward
+    after_bucket         bucket, after_step?  bucket ``bucket`` of an update reached its engines
+    during_heal          after_step?          a checkpoint is on its way to a healing cell
+    mid_generation       after_step?          an engine is halfway through a request
+    step_begin           step                 training step ``step`` begins
+
+Steps count from 0. ``after_step`` arms a point only once that step committed
+(the first matching moment after it fires the fault); without it the first
+matching moment does. Each point takes exactly the keys above: a key a point
+would ignore is an error, not a silent no-op. A cell fault at a point fires
+only at that cell's moment (the updater's bucket, a healing cell).
+
+Which kinds take which triggers: kills and restarts (kill_cell, stop_cell,
+kill_engine, restart_engine) any; start_cell and the timed impairments
+(slow_cell, slow_link, delay_router, fail_router, drop_heartbeat) ``at`` or
+``step_begin``, since they start a window of time rather than strike inside a call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+from miles_core.errors import ConfigError, int_at_least
+from miles_core.kinds import FaultKind, FaultPoint
+from miles_core.scenario.fields import check_value, require_table
+
+MIN_SLOWDOWN = 1.5
+"""A slowdown a witness can tell from the noise: the simulator's 10 % step jitter, a
+loaded machine's timing."""
+
+
+# -- triggers -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AtTime:
+    at: float
+    point: ClassVar[FaultPoint | None] = None
+
+
+@dataclass(frozen=True)
+class BeforeAllreduce:
+    step: int
+    point: ClassVar[FaultPoint | None] = FaultPoint.BEFORE_ALLREDUCE
+
+
+@dataclass(frozen=True)
+class AfterBucket:
+    bucket: int
+    after_step: int | None = None
+    point: ClassVar[FaultPoint | None] = FaultPoint.AFTER_BUCKET
+
+
+@dataclass(frozen=True)
+class DuringHeal:
+    after_step: int | None = None
+    point: ClassVar[FaultPoint | None] = FaultPoint.DURING_HEAL
+
+
+@dataclass(frozen=True)
+class MidGeneration:
+    after_step: int | None = None
+    point: ClassVar[FaultPoint | None] = FaultPoint.MID_GENERATION
+
+
+@dataclass(frozen=True)
+class StepBegin:
+    step: int
+    point: ClassVar[FaultPoint | None] = FaultPoint.STEP_BEGIN
+
+
+Trigger = AtTime | BeforeAllreduce | AfterBucket | DuringHeal | MidGeneration | StepBegin
+TRIGGERS: Mapping[FaultPoint | None, type[Trigger]] = {
+    t.point: t for t in (AtTime, BeforeAllreduce, AfterBucket, DuringHeal, MidGeneration, StepBegin)
+}
+"""Trigger type by point (None: a time)."""
+
+
+def trigger_keys(trigger: type[Trigger]) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(trigger))
+
+
+def describe(trigger: Trigger) -> str:
+    """Where a fault strikes, in words (recorded with the fault, printed by the CLIs)."""
+    if isinstance(trigger, AtTime):
+        return f"at t={trigger.at:g}"
+    parts = [trigger.point.value if trigger.point else ""]
+    parts += [
+        f"{k}={v}" for k in trigger_keys(type(trigger)) if (v := getattr(trigger, k)) is not None
+    ]
+    return " ".join(parts)
+
+
+# -- faults -----------------------------------------------------------------------
+
+ANY_POINT = frozenset(TRIGGERS)
+WINDOW_POINTS = frozenset({None, FaultPoint.STEP_BEGIN})
+
+
+@dataclass(frozen=True, kw_only=True)
+class FaultSpec:
+    """Base of every fault type: ``when`` it strikes; subclasses add the target and parameters."""
+
+    when: Trigger
+    kind: ClassVar[FaultKind]
+    points: ClassVar[frozenset[FaultPoint | None]] = ANY_POINT
+
+    @property
+    def point(self) -> FaultPoint | None:
+        return self.when.point
+
+    @property
+    def detail(self) -> str:
+        return describe(self.when)
+
+    def to_mapping(self) -> dict[str, Any]:
+        """The keys a scenario file writes for this fault (dump and load round-trip)."""
+        out: dict[str, Any] = {"kind": self.kind.value}
+        out |= {f.name: getattr(self, f.name) for f in fields(self) if f.name != "when"}
+        if self.point is not None:
+            out["point"] = self.point.value
+        for key in trigger_keys(type(self.when)):
+            if (value := getattr(self.when, key)) is not None:
+                out[key] = value
+        return out
+
+
+def target_cell(fault: FaultSpec) -> int | None:
+    return getattr(fault, "cell", None)
+
+
+def target_engine(fault: FaultSpec) -> str | None:
+    return getattr(fault, "engine", None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class KillCell(FaultSpec):
+    """Every process of the cell dies (at once in time, or inside the call at a point)."""
+
+    cell: int
+    kind: ClassVar[FaultKind] = FaultKind.KILL_CELL
+
+
+@dataclass(frozen=True, kw_only=True)
+class StopCell(FaultSpec):
+    """The cell's processes are stopped by an operator (the control plane sees a death)."""
+
+    cell: int
+    kind: ClassVar[FaultKind] = FaultKind.STOP_CELL
+
+
+@dataclass(frozen=True, kw_only=True)
+class StartCell(FaultSpec):
+    """New processes for a dead cell, started once the control plane has stopped it."""
+
+    cell: int
+    kind: ClassVar[FaultKind] = FaultKind.START_CELL
+    points: ClassVar[frozenset[FaultPoint | None]] = WINDOW_POINTS
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlowCell(FaultSpec):
+    """The cell computes ``factor`` times slower for ``duration`` seconds."""
+
+    cell: int
+    duration: float
+    factor: float
+    kind: ClassVar[FaultKind] = FaultKind.SLOW_CELL
+    points: ClassVar[frozenset[FaultPoint | None]] = WINDOW_POINTS
+
+
+@dataclass(frozen=True, kw_only=True)
+class DropHeartbeat(FaultSpec):
+    """The cell stays healthy but stops answering heartbeats (a false suspicion)."""
+
+    cell: int
+    duration: float
+    kind: ClassVar[FaultKind] = FaultKind.DROP_HEARTBEAT
+    points: ClassVar[frozenset[FaultPoint | None]] = WINDOW_POINTS
+
+
+@dataclass(frozen=True, kw_only=True)
+class KillEngine(FaultSpec):
+    engine: str
+    kind: ClassVar[FaultKind] = FaultKind.KILL_ENGINE
+
+
+@dataclass(frozen=True, kw_only=True)
+class RestartEngine(FaultSpec):
+    """The engine's process is replaced by a new one (initial weights, no version)."""
+
+    engine: str
+    kind: ClassVar[FaultKind] = FaultKind.RESTART_ENGINE
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlowLink(FaultSpec):
+    """The weight-transfer link moves bytes ``factor`` times slower."""
+
+    duration: float
+    factor: float
+    kind: ClassVar[FaultKind] = FaultKind.SLOW_LINK
+    points: ClassVar[frozenset[FaultPoint | None]] = WINDOW_POINTS
+
+
+@dataclass(frozen=True, kw_only=True)
+class DelayRouter(FaultSpec):
+    """Every request through the router waits ``seconds`` more."""
+
+    duration: float
+    seconds: float
+    kind: ClassVar[FaultKind] = FaultKind.DELAY_ROUTER
+    points: ClassVar[frozenset[FaultPoint | None]] = WINDOW_POINTS
+
+
+@dataclass(frozen=True, kw_only=True)
+class FailRouter(FaultSpec):
+    """Every request through the router fails (the engines behind it are fine)."""
+
+    duration: float
+    kind: ClassVar[FaultKind] = FaultKind.FAIL_ROUTER
+    points: ClassVar[frozenset[FaultPoint | None]] = WINDOW_POINTS
+
+
+AnyFault = (
+    KillCell
+    | StopCell
+    | StartCell
+    | SlowCell
+    | DropHeartbeat
+    | KillEngine
+    | RestartEngine
+    | SlowLink
+    | DelayRouter
+    | FailRouter
+)
+FAULT_TYPES: Mapping[FaultKind, type[FaultSpec]] = {
+    t.kind: t
+    for t in (
+        KillCell,
+        StopCell,
+        StartCell,
+        SlowCell,
+        DropHeartbeat,
+        KillEngine,
+        RestartEngine,
+        SlowLink,
+        DelayRouter,
+        FailRouter,
+    )
+}
+_HINTS = {"int": int, "float": float, "str": str}
+"""Field annotations are strings under ``from __future__ import annotations``."""
+
+
+def _params(cls: type[FaultSpec]) -> dict[str, Any]:
+    """A fault type's target and parameters: key -> type."""
+    return {f.name: _HINTS[f.type] for f in fields(cls) if f.name != "when"}  # type: ignore[index]
+
+
+def make_fault(kind: FaultKind | str, **keys: Any) -> AnyFault:
+    """A fault from the keys a scenario file uses: ``make_fault("kill_cell", cell=1, at=3.0)``."""
+    return fault_from_mapping({"kind": kind, **keys})
+
+
+def fault_from_mapping(data: Mapping[str, Any], where: str = "fault") -> AnyFault:
+    """One ``[[faults]]`` table as a typed fault; ConfigError names the key and the fix."""
+    data = require_table(data, where, "write each fault as a [[faults]] table")
+    kind = check_value(FaultKind, data.get("kind"), f"{where}.kind")
+    cls = FAULT_TYPES[kind]
+    where = f"{where} ({kind.value})"
+    point = check_value(FaultPoint | None, data.get("point"), f"{where}.point")
+    if point is None and "at" not in data:
+        choices = sorted(p.value for p in cls.points if p is not None)
+        raise ConfigError(
+            where,
+            "says neither 'at' nor 'point'",
+            f"set at = seconds, or point to one of {choices}",
+        )
+    if point is not None and "at" in data:
+        raise ConfigError(where, "sets both 'at' and 'point'", "keep one of them")
+    if point not in cls.points:
+        choices = ["at", *sorted(p.value for p in cls.points if p is not None)]
+        raise ConfigError(
+            f"{where}.point",
+            f"{kind.value} cannot strike at {point.value}",
+            f"use one of {choices}",
+        )
+    trigger_cls = TRIGGERS[point]
+    params = _params(cls)
+    allowed = {"kind", "point", *trigger_keys(trigger_cls), *params}
+    stray = sorted(set(data) - allowed)
+    if stray:
+        what = f"point {point.value}" if point else "a fault at a time"
+        raise ConfigError(
+            f"{where}.{stray[0]}",
+            f"is not used by {what} (keys {stray} would be ignored)",
+            f"remove them; {what} takes {sorted(allowed - {'kind', 'point'})}",
+        )
+    trigger = _trigger(trigger_cls, data, where)
+    values = {}
+    for key, hint in params.items():
+        if key not in data:
+            raise ConfigError(f"{where}.{key}", "is missing", _missing_fix(key))
+        values[key] = check_value(hint, data[key], f"{where}.{key}")
+    fault = cls(when=trigger, **values)
+    _check_parameters(fault, where)
+    return fault  # type: ignore[return-value]
+
+
+def _missing_fix(key: str) -> str:
+    return {
+        "cell": "name the cell index (cells count from 0)",
+        "engine": "name the engine id, e.g. engine-0",
+        "duration": "pass how many seconds the fault lasts",
+        "factor": f"pass how many times slower, >= {MIN_SLOWDOWN}",
+        "seconds": "pass the seconds added to each request",
+    }.get(key, f"set {key}")
+
+
+def _trigger(cls: type[Trigger], data: Mapping[str, Any], where: str) -> Trigger:
+    values: dict[str, Any] = {}
+    for f in fields(cls):
+        key = f"{where}.{f.name}"
+        if f.name not in data:
+            if f.default is dataclasses.MISSING:
+                point = cls.point.value if cls.point else "a fault at a time"
+                raise ConfigError(key, f"is missing for {point}", f"set {f.name}")
+            continue
+        if f.name == "at":
+            value = check_value(float, data[f.name], key)
+            if value < 0:
+                raise ConfigError(key, f"got {value!r}", "pass seconds >= 0")
+        else:
+            value = check_value(int, data[f.name], key)
+            if value < 0:
+                raise ConfigError(
+                    key, f"got {value!r}", "pass an integer >= 0 (steps count from 0)"
+                )
+        values[f.name] = value
+    return cls(**values)
+
+
+def _check_parameters(fault: FaultSpec, where: str) -> None:
+    cell = target_cell(fault)
+    if cell is not None and not int_at_least(cell, 0):
+        raise ConfigError(f"{where}.cell", f"got {cell!r}", "pass a cell index >= 0 (from 0)")
+    for name in ("duration", "seconds"):
+        value = getattr(fault, name, None)
+        if value is not None and value <= 0:
+            raise ConfigError(f"{where}.{name}", f"got {value!r}", "pass seconds > 0")
+    factor = getattr(fault, "factor", None)
+    if factor is not None and factor < MIN_SLOWDOWN:
+        raise ConfigError(
+            f"{where}.factor",
+            f"got {factor!r}: a slowdown under {MIN_SLOWDOWN}x is lost in the timing noise, so "
+            "its witness could not tell whether it happened",
+            f"pass a factor >= {MIN_SLOWDOWN}",
+        )
+
+
+def faults_from_list(data: Any) -> tuple[AnyFault, ...]:
+    if not isinstance(data, list):
+        raise ConfigError("faults", f"is {data!r}, not a list", "write each fault as [[faults]]")
+    return tuple(fault_from_mapping(item, f"faults[{i}]") for i, item in enumerate(data))

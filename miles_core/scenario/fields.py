@@ -1,0 +1,102 @@
+"""A frozen dataclass from what a user wrote (a TOML table), checked key by key.
+
+Every mistake is a ConfigError naming the key the way the user wrote it
+(``[loop].steps``, ``faults[2].at``) and the fix: an unknown key, a table
+where a value belongs, a string where a number belongs, a bool where an
+integer belongs, an enum value that does not exist. Nothing is coerced: 8.0 is
+not accepted for an integer, "8" is not accepted for a number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from collections.abc import Callable, Mapping
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from miles_core.errors import ConfigError
+
+T = TypeVar("T")
+
+
+def require_table(value: object, where: str, how: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(where, f"is {value!r}, not a table", how)
+    return value
+
+
+def check_value(hint: Any, value: Any, where: str) -> Any:
+    """``value`` as the type ``hint`` names, or a ConfigError saying what was expected."""
+    options = typing.get_args(hint) if _is_union(hint) else (hint,)
+    if value is None and type(None) in options:
+        return None
+    problems = []
+    for option in options:
+        if option is type(None):
+            continue
+        try:
+            return _check_one(option, value, where)
+        except ConfigError as error:
+            problems.append(error.fix)
+    raise ConfigError(where, f"got {value!r}", " or ".join(problems))
+
+
+def _is_union(hint: Any) -> bool:
+    return typing.get_origin(hint) in (typing.Union, types.UnionType)
+
+
+def _check_one(hint: Any, value: Any, where: str) -> Any:
+    if isinstance(hint, type) and issubclass(hint, StrEnum):
+        if isinstance(value, hint):
+            return value
+        choices = [e.value for e in hint]
+        if isinstance(value, str) and value in choices:
+            return hint(value)
+        raise ConfigError(where, f"got {value!r}", f"use one of {choices}")
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(where, f"got {value!r}", "write true or false")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(where, f"got {value!r}", "write an integer")
+    if hint is float:
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+        raise ConfigError(where, f"got {value!r}", "write a finite number")
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(where, f"got {value!r}", "write a string in quotes")
+    return value  # a type the user never writes directly (checked by its own class)
+
+
+def build(
+    cls: Callable[..., T],
+    data: Mapping[str, Any],
+    where: str,
+    base: T | None = None,
+    rename: Callable[[str], str] = lambda name: name,
+) -> T:
+    """``cls(**data)`` (or ``replace(base, **data)``) with every key and value checked.
+
+    ``where`` prefixes each key in errors (``[loop]`` gives ``[loop].steps``);
+    ``rename`` maps the field name a constructor's own ConfigError used (e.g. a
+    miles flag such as ``--rollout-batch-size``) back to the key the user wrote.
+    """
+    hints = typing.get_type_hints(cls)
+    known = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ConfigError(where, f"unknown keys {unknown}", f"use only {sorted(known)}")
+    values = {k: check_value(hints[k], v, f"{where}.{k}") for k, v in data.items()}
+    try:
+        return dataclasses.replace(base, **values) if base is not None else cls(**values)  # type: ignore[type-var]
+    except ConfigError as error:
+        key = rename(error.field)
+        field = f"{where}.{key}" if key in known else f"{where} ({error.field})"
+        raise ConfigError(field, error.problem, error.fix) from None

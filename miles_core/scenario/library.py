@@ -1,0 +1,230 @@
+"""The named scenarios (``python -m sim list``), world-neutral: every world runs them.
+
+Each is about one behaviour of the control plane; its description says which.
+Steps count from 0; "the update following step k" publishes version k + 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from miles_core.buffer import UnusedHandler
+from miles_core.kinds import RunStatus
+from miles_core.scenario.faults import AnyFault
+from miles_core.scenario.faults import make_fault as F
+from miles_core.scenario.model import Expect, Scenario
+from miles_core.scenario.presets import DEFAULT_LOOP as _LOOP
+from miles_core.scenario.world import WorldShape
+from miles_core.transfer import TransferMode
+
+
+def _scenario(
+    name: str,
+    description: str,
+    faults: tuple[AnyFault, ...] = (),
+    world: WorldShape | None = None,
+    expect: Expect | None = None,
+    **loop: Any,
+) -> Scenario:
+    return Scenario(
+        name,
+        description,
+        world=world or WorldShape(),
+        loop=dataclasses.replace(_LOOP, **loop),
+        faults=faults,
+        expect=expect or Expect(),
+    )
+
+
+SCENARIOS: Mapping[str, Scenario] = {
+    s.name: s
+    for s in (
+        _scenario("no_failure", "two cells, two engines, eight steps, no fault"),
+        _scenario(
+            "cell_crash_before_allreduce",
+            "cell 1 dies before the allreduce of step 2: the survivor discards, the step "
+            "retries on a shrunk quorum; cell 1 is healed back at step 5",
+            (
+                F("kill_cell", cell=1, point="before_allreduce", step=2),
+                F("start_cell", cell=1, point="step_begin", step=5),
+            ),
+        ),
+        _scenario(
+            "updater_dies_after_many_updates",
+            "the updating cell 0 dies after bucket 1 of the update following step 12: "
+            "cell 1 takes over and the version continues",
+            (F("kill_cell", cell=0, point="after_bucket", bucket=1, after_step=12),),
+            steps=16,
+        ),
+        _scenario(
+            "crash_mid_weight_update",
+            "the updater dies after bucket 2 of the first update: no engine serves the "
+            "half-sent weights and the version advances once",
+            (F("kill_cell", cell=0, point="after_bucket", bucket=2),),
+        ),
+        _scenario(
+            "engine_crash_mid_generation",
+            "engine-1 dies halfway through a request: its groups are aborted and recycled",
+            (F("kill_engine", engine="engine-1", point="mid_generation", after_step=2),),
+        ),
+        _scenario(
+            "engine_crash_mid_generation_drop",
+            "as engine_crash_mid_generation, with --async-unused-samples-handler drop",
+            (F("kill_engine", engine="engine-1", point="mid_generation", after_step=2),),
+            unused_samples_handler=UnusedHandler.DROP,
+        ),
+        _scenario(
+            "engine_restart",
+            "engine-0 restarts at step 3: it serves only after it received the current "
+            "weights and version",
+            (F("restart_engine", engine="engine-0", point="step_begin", step=3),),
+        ),
+        _scenario(
+            "first_update",
+            "one step: everything trained before the first update has no version, and the "
+            "staleness filter is off (not staleness 0)",
+            steps=1,
+            max_weight_staleness=0,
+        ),
+        _scenario(
+            "staleness_retry",
+            "rollout runs far ahead of slow training with --max-weight-staleness 1 and retry: "
+            "stale groups are recycled, none is trained beyond the bound",
+            in_flight_groups=16,
+            max_weight_staleness=1,
+            capacity_factor=4.0,
+        ),
+        _scenario(
+            "staleness_drop",
+            "as staleness_retry with drop: stale groups are dropped with a reason",
+            in_flight_groups=16,
+            max_weight_staleness=1,
+            capacity_factor=4.0,
+            unused_samples_handler=UnusedHandler.DROP,
+        ),
+        _scenario(
+            "buffer_backpressure",
+            "capacity floor(0.5 x 4) = 2 with 12 groups in flight: puts block until a get",
+            in_flight_groups=12,
+            capacity_factor=0.5,
+        ),
+        _scenario(
+            "all_cells_dead",
+            "both cells die before the allreduce of step 1: a clear error, no hang",
+            (
+                F("kill_cell", cell=0, point="before_allreduce", step=1),
+                F("kill_cell", cell=1, point="before_allreduce", step=1),
+            ),
+            expect=Expect(RunStatus.FAILED, "NoAliveCellError"),
+        ),
+        _scenario(
+            "one_attempt_per_step",
+            "max_step_attempts = 1 and cell 1 dies before the allreduce of step 2: the step "
+            "cannot be retried, so the run ends with RetriesExhaustedError, as expected",
+            (F("kill_cell", cell=1, point="before_allreduce", step=2),),
+            expect=Expect(RunStatus.FAILED, "RetriesExhaustedError"),
+            max_step_attempts=1,
+        ),
+        _scenario(
+            "restart_before_stamp",
+            "engine-1 restarts right after the last bucket of the first update, before the "
+            "stamp: the new process received none of the buckets, so it must not be stamped "
+            "or serve until a sync brings it the published weights",
+            (F("restart_engine", engine="engine-1", point="after_bucket", bucket=3),),
+        ),
+        _scenario(
+            "restart_mid_update",
+            "engine-0 restarts after bucket 1 of the update following step 3: the new "
+            "process is not in the update's transfer group, the update is retried, and "
+            "the engine serves only once it holds the whole update",
+            (F("restart_engine", engine="engine-0", point="after_bucket", bucket=1, after_step=3),),
+        ),
+        _scenario(
+            "cell_killed_between_steps",
+            "cell 1 dies at t=10 s while idle: the heartbeat checker or the next call "
+            "notices, the quorum shrinks; the cell is restarted and healed at step 5",
+            (
+                F("kill_cell", cell=1, at=10.0),
+                F("start_cell", cell=1, point="step_begin", step=5),
+            ),
+        ),
+        _scenario(
+            "kill_during_heal",
+            "three cells; cell 2 dies at step 1 and is restarted at step 3; the healing "
+            "source, cell 0, dies while sending the checkpoint, so cell 2 is healed from "
+            "cell 1 at the next refresh; cell 0 comes back at step 5",
+            (
+                F("kill_cell", cell=2, point="before_allreduce", step=1),
+                F("start_cell", cell=2, point="step_begin", step=3),
+                F("kill_cell", cell=0, point="during_heal"),
+                F("start_cell", cell=0, point="step_begin", step=5),
+            ),
+            world=WorldShape(num_cells=3),
+        ),
+        _scenario(
+            "engine_killed_mid_update",
+            "engine-1 dies right after bucket 1 of the update following step 2: the update "
+            "drops it and is retried with the same version on engine-0",
+            (F("kill_engine", engine="engine-1", point="after_bucket", bucket=1, after_step=2),),
+        ),
+        _scenario(
+            "heartbeat_false_positive",
+            "cell 1 stops answering heartbeats for 12 s while healthy: after 3 misses it is "
+            "declared dead and stopped (a false positive), and healed back at step 5",
+            (
+                F("drop_heartbeat", cell=1, at=9.0, duration=12.0),
+                F("start_cell", cell=1, point="step_begin", step=5),
+            ),
+        ),
+        _scenario(
+            "slow_cell",
+            "cell 0 computes 4x slower for 30 s: steps take longer, nothing fails",
+            (F("slow_cell", cell=0, at=5.0, duration=30.0, factor=4.0),),
+        ),
+        _scenario(
+            "slow_link",
+            "the weight-transfer link is 50x slower for 40 s",
+            (F("slow_link", at=5.0, duration=40.0, factor=50.0),),
+        ),
+        _scenario(
+            "router_trouble",
+            "the router adds 2 s to every request for 20 s, then fails every request for 5 s: "
+            "failed requests abort their groups, which are recycled",
+            (
+                F("delay_router", at=5.0, duration=20.0, seconds=2.0),
+                F("fail_router", at=30.0, duration=5.0),
+            ),
+        ),
+        _scenario(
+            "lora_update",
+            "only a LoRA adapter is trained and pushed: one atomic unit, unload-then-load, "
+            "and the engines are stamped with the version like a full update; the updater "
+            "dies mid-push once",
+            (F("kill_cell", cell=0, point="after_bucket", bucket=0, after_step=2),),
+            lora_adapter="policy",
+            update_weight_buffer_size=64 * 1024,
+        ),
+        _scenario(
+            "one_step_off",
+            "the synchronous baseline: batch k+1 is generated while step k trains; updates "
+            "never abort generation and every trained group is exactly one version old",
+            mode="one_step_off",
+        ),
+        _scenario(
+            "one_step_off_crash",
+            "one-step-off with cell 1 dying before the allreduce of step 3 and healed at step 6",
+            (
+                F("kill_cell", cell=1, point="before_allreduce", step=3),
+                F("start_cell", cell=1, point="step_begin", step=6),
+            ),
+            mode="one_step_off",
+        ),
+        _scenario(
+            "p2p_transfer",
+            "weights go point-to-point to each engine instead of by broadcast",
+            transfer_mode=TransferMode.P2P,
+        ),
+    )
+}

@@ -1,0 +1,113 @@
+"""A scenario file (TOML) as a Scenario; every mistake a ConfigError in the file's own words.
+
+    name = "my-crash"
+    description = "cell 1 dies before the allreduce of step 2, comes back at step 5"
+    preset = "small"              # optional: the world to start from (PRESETS)
+    expect = { status = "completed" }   # or { status = "failed", error = "NoAliveCellError" }
+    progress_window = 600.0       # optional: seconds within which steps must resume
+    [sim]                         # optional: the world's shape (num_cells, gpus_per_cell,
+    num_cells = 3                 # num_engines, ...) and the simulator's time models
+    [loop]                        # optional: LoopConfig fields
+    steps = 10
+    [[faults]]                    # any number; see miles_core.scenario.faults
+    kind = "kill_cell"
+    cell = 1
+    point = "before_allreduce"
+    step = 2
+
+Nothing is coerced and nothing is guessed: an unknown key, section or value is
+an error that names the key (``[loop].steps``, ``faults[0] (kill_cell).at``)
+and says how to fix it.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from typing import Any
+
+from miles_core.errors import ConfigError
+from miles_core.loop.config import LoopConfig, field_name
+from miles_core.scenario.faults import faults_from_list
+from miles_core.scenario.fields import build, check_value, require_table
+from miles_core.scenario.model import Expect, Scenario
+from miles_core.scenario.presets import DEFAULT_LOOP, PRESETS
+from miles_core.scenario.world import SHAPE_KEYS, TIME_KEYS, TimeModel, WorldShape
+
+TOP_KEYS = (
+    "name",
+    "description",
+    "preset",
+    "expect",
+    "progress_window",
+    "max_seconds",
+    "sim",
+    "loop",
+    "faults",
+)
+
+
+def scenario_from_toml(text: str, source: str, default_name: str = "custom") -> Scenario:
+    """Parse a scenario file's text; ``source`` names it in errors (its path)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(source, f"is not valid TOML ({error})", "fix the syntax") from None
+    return scenario_from_mapping(data, source, default_name)
+
+
+def scenario_from_mapping(
+    data: Mapping[str, Any], source: str = "scenario", default_name: str = "custom"
+) -> Scenario:
+    """A scenario from the tables of a file (or a dict written the same way)."""
+    data = require_table(data, source, "a scenario is a TOML document of keys and tables")
+    unknown = sorted(set(data) - set(TOP_KEYS))
+    if unknown:
+        raise ConfigError(source, f"unknown top-level keys {unknown}", f"use only {list(TOP_KEYS)}")
+    name = check_value(str, data.get("name", default_name), "name")
+    description = check_value(str, data.get("description", ""), "description")
+    preset_name = check_value(str, data.get("preset", "small"), "preset")
+    if preset_name not in PRESETS:
+        raise ConfigError(
+            "preset", f"unknown preset {preset_name!r}", f"use one of {list(PRESETS)}"
+        )
+    preset = PRESETS[preset_name]
+    world, timing = _sim_section(data.get("sim", {}), preset.world, preset.timing)
+    loop_data = require_table(data.get("loop", {}), "[loop]", "write the loop's flags as [loop]")
+    loop = build(LoopConfig, loop_data, "[loop]", base=DEFAULT_LOOP, rename=field_name)
+    expect_data = require_table(
+        data.get("expect", {}),
+        "expect",
+        'write it as expect = { status = "failed", error = "NoAliveCellError" }',
+    )
+    expect = build(Expect, expect_data, "expect", rename=lambda f: f.removeprefix("expect."))
+    optional = {}
+    for key in ("progress_window", "max_seconds"):
+        if key in data:
+            optional[key] = check_value(float, data[key], key)
+    return Scenario(
+        name=name,
+        description=description,
+        world=world,
+        timing=timing,
+        loop=loop,
+        faults=faults_from_list(data.get("faults", [])),
+        expect=expect,
+        preset=preset_name,
+        **optional,
+    )
+
+
+def _sim_section(data: Any, world: WorldShape, timing: TimeModel) -> tuple[WorldShape, TimeModel]:
+    """[sim]: the world's shape and the simulator's time models, in one table."""
+    data = require_table(data, "[sim]", "write the world's settings as a [sim] section")
+    unknown = sorted(set(data) - SHAPE_KEYS - TIME_KEYS)
+    if unknown:
+        raise ConfigError(
+            "[sim]", f"unknown keys {unknown}", f"use only {sorted(SHAPE_KEYS | TIME_KEYS)}"
+        )
+    shape = {k: v for k, v in data.items() if k in SHAPE_KEYS}
+    time = {k: v for k, v in data.items() if k in TIME_KEYS}
+    return build(WorldShape, shape, "[sim]", base=world), build(
+        TimeModel, time, "[sim]", base=timing
+    )

@@ -1,0 +1,171 @@
+"""A scenario: a world, the loop's flags, faults and how the run must end, all checked at once.
+
+A Scenario is world-neutral: the simulator and the real backends run the same
+value. Building one checks every fault against the world and the run (a cell
+that does not exist, an engine id not in the world, a bucket beyond the
+update's buckets, a step beyond the run), so a mistake is a ConfigError before
+anything runs, never a KeyError inside a world or a "never fired" afterwards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from miles_core import errors
+from miles_core.errors import ConfigError, MilesCoreError
+from miles_core.kinds import RunStatus
+from miles_core.loop.config import LoopConfig
+from miles_core.scenario.faults import (
+    AfterBucket,
+    AnyFault,
+    DropHeartbeat,
+    target_cell,
+    target_engine,
+)
+from miles_core.scenario.world import TimeModel, WorldShape
+from miles_core.transfer import lora_unit, plan_buckets
+
+
+def error_classes() -> dict[str, type[MilesCoreError]]:
+    """The errors a scenario may expect a run to end with, by class name."""
+    found: dict[str, type[MilesCoreError]] = {}
+    todo: list[type[MilesCoreError]] = [MilesCoreError]
+    while todo:
+        cls = todo.pop()
+        if cls.__module__ == errors.__name__:
+            found[cls.__name__] = cls
+        todo.extend(cls.__subclasses__())
+    return dict(sorted(found.items()))
+
+
+@dataclass(frozen=True)
+class Expect:
+    """How the run must end: completed (the default), or failed with a named error."""
+
+    status: RunStatus = RunStatus.COMPLETED
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in (RunStatus.COMPLETED, RunStatus.FAILED):
+            raise ConfigError(
+                "expect.status",
+                f"got {self.status!r}: a stalled or crashed run is never what a scenario expects",
+                "expect 'completed', or 'failed' with the error class",
+            )
+        names = list(error_classes())
+        if self.status is RunStatus.FAILED and self.error is None:
+            raise ConfigError(
+                "expect.error",
+                "is missing for status 'failed'",
+                f"name the error the run must end with, one of {names}",
+            )
+        if self.status is RunStatus.COMPLETED and self.error is not None:
+            raise ConfigError(
+                "expect.error", f"{self.error!r} with status 'completed'", "set status = 'failed'"
+            )
+        if self.error is not None and self.error not in names:
+            raise ConfigError(
+                "expect.error", f"unknown error {self.error!r}", f"use one of {names}"
+            )
+
+    def describe(self) -> str:
+        if self.status is RunStatus.COMPLETED:
+            return "completed"
+        return f"failed with {self.error}"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str = ""
+    world: WorldShape = field(default_factory=WorldShape)
+    timing: TimeModel = field(default_factory=TimeModel)
+    """The simulator's time models (real worlds take the time things take)."""
+    loop: LoopConfig = field(default_factory=lambda: LoopConfig(steps=8))
+    faults: tuple[AnyFault, ...] = ()
+    expect: Expect = field(default_factory=Expect)
+    progress_window: float = 600.0
+    """Seconds within which a step must commit after the last fault (the progress oracle)."""
+    max_seconds: float | None = None
+    """Virtual-time horizon; a run still going then is STALLED (default: 50 train-step
+    times per step)."""
+    preset: str = "small"
+
+    def __post_init__(self) -> None:
+        for name in ("progress_window", "max_seconds"):
+            value = getattr(self, name)
+            if value is not None and not (
+                isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+            ):
+                raise ConfigError(name, f"got {value!r}", "pass seconds > 0")
+        if not isinstance(self.faults, tuple):
+            object.__setattr__(self, "faults", tuple(self.faults))
+        check_faults(self)
+
+    @property
+    def n_buckets(self) -> int:
+        """How many buckets one weight update of this world's model takes."""
+        loop = self.loop
+        units = self.world.units()
+        if loop.lora_adapter is not None:
+            units = (lora_unit(loop.lora_adapter, self.world.lora_params()),)
+        return len(plan_buckets(units, loop.update_weight_buffer_size))
+
+    def with_run(self, steps: int | None = None, seed: int | None = None) -> Scenario:
+        """The scenario as one run of it sees it (``--steps`` and the seed applied, rechecked)."""
+        loop = dataclasses.replace(
+            self.loop,
+            steps=steps if steps is not None else self.loop.steps,
+            seed=seed if seed is not None else self.loop.seed,
+            scenario=self.name,
+        )
+        return dataclasses.replace(self, loop=loop)
+
+
+def indexed(scenario: Scenario) -> Iterator[tuple[str, AnyFault]]:
+    for i, fault in enumerate(scenario.faults):
+        yield f"faults[{i}] ({fault.kind.value})", fault
+
+
+def check_faults(scenario: Scenario) -> None:
+    """Every fault names a target this world has and a moment this run reaches."""
+    world, loop = scenario.world, scenario.loop
+    steps = loop.steps
+    for where, fault in indexed(scenario):
+        cell, engine = target_cell(fault), target_engine(fault)
+        if cell is not None and not 0 <= cell < world.num_cells:
+            raise ConfigError(
+                f"{where}.cell",
+                f"cell {cell} does not exist in a world of {world.num_cells} cells",
+                f"pass 0 <= cell <= {world.num_cells - 1} (cells count from 0)",
+            )
+        if engine is not None and engine not in world.engine_ids:
+            raise ConfigError(
+                f"{where}.engine",
+                f"{engine!r} does not exist in a world of {world.num_engines} engines",
+                f"use one of {list(world.engine_ids)}",
+            )
+        when = fault.when
+        for key in ("step", "after_step"):
+            value = getattr(when, key, None)
+            if value is not None and value >= steps:
+                raise ConfigError(
+                    f"{where}.{key}",
+                    f"step {value} is beyond the run's {steps} steps (0..{steps - 1})",
+                    "move the fault to an earlier step, or run more steps ([loop].steps / --steps)",
+                )
+        if isinstance(when, AfterBucket) and when.bucket >= scenario.n_buckets:
+            raise ConfigError(
+                f"{where}.bucket",
+                f"an update of this world's model has {scenario.n_buckets} buckets "
+                f"(0..{scenario.n_buckets - 1}), so bucket {when.bucket} never arrives",
+                "pick a smaller bucket, or a smaller [loop].update_weight_buffer_size",
+            )
+        if isinstance(fault, DropHeartbeat) and loop.heartbeat_interval is None:
+            raise ConfigError(
+                f"{where}",
+                "drops heartbeats, but the heartbeat checker is off",
+                "set [loop].heartbeat_interval (miles' --trainer-heartbeat-checker-interval)",
+            )

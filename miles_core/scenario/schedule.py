@@ -1,0 +1,223 @@
+"""Firing a scenario's faults at their moments, in any world.
+
+The schedule is world-neutral: it knows when each fault strikes (a time, or a
+named point that the world's code passes through) and records that it fired.
+What a fault *does* is the world's FaultActions, which act and record nothing:
+a killed process, a new one, a slower step are reported by the world itself,
+the way it reports them without any fault, and the oracles judge those reports.
+
+Each fault fires once. ``after_step`` arms a point fault once that step has
+committed. A start_cell acts only once the control plane has stopped the cell
+(an operator restarts what the control plane gave up on, not a cell it still
+believes alive).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from miles_core.cells import CellState
+from miles_core.events import (
+    CellStateChanged,
+    Event,
+    FaultInjected,
+    FaultScheduled,
+    History,
+    StepBegan,
+    StepCommitted,
+)
+from miles_core.kinds import FaultKind, FaultPoint
+from miles_core.runtime import Runtime
+from miles_core.scenario.faults import (
+    AnyFault,
+    AtTime,
+    DelayRouter,
+    DropHeartbeat,
+    FailRouter,
+    SlowCell,
+    SlowLink,
+    target_cell,
+    target_engine,
+)
+
+Impairment = SlowCell | SlowLink | DelayRouter | FailRouter | DropHeartbeat
+"""A fault that changes how the world behaves for ``duration`` seconds."""
+
+
+class FaultActions(Protocol):
+    """What a world does when a fault fires: it acts on itself and records nothing."""
+
+    def kill_cell(self, cell: int, point: FaultPoint | None) -> None:
+        """Kill every process of the cell; at a point, inside the call about to be made."""
+        ...
+
+    def start_cell(self, cell: int) -> None:
+        """Start new processes for a stopped cell (the world reports them when they answer)."""
+        ...
+
+    def kill_engine(self, engine: str, point: FaultPoint | None) -> None: ...
+
+    def restart_engine(self, engine: str) -> None:
+        """Replace the engine's process by a new one (reported when it answers)."""
+        ...
+
+    def impair(self, fault: Impairment) -> None:
+        """Slow or fail part of the world from now for ``fault.duration`` seconds."""
+        ...
+
+
+class FaultPoints(Protocol):
+    """What a world's code calls at a named point: fire whatever strikes there."""
+
+    def fire(self, point: FaultPoint, **where: Any) -> bool: ...
+
+
+class NoFaults:
+    """The points of a world run without faults: nothing fires."""
+
+    def fire(self, point: FaultPoint, **where: Any) -> bool:
+        del point, where
+        return False
+
+
+class FaultSchedule:
+    """The faults of one run, fired at their moments through a world's FaultActions."""
+
+    def __init__(self, faults: Sequence[AnyFault]) -> None:
+        self.faults = tuple(faults)
+        self._fired: set[int] = set()
+        self._committed = -1
+        self._cell_states: dict[int, CellState] = {}
+        self._pending_starts: list[int] = []
+        self._rt: Runtime | None = None
+        self._history: History | None = None
+        self._actions: FaultActions | None = None
+
+    def install(self, rt: Runtime, history: History, actions: FaultActions) -> None:
+        """Record the schedule, start the timers, and watch the history for step points."""
+        self._rt, self._history, self._actions = rt, history, actions
+        history.observe(self._observe)
+        for index, fault in enumerate(self.faults):
+            history.append(
+                FaultScheduled(
+                    t=rt.now(),
+                    index=index,
+                    fault=fault.kind,
+                    cell=target_cell(fault),
+                    engine=target_engine(fault),
+                    detail=fault.detail,
+                    point=fault.point,
+                    at=fault.when.at if isinstance(fault.when, AtTime) else None,
+                )
+            )
+        for index, fault in enumerate(self.faults):
+            if isinstance(fault.when, AtTime):
+                rt.spawn(self._later(index, fault.when.at), f"fault-{index}")
+
+    @property
+    def fired(self) -> frozenset[int]:
+        return frozenset(self._fired)
+
+    # -- when --------------------------------------------------------------------------
+
+    async def _later(self, index: int, seconds: float) -> None:
+        assert self._rt is not None
+        await self._rt.sleep(seconds)
+        self._apply(index)
+
+    def _matches(self, fault: AnyFault, point: FaultPoint, where: dict[str, Any]) -> bool:
+        when = fault.when
+        if when.point is not point:
+            return False
+        after = getattr(when, "after_step", None)
+        if after is not None and self._committed < after:
+            return False
+        for key in ("step", "bucket"):
+            wanted = getattr(when, key, None)
+            if wanted is not None and where.get(key) != wanted:
+                return False
+        cell, engine = target_cell(fault), target_engine(fault)
+        if cell is not None and "cell" in where and where["cell"] != cell:
+            return False
+        return engine is None or "engine" not in where or where["engine"] == engine
+
+    def fire(self, point: FaultPoint, **where: Any) -> bool:
+        """Fire every fault that strikes here (after ``delay`` seconds, if given)."""
+        delay = float(where.pop("delay", 0.0))
+        fired = False
+        for index, fault in enumerate(self.faults):
+            if index in self._fired or not self._matches(fault, point, where):
+                continue
+            fired = True
+            if delay > 0:
+                self._fired.add(index)  # claimed now; acts after the delay
+                assert self._rt is not None
+                self._rt.spawn(self._claimed(index, delay), f"fault-{index}")
+            else:
+                self._apply(index)
+        return fired
+
+    async def _claimed(self, index: int, delay: float) -> None:
+        assert self._rt is not None
+        await self._rt.sleep(delay)
+        self._fired.discard(index)
+        self._apply(index)
+
+    def _observe(self, event: Event) -> None:
+        if isinstance(event, StepCommitted):
+            self._committed = max(self._committed, event.step)
+        elif isinstance(event, StepBegan):
+            self.fire(FaultPoint.STEP_BEGIN, step=event.step)
+        elif isinstance(event, CellStateChanged):
+            self._cell_states[event.cell] = event.new
+            if event.new is CellState.STOPPED and event.cell in self._pending_starts:
+                self._pending_starts.remove(event.cell)
+                self._start(event.cell)
+
+    # -- what ----------------------------------------------------------------------------
+
+    def _apply(self, index: int) -> None:
+        if index in self._fired:
+            return
+        self._fired.add(index)
+        fault = self.faults[index]
+        assert self._rt is not None and self._history is not None and self._actions is not None
+        self._history.append(
+            FaultInjected(
+                t=self._rt.now(),
+                index=index,
+                fault=fault.kind,
+                cell=target_cell(fault),
+                engine=target_engine(fault),
+                detail=fault.detail,
+                point=fault.point,
+                factor=getattr(fault, "factor", None),
+                seconds=getattr(fault, "seconds", None),
+                duration=getattr(fault, "duration", None),
+            )
+        )
+        actions, cell, engine = self._actions, target_cell(fault), target_engine(fault)
+        kind = fault.kind
+        if kind in (FaultKind.KILL_CELL, FaultKind.STOP_CELL):
+            assert cell is not None
+            actions.kill_cell(cell, fault.point)
+        elif kind is FaultKind.START_CELL:
+            assert cell is not None
+            if self._cell_states.get(cell, CellState.ALIVE) is CellState.STOPPED:
+                self._start(cell)
+            else:  # the control plane has not given up on the cell yet
+                self._pending_starts.append(cell)
+        elif kind is FaultKind.KILL_ENGINE:
+            assert engine is not None
+            actions.kill_engine(engine, fault.point)
+        elif kind is FaultKind.RESTART_ENGINE:
+            assert engine is not None
+            actions.restart_engine(engine)
+        else:
+            assert isinstance(fault, Impairment)
+            actions.impair(fault)
+
+    def _start(self, cell: int) -> None:
+        assert self._actions is not None
+        self._actions.start_cell(cell)

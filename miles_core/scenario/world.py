@@ -1,0 +1,103 @@
+"""The world a scenario runs on: its shape (every world) and the simulator's time models.
+
+``WorldShape`` is what every world builds: how many trainer cells of how many
+GPUs, how many engines, how the GPUs sit on nodes, and the model's size (which
+sets the number of weight-update buckets, so "after bucket 2" means the same in
+every world). ``TimeModel`` is how long things take in the simulator; a real
+world's time is its own and it ignores these.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from miles_core.errors import ConfigError, int_at_least
+from miles_core.transfer import ParamSpec, UpdateUnit, units_of
+
+
+@dataclass(frozen=True)
+class WorldShape:
+    """Cells, engines, nodes and the model's size, as the scenario's [sim] section gives them."""
+
+    num_cells: int = 2
+    """Independent-DP trainer cells (miles' --indep-dp)."""
+    gpus_per_cell: int = 1
+    """Ranks per cell (TP x PP x CP); the CPU backend shards a cell with FSDP2."""
+    num_engines: int = 2
+    gpus_per_engine: int = 1
+    gpus_per_node: int = 8
+    param_bytes: int = 64 * 1024**2
+    num_tensors: int = 16
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not int_at_least(value, 1):
+                raise ConfigError(f.name, f"got {value!r}", "pass an integer >= 1")
+
+    @property
+    def engine_ids(self) -> tuple[str, ...]:
+        return tuple(f"engine-{i}" for i in range(self.num_engines))
+
+    def units(self) -> tuple[UpdateUnit, ...]:
+        """num_tensors bf16 tensors of equal size adding up to param_bytes."""
+        per_tensor = max(1, self.param_bytes // (2 * self.num_tensors))
+        params = [
+            ParamSpec.of(f"layer{i}.weight", (per_tensor,), "bfloat16")
+            for i in range(self.num_tensors)
+        ]
+        return units_of(params)
+
+    def lora_params(self) -> tuple[ParamSpec, ...]:
+        """A rank-16 adapter on each layer: lora_A (16 x 1024) and lora_B (1024 x 16), bf16."""
+        return tuple(
+            ParamSpec.of(f"layer{i}.{name}.weight", shape, "bfloat16")
+            for i in range(self.num_tensors)
+            for name, shape in (("lora_A", (16, 1024)), ("lora_B", (1024, 16)))
+        )
+
+
+@dataclass(frozen=True)
+class TimeModel:
+    """How long things take in the simulator (seconds, bytes per second)."""
+
+    response_tokens_mean: float = 256.0
+    response_tokens_sigma: float = 0.5
+    decode_seconds_per_token: float = 0.01
+    concurrency_slowdown: float = 0.02
+    train_step_seconds: float = 5.0
+    train_jitter: float = 0.1
+    """A step's compute time is uniform in [1 - jitter, 1 + jitter] x train_step_seconds."""
+    allreduce_seconds: float = 0.2
+    link_latency_seconds: float = 1e-4
+    link_bytes_per_second: float = 10e9
+    """Between nodes (the weight-transfer link: InfiniBand / RoCE)."""
+    nvlink_bytes_per_second: float = 100e9
+    """Within a node: a bucket whose source and targets share a node moves at this rate."""
+    checkpoint_bytes_per_second: float = 2e9
+    heartbeat_reply_seconds: float = 0.01
+    router_failure_seconds: float = 0.5
+    """How long a failing router takes to answer with an error."""
+
+    def __post_init__(self) -> None:
+        may_be_zero = {"concurrency_slowdown", "train_jitter", "link_latency_seconds"}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+            ok = (
+                ok
+                and math.isfinite(value)
+                and (value > 0 or (value == 0 and f.name in may_be_zero))
+            )
+            if not ok:
+                floor = ">= 0" if f.name in may_be_zero else "> 0"
+                raise ConfigError(f.name, f"got {value!r}", f"pass a finite number {floor}")
+        if self.train_jitter >= 1:
+            raise ConfigError(
+                "train_jitter", f"got {self.train_jitter!r}", "pass a fraction below 1, e.g. 0.1"
+            )
+
+
+SHAPE_KEYS = frozenset(f.name for f in fields(WorldShape))
+TIME_KEYS = frozenset(f.name for f in fields(TimeModel))
