@@ -19,8 +19,9 @@ from collections.abc import Callable
 
 import simpy
 
-from sim.run import Scenario, run_scenario
-from sim.scenarios import PRESETS, SCENARIOS
+from miles_core.errors import ConfigError
+from miles_core.scenario import PRESETS, SCENARIOS, Scenario
+from sim.run import run_scenario
 
 
 def _bare_simpy(events: int) -> float:
@@ -71,8 +72,14 @@ def production_scenario(steps: int) -> Scenario:
         heartbeat_interval=10.0,
         heartbeat_timeout=10.0,
     )
+    preset = PRESETS["production-30b-moe"]
     return dataclasses.replace(
-        base, name="production-30b-moe", sim=PRESETS["production-30b-moe"], loop=loop
+        base,
+        name="production-30b-moe",
+        world=preset.world,
+        timing=preset.timing,
+        loop=loop,
+        preset="production-30b-moe",
     )
 
 
@@ -82,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    for flag, value in (("--steps", args.steps), ("--repeats", args.repeats)):
+        if value < 1:
+            parser.error(str(ConfigError(flag, f"got {value}", "pass an integer >= 1")))
 
     ratios, sim_rates, bare_rates = [], [], []
     for seed in range(args.repeats):

@@ -25,13 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from miles_core.errors import ConfigError
+from miles_core.scenario import Preset
 from miles_core.transfer import (
     DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE,
     TransferMode,
     plan_buckets,
     plan_transfer,
 )
-from sim.cluster import SimCluster, SimConfig
+from sim.cluster import SimCluster
 from sim.runtime import SimRuntime
 
 LINK_FIELDS = {"link": "link_bytes_per_second", "nvlink": "nvlink_bytes_per_second"}
@@ -104,20 +105,21 @@ def calibrate(summary: Mapping[str, Any], method: str = "backend") -> dict[str, 
 
 
 def predict_update_seconds(
-    config: SimConfig,
+    config: Preset,
     buffer_size: int = DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE,
     mode: TransferMode | str = TransferMode.BROADCAST,
     seed: int = 0,
 ) -> dict[str, Any]:
     """One full-weight update from cell 0 to every engine, timed by SimTransport itself."""
     rt = SimRuntime(seed)
-    cluster = SimCluster(rt, config)
+    cluster = SimCluster(rt, config.world, config.timing)
     buckets = plan_buckets(cluster.units, buffer_size)
 
     async def update() -> float:
         for bucket in buckets:
             for transfer in plan_transfer(mode, (bucket,), cluster.engine_ids).transfers:
-                await cluster.transport.send_bucket(0, 0, bucket, transfer.targets)
+                targets = dict.fromkeys(transfer.targets, 0)  # the first process of each
+                await cluster.transport.send_bucket(0, 0, bucket, targets)
         return rt.now()
 
     seconds = rt.run(update())
@@ -132,13 +134,14 @@ def predict_update_seconds(
     }
 
 
-def apply_fit(config: SimConfig, fit: Mapping[str, Any]) -> SimConfig:
+def apply_fit(config: Preset, fit: Mapping[str, Any]) -> Preset:
     """The preset with the calibrated latency and the bandwidth of the fitted link kind."""
-    return dataclasses.replace(
-        config,
+    timing = dataclasses.replace(
+        config.timing,
         link_latency_seconds=float(fit["latency_seconds"]),
         **{LINK_FIELDS[fit["link"]]: float(fit["bytes_per_second"])},
     )
+    return dataclasses.replace(config, timing=timing)
 
 
 def _load_json(path: str, field: str) -> Any:
@@ -222,7 +225,7 @@ def _calibrate_main(argv: Sequence[str]) -> int:
 
 
 def _predict_main(argv: Sequence[str]) -> int:
-    from sim.scenarios import PRESETS
+    from miles_core.scenario import PRESETS
 
     parser = argparse.ArgumentParser(prog="python -m sim predict", description=__doc__)
     parser.add_argument("preset", help=f"one of {', '.join(PRESETS)}")

@@ -8,8 +8,6 @@ group and the buffer depth.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from miles_core.events import (
@@ -31,6 +29,7 @@ from miles_core.events import (
     UpdateBegan,
     VersionPublished,
 )
+from miles_core.kinds import PutFate
 
 _CELLS, _ENGINES, _CONTROL = 1, 2, 3
 _US = 1e6  # trace timestamps are microseconds
@@ -104,7 +103,7 @@ def chrome_trace(history: History) -> dict[str, Any]:
                         "name": f"step {e.step} try {e.attempt}",
                         "args": {
                             "outcome": outcome.get(cell),
-                            "decision": e.decision,
+                            "decision": e.decision.value,
                             "quorum": begin.quorum_id,
                         },
                     }
@@ -177,7 +176,7 @@ def chrome_trace(history: History) -> dict[str, Any]:
                     "pid": _ENGINES,
                     "tid": tid(e.engine),
                     "ts": _ts(e.t),
-                    "name": "aborted" if e.aborted else f"sample v{e.version}",
+                    "name": e.outcome.value if e.aborted else f"sample v{e.version}",
                     "args": {"group": e.group_id},
                 }
             )
@@ -205,7 +204,7 @@ def chrome_trace(history: History) -> dict[str, Any]:
                         "args": {"staleness": e.staleness},
                     }
                 )
-        elif isinstance(e, GroupPut) and e.fate == "queued":
+        elif isinstance(e, GroupPut) and e.fate is PutFate.QUEUED:
             depth += 1
         elif isinstance(e, GroupRecycled | GroupDropped) and e.reason.startswith("stale"):
             depth -= 1
@@ -222,7 +221,3 @@ def chrome_trace(history: History) -> dict[str, Any]:
                 }
             )
     return {"traceEvents": events, "displayTimeUnit": "ms"}
-
-
-def write_trace(history: History, path: Path) -> None:
-    path.write_text(json.dumps(chrome_trace(history)))

@@ -1,0 +1,138 @@
+"""The end-of-run summary every CLI prints, simulated or real: what ran, how it ended, the
+story, the faults, the verdicts. ``summary`` is the ``--json`` object; ``text_lines`` is
+the same for a person."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from miles_core.events import (
+    FaultInjected,
+    FaultScheduled,
+    GroupDropped,
+    GroupGot,
+    GroupRecycled,
+    GroupTrained,
+    History,
+    RunEnded,
+)
+from miles_core.loop import RunReport
+from miles_core.oracles import Violation, unfired_reason, verdict_lines
+from miles_core.report.story import step_stories, story_lines
+from miles_core.scenario import Scenario
+
+
+def world_and_flags(scenario: Scenario) -> dict[str, Any]:
+    """The effective world and flags of a run (after --steps and the seed)."""
+    w, loop = scenario.world, scenario.loop
+    return {
+        "preset": scenario.preset,
+        "cells": w.num_cells,
+        "ranks_per_cell": w.gpus_per_cell,
+        "engines": w.num_engines,
+        "gpus_per_engine": w.gpus_per_engine,
+        "mode": loop.mode,
+        "steps": loop.steps,
+        "rollout_batch_size": loop.rollout_batch_size,
+        "n_samples_per_prompt": loop.n_samples_per_prompt,
+        "max_weight_staleness": loop.max_weight_staleness,
+        "unused_samples_handler": loop.unused_samples_handler.value,
+        "transfer_mode": loop.transfer_mode.value,
+        "buckets_per_update": scenario.n_buckets,
+        "update_weight_buffer_size": loop.update_weight_buffer_size,
+        "heartbeat_interval": loop.heartbeat_interval,
+        "expect": scenario.expect.describe(),
+    }
+
+
+def faults_report(history: History) -> list[dict[str, Any]]:
+    """Every scheduled fault: when it fired, or why it never did."""
+    fired = {e.index: e for e in history if isinstance(e, FaultInjected)}
+    out = []
+    for e in history:
+        if not isinstance(e, FaultScheduled):
+            continue
+        target = f"cell {e.cell}" if e.cell is not None else e.engine or "the world"
+        row: dict[str, Any] = {"fault": e.fault.value, "target": target, "detail": e.detail}
+        if e.index in fired:
+            row["fired_at"] = fired[e.index].t
+        else:
+            row["never_fired"] = unfired_reason(e, history)
+        out.append(row)
+    return out
+
+
+def summary(
+    scenario: Scenario,
+    seed: int,
+    history: History,
+    report: RunReport,
+    verdicts: dict[str, Violation | None],
+) -> dict[str, Any]:
+    """The --json object of a run."""
+    ages = Counter(
+        e.staleness for e in history if isinstance(e, GroupGot) and e.staleness is not None
+    )
+    recycled = Counter(e.reason for e in history if isinstance(e, GroupRecycled))
+    dropped = Counter(e.reason for e in history if isinstance(e, GroupDropped))
+    end = next((e for e in history if isinstance(e, RunEnded)), None)
+    return {
+        "scenario": scenario.name,
+        "seed": seed,
+        "world": world_and_flags(scenario),
+        "status": report.status.value,
+        "reason": report.reason,
+        "error": end.error if end else None,
+        "traceback": report.traceback or None,
+        "steps": report.steps_done,
+        "final_version": report.versions[-1] if report.versions else None,
+        "versions": report.versions,
+        "seconds": history[len(history) - 1].t if len(history) else 0.0,
+        "groups_trained": sum(isinstance(e, GroupTrained) for e in history),
+        "groups_recycled": dict(sorted(recycled.items())),
+        "groups_dropped": dict(sorted(dropped.items())),
+        "staleness_histogram": {str(k): v for k, v in sorted(ages.items())},
+        "faults": faults_report(history),
+        "story": [s.to_dict() for s in step_stories(history)],
+        "oracles": {k: "pass" if v is None else "fail" for k, v in verdicts.items()},
+        "violations": {k: str(v) for k, v in verdicts.items() if v is not None},
+        "history_hash": history.hash(),
+    }
+
+
+def text_lines(
+    info: dict[str, Any], history: History, verdicts: dict[str, Violation | None]
+) -> list[str]:
+    """The summary for a person: the world, the ending, the story, the faults, the verdicts."""
+    w = info["world"]
+    bound = w["max_weight_staleness"]
+    lines = [
+        f"{info['scenario']} seed={info['seed']}: {info['steps']}/{w['steps']} steps, "
+        f"{info['status']} (expected: {w['expect']}), {info['seconds']:.1f} s",
+        f"  world: {w['cells']} cells x {w['ranks_per_cell']} rank(s), {w['engines']} engine(s) "
+        f"x {w['gpus_per_engine']} GPU(s) (preset {w['preset']})",
+        f"  flags: {w['mode']}, batch {w['rollout_batch_size']} x {w['n_samples_per_prompt']} "
+        f"samples, staleness bound {'off' if bound is None else bound}, unused groups "
+        f"{w['unused_samples_handler']}, {w['transfer_mode']} in {w['buckets_per_update']} "
+        f"buckets, heartbeats {'off' if w['heartbeat_interval'] is None else 'on'}",
+    ]
+    if info["status"] != "completed":
+        lines.append(f"  ended by: {info['reason']}")
+    lines += story_lines(step_stories(history))
+    for fault in info["faults"]:
+        when = (
+            f"fired at t={fault['fired_at']:.2f}"
+            if "fired_at" in fault
+            else f"never fired: {fault['never_fired']}"
+        )
+        lines.append(f"  fault {fault['fault']} {fault['target']} ({fault['detail']}): {when}")
+    lines.append(f"  version sequence: {info['versions']}")
+    lines.append(
+        f"  groups: {info['groups_trained']} trained, recycled {info['groups_recycled']}, "
+        f"dropped {info['groups_dropped']}; staleness of trained groups "
+        f"{info['staleness_histogram']}"
+    )
+    lines += verdict_lines(verdicts)
+    lines.append(f"  history hash: {info['history_hash']}")
+    return lines
