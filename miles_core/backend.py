@@ -189,6 +189,12 @@ class WorldObserver(Protocol):
         """New processes for ``cell`` answer (initial weights, ready to be healed)."""
         ...
 
+    def weights_checked(
+        self, engine: str, version: int, checksum: str, trainer_checksum: str
+    ) -> None:
+        """A world that can read weights compared an engine's with the trainer's."""
+        ...
+
 
 class Cluster(Protocol):
     """One world: its components, and the model's parameters for the bucket plan."""

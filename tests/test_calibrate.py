@@ -8,8 +8,11 @@ import pytest
 
 from miles_core.errors import ConfigError
 from sim.calibrate import apply_fit, calibrate, least_squares, main, predict_update_seconds
-from sim.cluster import SimConfig
-from sim.scenarios import PRESETS
+from miles_core.scenario import PRESETS, Preset
+
+
+def _timing(preset: Preset, **changes: float) -> Preset:
+    return dataclasses.replace(preset, timing=dataclasses.replace(preset.timing, **changes))
 
 MIB = 1024**2
 
@@ -70,21 +73,21 @@ def test_a_prediction_is_latency_per_bucket_plus_bytes_over_the_link() -> None:
     kimi = PRESETS["kimi-k2-1t-fp8-256gpu"]
     got = predict_update_seconds(kimi, 512 * MIB)
     assert got["link"] == "link"  # trainer and engines on different nodes: InfiniBand
-    expected = (
-        got["buckets"] * kimi.link_latency_seconds + got["bytes"] / kimi.link_bytes_per_second
-    )
+    t = kimi.timing
+    expected = got["buckets"] * t.link_latency_seconds + got["bytes"] / t.link_bytes_per_second
     assert got["seconds"] == pytest.approx(expected)
-    assert got["bytes"] == pytest.approx(kimi.param_bytes, rel=1e-3)
+    assert got["bytes"] == pytest.approx(kimi.world.param_bytes, rel=1e-3)
 
 
 def test_predictions_scale_with_bytes_engines_and_bucket_count() -> None:
-    base = dataclasses.replace(PRESETS["qwen3-30b-a3b-4x8-h100"], link_latency_seconds=0.0)
+    base = _timing(PRESETS["qwen3-30b-a3b-4x8-h100"], link_latency_seconds=0.0)
     one = predict_update_seconds(base)["seconds"]
-    double = dataclasses.replace(base, param_bytes=2 * base.param_bytes)
+    world = dataclasses.replace(base.world, param_bytes=2 * base.world.param_bytes)
+    double = dataclasses.replace(base, world=world)
     assert predict_update_seconds(double)["seconds"] == pytest.approx(2 * one, rel=1e-3)
     p2p = predict_update_seconds(base, mode="p2p")["seconds"]
-    assert p2p == pytest.approx(base.num_engines * one)  # p2p: one send per engine, in turn
-    slow = dataclasses.replace(base, link_latency_seconds=0.01)
+    assert p2p == pytest.approx(base.world.num_engines * one)  # p2p: one send per engine
+    slow = _timing(base, link_latency_seconds=0.01)
     small = predict_update_seconds(slow, 64 * MIB)
     big = predict_update_seconds(slow, 512 * MIB)
     assert small["seconds"] - big["seconds"] == pytest.approx(
@@ -93,11 +96,11 @@ def test_predictions_scale_with_bytes_engines_and_bucket_count() -> None:
 
 
 def test_apply_fit_sets_the_fitted_link_kind_only() -> None:
-    config = SimConfig()
+    config = PRESETS["small"]
     fit = {"latency_seconds": 1e-3, "bytes_per_second": 5e9, "link": "nvlink"}
-    applied = apply_fit(config, fit)
+    applied = apply_fit(config, fit).timing
     assert (applied.link_latency_seconds, applied.nvlink_bytes_per_second) == (1e-3, 5e9)
-    assert applied.link_bytes_per_second == config.link_bytes_per_second
+    assert applied.link_bytes_per_second == config.timing.link_bytes_per_second
 
 
 def test_predict_cli_names_the_bad_preset(capsys) -> None:

@@ -5,14 +5,14 @@ from __future__ import annotations
 import dataclasses
 
 from miles_core.events import UpdateBegan, VersionPublished
-from sim.cluster import SimCluster, SimConfig
+from miles_core.scenario import PRESETS, SCENARIOS, TimeModel
+from sim.cluster import SimCluster
 from sim.run import run_scenario
 from sim.runtime import SimRuntime
-from sim.scenarios import PRESETS, SCENARIOS
 
 
 def test_cells_and_engines_are_placed_by_miles_core_whatever_order_ray_gives() -> None:
-    config = PRESETS["production-30b-moe"]
+    config = PRESETS["production-30b-moe"].world
     placements = [SimCluster(SimRuntime(seed), config).placement for seed in range(3)]
     raw = {tuple(b.index for b in p.bundles) for p in placements}
     assert len(raw) == 1  # the seeded shuffle of Ray's order is undone by the ordering
@@ -26,7 +26,7 @@ def test_cells_and_engines_are_placed_by_miles_core_whatever_order_ray_gives() -
 def _update_seconds(gpus_per_node: int) -> float:
     base = SCENARIOS["no_failure"]
     scenario = dataclasses.replace(
-        base, sim=dataclasses.replace(base.sim, gpus_per_node=gpus_per_node)
+        base, world=dataclasses.replace(base.world, gpus_per_node=gpus_per_node)
     )
     history = run_scenario(scenario, 0).history
     begun = next(e for e in history if isinstance(e, UpdateBegan))
@@ -35,7 +35,7 @@ def _update_seconds(gpus_per_node: int) -> float:
 
 
 def test_weights_cross_nodes_slower_than_within_one() -> None:
-    c = SimConfig()
+    c = TimeModel()
     bucket = SCENARIOS["no_failure"].loop.update_weight_buffer_size  # 4 full buckets
     remote = c.link_latency_seconds + bucket / c.link_bytes_per_second
     local = c.link_latency_seconds + bucket / c.nvlink_bytes_per_second

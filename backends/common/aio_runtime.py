@@ -15,7 +15,7 @@ from collections.abc import Coroutine, Generator, Sequence
 from typing import Any, TypeVar
 
 from miles_core.runtime import Cancelled
-from sim.runtime import derive_seed
+from miles_core.scenario.seeds import derive_seed
 
 T = TypeVar("T")
 

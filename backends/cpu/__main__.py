@@ -3,9 +3,12 @@
 
 Runs the loop for real on a local Ray with virtual GPUs (or joins ADDR): torch
 trainer cells, HTTP engines, gloo weight transfer. One line of metrics per step
-(reward, version, staleness, transfer time and GB/s). A run whose history
-violates an oracle exits 1 and prints the command that replays its scenario
-and seed (a real run repeats its decisions, not its timings).
+(reward, version, staleness, transfer time and GB/s), and each fault as it
+fires. The end of the run reads like the simulator's: the world and flags, the
+story step by step, the faults, the verdicts. Exit codes as the simulator's: 0
+all oracles passed, 1 one failed (the command that replays the scenario and seed
+is printed; a real run repeats its decisions, not its timings), 2 the scenario
+or the command is wrong.
 """
 
 from __future__ import annotations
@@ -19,20 +22,17 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from backends.cpu.run import TRAIN, RealResult, run_real
+from backends.cpu.run import TRAIN, RealResult, check_real, run_real
 from miles_core.errors import ConfigError
-from miles_core.events import StepCommitted
-from miles_core.oracles import verdict_lines
+from miles_core.events import Event, FaultInjected, StepCommitted
+from miles_core.report import check_writable, chrome_trace, text_lines, write_json
+from miles_core.scenario import find_scenario
 from miles_core.transfer import TransferMode
-from sim.scenarios import find_scenario
-from sim.trace import write_trace
 
 
 def _print_human(result: RealResult) -> None:
     info = result.summary()
-    print(f"{info['scenario']} seed {info['seed']}: {info['status']}, {info['steps']} steps")
-    print(f"  reason: {result.report.reason}")
-    print(f"  versions: {result.report.versions}")
+    print("\n".join(text_lines(info, result.history, result.verdicts)))
     first, last = info["mean_reward_first"], info["mean_reward_last"]
     if first is not None:
         print(f"  mean reward: first step {first:.3f}, last step {last:.3f}")
@@ -43,18 +43,9 @@ def _print_human(result: RealResult) -> None:
             f"{t['median_seconds'] * 1e3:.1f} ms, {t['median_gbps']:.4f} GB/s"
         )
     print(f"  wall: {info['seconds_per_step']:.2f} s/step")
-    print("\n".join(verdict_lines(result.verdicts)))
-    print(f"  history hash: {info['history_hash']}")
 
 
-def _run(args: argparse.Namespace) -> int:
-    scenario = TRAIN if args.scenario is None else find_scenario(args.scenario, args.seed)
-    if args.update_weight_transfer_mode is not None:
-        loop = dataclasses.replace(
-            scenario.loop, transfer_mode=TransferMode(args.update_weight_transfer_mode)
-        )
-        scenario = dataclasses.replace(scenario, loop=loop)
-    steps = args.steps or scenario.loop.steps
+def _replay(args: argparse.Namespace, steps: int) -> str:
     command = ["python", "-m", "backends.cpu", "run", "--seed", str(args.seed)]
     command += ["--steps", str(steps)]
     if args.scenario is not None:
@@ -63,27 +54,55 @@ def _run(args: argparse.Namespace) -> int:
         command += ["--load", args.load]
     if args.update_weight_transfer_mode is not None:
         command += ["--update-weight-transfer-mode", args.update_weight_transfer_mode]
+    return shlex.join(command)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.steps is not None and args.steps < 1:
+        raise ConfigError("--steps", f"got {args.steps}", "pass an integer >= 1")
+    if args.timeout <= 0:
+        raise ConfigError("--timeout", f"got {args.timeout}", "pass seconds > 0")
+    trace = check_writable(args.trace, "--trace") if args.trace else None
+    scenario = TRAIN if args.scenario is None else find_scenario(args.scenario)
+    if args.update_weight_transfer_mode is not None:
+        loop = dataclasses.replace(
+            scenario.loop, transfer_mode=TransferMode(args.update_weight_transfer_mode)
+        )
+        scenario = dataclasses.replace(scenario, loop=loop)
+    scenario = check_real(scenario.with_run(steps=args.steps, seed=args.seed))
+    steps = scenario.loop.steps
     bar = tqdm(total=steps, unit="step", disable=True if args.json else None, leave=False)
+    say = (lambda text: None) if args.json else bar.write
+
+    def watch(event: Event) -> None:
+        if isinstance(event, StepCommitted):
+            bar.update(1)
+        elif isinstance(event, FaultInjected):
+            target = f"cell {event.cell}" if event.cell is not None else event.engine or "the world"
+            say(f"fault {event.fault.value} {target} at t={event.t:.2f} ({event.detail})")
+
     result = run_real(
         scenario,
         args.seed,
-        steps,
         timeout=args.timeout,
         address=args.address,
-        observers=[lambda e: bar.update(1) if isinstance(e, StepCommitted) else None],
-        on_line=(lambda line: None) if args.json else (lambda line: bar.write(str(line))),
+        observers=[watch],
+        on_line=lambda line: say(str(line)),
+        announce=lambda what: say(
+            f"  killing {what} (injected): Ray's messages about a worker that died are this"
+        ),
         save_to=Path(args.save) if args.save else None,
         load_from=Path(args.load) if args.load else None,
     )
     bar.close()
-    if args.trace:
-        write_trace(result.history, Path(args.trace))
+    if trace is not None:
+        write_json(trace, chrome_trace(result.history), "--trace")
     if args.json:
         print(json.dumps(result.summary(), sort_keys=True))
     else:
         _print_human(result)
     if not result.ok:
-        print(f"replay: {shlex.join(command)}", file=sys.stderr)
+        print(f"replay: {_replay(args, steps)}", file=sys.stderr)
         return 1
     return 0
 
@@ -97,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument(
         "--scenario",
         default=None,
-        help="a simulator scenario name or .toml file (default: train 20 steps, no fault)",
+        help="a scenario name (python -m sim list) or a .toml file (default: train 20 steps, "
+        "no fault); a swarm seed runs here once saved with python -m sim run swarm "
+        "--save-scenario FILE",
     )
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--steps", type=int, default=None, help="override the scenario's steps")
@@ -118,8 +139,6 @@ def main(argv: list[str] | None = None) -> int:
         "--timeout", type=float, default=900.0, help="wall seconds before the run counts as stalled"
     )
     args = parser.parse_args(argv)
-    if args.steps is not None and args.steps < 1:
-        parser.error(f"--steps must be >= 1, got {args.steps}")
     try:
         return _run(args)
     except ConfigError as error:

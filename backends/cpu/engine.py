@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import Any
 
 import ray
@@ -98,6 +99,7 @@ class EngineServer:
         max_new = int(params.get("max_new_tokens", 4))
         seed = int(params.get("sampling_seed", 0))
         die_midway = request.headers.get(DIE_MIDWAY) == "1"
+        created = time.monotonic()
         await self._resumed.wait()  # a paused engine holds new requests until continue
         self._in_flight.add(rid)
         tokens: list[int] = []
@@ -124,6 +126,7 @@ class EngineServer:
             "weight_version": version,
             "prompt_tokens": len(prompt),
             "completion_tokens": len(tokens),
+            "e2e_latency": time.monotonic() - created,  # SGLang's: arrival to finish, seconds
             "output_token_logprobs": [
                 [lp, t, None] for lp, t in zip(logprobs, tokens, strict=True)
             ],
@@ -219,3 +222,8 @@ class EngineActor:
 
     async def stop(self) -> None:
         await self.server.stop()
+
+    async def wait_forever(self) -> None:
+        """Never returns: a call left pending here fails when the actor dies, which is how
+        the world learns of an engine's death without waiting for a request to fail."""
+        await asyncio.Event().wait()

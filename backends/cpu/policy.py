@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from miles_core.scenario.seeds import derive_seed
 from miles_core.transfer import Bucket, ParamSpec, UpdateUnit, units_of
-from sim.runtime import derive_seed
 
 DIGITS = 10
 BOS, SEP = 10, 11

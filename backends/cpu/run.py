@@ -1,7 +1,7 @@
-"""One real run on Ray: a scenario (the simulator's, file or name) and a seed in; the event
-history, the oracles' verdicts and the training/transfer figures out.
+"""One real run on Ray: a scenario (named or a file, the same the simulator runs) and a seed
+in; the event history, the oracles' verdicts and the training/transfer figures out.
 
-The scenario's sim section gives the world's shape (cells, engines); its time
+The scenario's world shape (cells, ranks, engines) is built for real; its time
 models are the simulator's and do not apply here. Its loop section is used as
 is, with two translations: the bucket size is scaled so the real model splits
 into as many buckets as the simulated one (a fault "after bucket 2" exists in
@@ -23,6 +23,7 @@ from backends.common.aio_runtime import AsyncioRuntime
 from backends.common.ray_session import placed_bundles, ray_session, remove_placement_group
 from backends.cpu import checkpoint
 from backends.cpu.cluster import RayWorld, buffer_size_for
+from backends.cpu.faults import RayFaultActions
 from backends.cpu.policy import PolicyConfig
 from miles_core.backend import CellFailure
 from miles_core.errors import ConfigError
@@ -31,26 +32,25 @@ from miles_core.events import (
     GroupGot,
     GroupTrained,
     History,
-    RunStatus,
     StepCommitted,
     UpdateBegan,
     VersionPublished,
 )
+from miles_core.kinds import RunStatus
 from miles_core.loop import LoopConfig, Orchestrator, RunReport
 from miles_core.oracles import Violation, check_all
 from miles_core.placement import LayoutConfig, compute_layout
-from miles_core.transfer import plan_buckets
-from sim.cluster import SimConfig
-from sim.faults import ScheduledFaults
-from sim.run import Scenario, _end_early
+from miles_core.report import summary
+from miles_core.scenario import Scenario, WorldShape
+from miles_core.scenario.schedule import FaultSchedule
 
 REAL_HEARTBEAT_TIMEOUT = 5.0
 
 TRAIN = Scenario(
     "train",
     "two cells, two engines, no fault: GRPO on the climb task, reward rises",
-    SimConfig(num_cells=2, num_engines=2),
-    LoopConfig(
+    world=WorldShape(num_cells=2, num_engines=2),
+    loop=LoopConfig(
         steps=20,
         rollout_batch_size=8,
         n_samples_per_prompt=8,
@@ -104,14 +104,11 @@ class RealResult:
         return all(v is None for v in self.verdicts.values())
 
     def summary(self) -> dict[str, Any]:
+        """The simulator's summary of the run, with the training and transfer figures."""
+        info = summary(self.scenario, self.seed, self.history, self.report, self.verdicts)
         rewards = [self.step_rewards[s] for s in sorted(self.step_rewards)]
         transfers = [line for line in self.lines if line.transfer_seconds > 0]
-        return {
-            "scenario": self.scenario.name,
-            "seed": self.seed,
-            "status": self.report.status.value,
-            "steps": self.report.steps_done,
-            "final_version": self.report.versions[-1] if self.report.versions else None,
+        info |= {
             "mean_reward_first": rewards[0] if rewards else None,
             "mean_reward_last": rewards[-1] if rewards else None,
             "seconds_per_step": self.wall_seconds / max(1, self.report.steps_done),
@@ -123,10 +120,9 @@ class RealResult:
                 else None,
                 "median_gbps": statistics.median(t.gbps for t in transfers) if transfers else None,
             },
-            "oracles": {k: "pass" if v is None else "fail" for k, v in self.verdicts.items()},
             "checkpoint": None if self.checkpoint is None else str(self.checkpoint),
-            "history_hash": self.history.hash(),
         }
+        return info
 
 
 class _StepMetrics:
@@ -189,23 +185,26 @@ async def _cancel_leftovers() -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def real_loop(scenario: Scenario, steps: int | None, seed: int, model_bytes: int) -> LoopConfig:
-    loop = scenario.loop
-    if loop.lora_adapter is not None:
+def check_real(scenario: Scenario) -> Scenario:
+    """What this world cannot run, refused before anything starts."""
+    if scenario.loop.lora_adapter is not None:
         raise ConfigError(
-            "loop.lora_adapter",
+            "[loop].lora_adapter",
             "the CPU backend trains the full model, not a LoRA adapter",
             "run LoRA scenarios in the simulator (python -m sim run ...)",
         )
-    sim_buckets = len(plan_buckets(scenario.sim.units(), loop.update_weight_buffer_size))
+    return scenario
+
+
+def real_loop(scenario: Scenario, seed: int, model_bytes: int) -> LoopConfig:
+    loop = scenario.loop
     buffer = (
         loop.update_weight_buffer_size
-        if scenario is TRAIN
-        else buffer_size_for(model_bytes, sim_buckets)
+        if scenario.name == TRAIN.name
+        else buffer_size_for(model_bytes, scenario.n_buckets)
     )
     return dataclasses.replace(
         loop,
-        steps=steps or loop.steps,
         seed=seed,
         scenario=scenario.name,
         update_weight_buffer_size=buffer,
@@ -216,62 +215,88 @@ def real_loop(scenario: Scenario, steps: int | None, seed: int, model_bytes: int
     )
 
 
+@dataclass(frozen=True)
+class _Options:
+    policy: PolicyConfig
+    timeout: float
+    observers: Sequence[Callable[[Event], None]]
+    on_line: Callable[[StepLine], None]
+    announce: Callable[[str], None]
+    save_to: Path | None
+    load_from: Path | None
+
+
+async def _resume(world: RayWorld, load_from: Path | None, policy: PolicyConfig) -> Any:
+    """Load a checkpoint into every cell; its ledger (or None when not resuming)."""
+    if load_from is None:
+        return None
+    states, ledger = checkpoint.load(load_from, policy)
+    if len(states) != world.gpus_per_cell:
+        raise ConfigError(
+            "--load",
+            f"the checkpoint holds {len(states)} ranks per cell, this run has "
+            f"{world.gpus_per_cell}",
+            "resume with the cell size the checkpoint was saved with",
+        )
+    args = [(state,) for state in states]
+    await asyncio.gather(*(c.call_each("set_state", args) for c in world.cells.values()))
+    return ledger
+
+
+async def _drive(control: Orchestrator, world: RayWorld, timeout: float) -> RunReport:
+    """Run the loop until it ends, the world itself fails, or the timeout passes."""
+    run = asyncio.ensure_future(control.run())
+    done, _ = await asyncio.wait(
+        {run, world.failed}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+    )
+    if run in done:
+        return run.result()
+    if world.failed in done:
+        return control.end_with(world.failed.result(), "raised in the Ray world")
+    return control.end(RunStatus.STALLED, f"no end within {timeout:g} s")
+
+
 async def _run(
-    scenario: Scenario,
-    seed: int,
-    steps: int | None,
-    policy: PolicyConfig,
-    timeout: float,
-    observers: Sequence[Callable[[Event], None]],
-    on_line: Callable[[StepLine], None],
-    pg: Any,
-    placement: Any,
-    save_to: Path | None = None,
-    load_from: Path | None = None,
+    scenario: Scenario, seed: int, pg: Any, placement: Any, options: _Options
 ) -> RealResult:
     rt = AsyncioRuntime(seed)
-    faults = ScheduledFaults(scenario.faults)
+    schedule = FaultSchedule(scenario.faults)
     world = RayWorld(
         rt,
-        num_cells=scenario.sim.num_cells,
-        gpus_per_cell=scenario.sim.gpus_per_cell,
-        num_engines=scenario.sim.num_engines,
-        policy=policy,
+        num_cells=scenario.world.num_cells,
+        gpus_per_cell=scenario.world.gpus_per_cell,
+        num_engines=scenario.world.num_engines,
+        policy=options.policy,
         pg=pg,
         placement=placement,
-        faults=faults,
+        faults=schedule,
         seed=seed,
     )
+    history = History()
+    metrics = _StepMetrics(world, options.on_line)
     try:
-        loop = real_loop(scenario, steps, seed, world.model_bytes)
-        resumed = checkpoint.load(load_from, policy) if load_from is not None else None
+        loop = real_loop(scenario, seed, world.model_bytes)
         await world.start()
-        if resumed is not None:
-            states = resumed[0]
-            if len(states) != world.gpus_per_cell:
-                raise ConfigError(
-                    "--load",
-                    f"the checkpoint holds {len(states)} ranks per cell, this run has "
-                    f"{world.gpus_per_cell}",
-                    "resume with the cell size the checkpoint was saved with",
-                )
-            args = [(state,) for state in states]
-            await asyncio.gather(*(c.call_each("set_state", args) for c in world.cells.values()))
-        history = History()
-        metrics = _StepMetrics(world, on_line)
+        ledger = await _resume(world, options.load_from, options.policy)
         history.observe(metrics)
-        for observer in observers:
+        for observer in options.observers:
             history.observe(observer)
-        control = Orchestrator(rt, world, loop, history, resumed[1] if resumed else None)
-        world.attach(control)
-        faults.install(world, control)
+        control = Orchestrator(
+            rt,
+            world,
+            loop,
+            history,
+            ledger,
+            expected_status=scenario.expect.status,
+            expected_error=scenario.expect.error,
+        )
+        schedule.install(rt, history, RayFaultActions(world, options.announce))
         started = rt.now()
-        try:
-            report = await asyncio.wait_for(control.run(), timeout)
-        except TimeoutError:
-            report = _end_early(control, RunStatus.STALLED, f"no end within {timeout:g} s")
+        report = await _drive(control, world, options.timeout)
         wall = rt.now() - started
-        saved = await _save(world, control, save_to, policy) if save_to is not None else None
+        saved = None
+        if options.save_to is not None:
+            saved = await _save(world, control, options.save_to, options.policy)
     finally:
         await _cancel_leftovers()  # generation still in flight must not outlive the run
         await world.close()
@@ -291,21 +316,22 @@ def run_real(
     **options: Any,
 ) -> RealResult:
     """Start Ray (or join ``address``), run, and shut Ray down, errors included."""
+    scenario = check_real(scenario.with_run(steps=steps, seed=seed))
     layout = _layout(scenario)
     with ray_session(layout.total_gpus, address):
         return run_in_ray(scenario, seed, steps, **options)
 
 
 def _layout(scenario: Scenario) -> Any:
-    sim = scenario.sim
+    world = scenario.world
     return compute_layout(
         LayoutConfig(
             actor_num_nodes=1,
-            actor_num_gpus_per_node=sim.num_cells * sim.gpus_per_cell,
-            rollout_num_gpus=sim.num_engines,
+            actor_num_gpus_per_node=world.num_cells * world.gpus_per_cell,
+            rollout_num_gpus=world.num_engines,
             rollout_num_gpus_per_engine=1,
             indep_dp=True,
-            gpus_per_cell=sim.gpus_per_cell,
+            gpus_per_cell=world.gpus_per_cell,
         )
     )
 
@@ -319,27 +345,19 @@ def run_in_ray(
     timeout: float = 900.0,
     observers: Sequence[Callable[[Event], None]] = (),
     on_line: Callable[[StepLine], None] = lambda line: None,
+    announce: Callable[[str], None] = lambda text: None,
     save_to: Path | None = None,
     load_from: Path | None = None,
 ) -> RealResult:
     """One run on the Ray this process is connected to; its actors and placement group
-    are gone when it returns. ``save_to`` / ``load_from``: checkpoint directories."""
+    are gone when it returns. ``save_to`` / ``load_from``: checkpoint directories;
+    ``announce``: told before the run kills a process for a fault."""
+    scenario = check_real(scenario.with_run(steps=steps, seed=seed))
+    options = _Options(
+        policy or PolicyConfig(), timeout, observers, on_line, announce, save_to, load_from
+    )
     pg, placement = placed_bundles(_layout(scenario))
     try:
-        return asyncio.run(
-            _run(
-                scenario,
-                seed,
-                steps,
-                policy or PolicyConfig(),
-                timeout,
-                observers,
-                on_line,
-                pg,
-                placement,
-                save_to,
-                load_from,
-            )
-        )
+        return asyncio.run(_run(scenario, seed, pg, placement, options))
     finally:
         remove_placement_group(pg)

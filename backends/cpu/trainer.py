@@ -128,7 +128,7 @@ class TrainerRank:
         started = time.perf_counter()
         position, cells = members.index(self.cell), len(members)
         shard = list(batch)[position::cells][self.rank :: self.ranks]
-        failure = ""
+        failure, computed = "", 0.0
         try:
             if cells > 1:
                 prefix = f"step{step}/attempt{attempt}/rank{self.rank}"
@@ -138,6 +138,7 @@ class TrainerRank:
             loss.backward()  # FSDP2 reduce-scatters (averages) within the cell here
             if slowdown > 1:
                 time.sleep((time.perf_counter() - started) * (slowdown - 1))
+            computed = time.perf_counter() - started  # forward/backward: what a slowdown slows
             if die_before_allreduce:
                 os._exit(1)  # a real death: the process ends, its sockets reset
             if cells > 1:
@@ -147,9 +148,9 @@ class TrainerRank:
         failure = self._cell_agrees(failure)
         if failure:
             self.optimizer.zero_grad(set_to_none=False)
-            return {"outcome": "discarded", "reason": failure}
+            return {"outcome": "discarded", "reason": failure, "seconds": computed}
         self.optimizer.step()
-        return {"outcome": "normal", "loss": float(loss), "seconds": time.perf_counter() - started}
+        return {"outcome": "normal", "loss": float(loss), "seconds": computed}
 
     def _cell_agrees(self, failure: str) -> str:
         """Every rank of the cell exchanged, or none steps: the MIN of the ranks' success

@@ -23,7 +23,14 @@ from dataclasses import dataclass, field
 
 from miles_core.backend import Cluster
 from miles_core.errors import MilesCoreError, format_traceback
-from miles_core.events import History, LedgerRestored, RunEnded, RunStarted, StepCommitted
+from miles_core.events import (
+    History,
+    LedgerRestored,
+    RunEnded,
+    RunStarted,
+    StepCommitted,
+    WeightsChecked,
+)
 from miles_core.kinds import RunStatus
 from miles_core.loop.config import LoopConfig
 from miles_core.loop.context import RunContext
@@ -119,6 +126,19 @@ class Orchestrator:
     def cell_started(self, cell: int, incarnation: int, how: str) -> None:
         if not self.ctx.stopping:
             self.trainer.cell_started(cell, incarnation, how)
+
+    def weights_checked(
+        self, engine: str, version: int, checksum: str, trainer_checksum: str
+    ) -> None:
+        if self.ctx.stopping:
+            return
+        self.ctx.emit(
+            WeightsChecked,
+            engine=engine,
+            version=version,
+            checksum=checksum,
+            trainer_checksum=trainer_checksum,
+        )
 
     def _sync_soon(self, engine: str) -> None:
         self.ctx.spawn(self.updater.sync(engine), f"sync-{engine}")

@@ -90,6 +90,13 @@ def _step(update: _Update, seq: int, e: Event) -> Violation | None:
         for process in zip(e.engines, e.incarnations, strict=True):
             update.paused[process] = (seq, e)
     elif isinstance(e, BucketReceived):
+        if not 0 <= e.bucket < began.n_buckets or e.n_buckets != began.n_buckets:
+            return Violation(
+                NAME,
+                f"{where}: bucket {e.bucket} of {e.n_buckets} arrived, but the update has "
+                f"buckets 0..{began.n_buckets - 1}",
+                (update.began, (seq, e)),
+            )
         for engine, inc in zip(e.engines, e.incarnations, strict=True):
             if engine not in plan:
                 return Violation(
@@ -115,7 +122,7 @@ def _step(update: _Update, seq: int, e: Event) -> Violation | None:
                 "to it",
                 (update.began, (seq, e)),
             )
-        if len(got) != began.n_buckets:
+        if got != set(range(began.n_buckets)):
             return Violation(
                 NAME,
                 f"{where}: {e.engine} (process {e.incarnation}) was stamped after it received "

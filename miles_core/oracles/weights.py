@@ -100,7 +100,7 @@ def published_weights(history: History) -> Violation | None:
                 state.partial is not None
                 and state.partial[1].update_id == e.update_id  # type: ignore[union-attr]
                 and began is not None
-                and len(state.buckets) == began[1].n_buckets  # type: ignore[union-attr]
+                and state.buckets == set(range(began[1].n_buckets))  # type: ignore[union-attr]
             )
             state.version, state.stamp = e.version, (seq, e)
             if complete:  # whole: the process now holds exactly this version

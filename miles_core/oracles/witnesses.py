@@ -231,6 +231,7 @@ def _inside(t: float, windows: list[tuple[float, float]]) -> bool:
 
 
 def _slower(inside: list[float], outside: list[float], factor: float, what: str) -> str | None:
+    """``what`` names the things timed, in the plural ("steps of cell 0")."""
     if not inside:
         return f"no {what} began during the window, so there was nothing to slow"
     if not outside:
@@ -239,7 +240,7 @@ def _slower(inside: list[float], outside: list[float], factor: float, what: str)
     wanted = 1 + (factor - 1) / 2
     if ratio < wanted:
         return (
-            f"{what}s in the window took {ratio:.2f}x the others, not the >= {wanted:.2f}x "
+            f"{what} in the window took {ratio:.2f}x the others, not the >= {wanted:.2f}x "
             f"that a {factor:g}x slowdown shows"
         )
     return None
@@ -258,7 +259,7 @@ def _cell_slowed(fault: FaultInjected, seq: int, index: _Index) -> str | None:
         outside = [
             r.seconds for r in index.trained if r.cell != fault.cell and (r.step, r.attempt) in keys
         ]
-    return _slower(inside, outside, fault.factor or 1.0, f"step of cell {fault.cell}")
+    return _slower(inside, outside, fault.factor or 1.0, f"steps of cell {fault.cell}")
 
 
 def _link_slowed(fault: FaultInjected, seq: int, index: _Index) -> str | None:
@@ -268,7 +269,7 @@ def _link_slowed(fault: FaultInjected, seq: int, index: _Index) -> str | None:
     per_byte = [(b.t - b.seconds, b.seconds / max(1, b.nbytes)) for b in index.buckets]
     inside = [s for t, s in per_byte if start <= t < end]
     outside = [s for t, s in per_byte if not _inside(t, windows)]
-    return _slower(inside, outside, fault.factor or 1.0, "bucket send")
+    return _slower(inside, outside, fault.factor or 1.0, "bucket sends")
 
 
 def _router_delayed(fault: FaultInjected, seq: int, index: _Index) -> str | None:
@@ -295,7 +296,7 @@ def _router_failed(fault: FaultInjected, seq: int, index: _Index) -> str | None:
     del seq
     start, end = fault.t, fault.t + (fault.duration or 0.0)
     failed = any(
-        start <= s.sent <= end and s.outcome is SampleOutcome.ROUTER_FAILED for s in index.samples
+        start <= s.sent < end and s.outcome is SampleOutcome.ROUTER_FAILED for s in index.samples
     )
     return None if failed else "no request sent during the window failed at the router"
 

@@ -16,6 +16,7 @@ from miles_core.events import (
     GroupTrained,
     History,
     RunEnded,
+    UpdateBegan,
 )
 from miles_core.loop import RunReport
 from miles_core.oracles import Violation, unfired_reason, verdict_lines
@@ -23,9 +24,12 @@ from miles_core.report.story import step_stories, story_lines
 from miles_core.scenario import Scenario
 
 
-def world_and_flags(scenario: Scenario) -> dict[str, Any]:
-    """The effective world and flags of a run (after --steps and the seed)."""
+def world_and_flags(scenario: Scenario, history: History | None = None) -> dict[str, Any]:
+    """The effective world and flags of a run (after --steps and the seed); the buckets per
+    update as the run's updates had them, when it had any (a real model is not the
+    scenario's)."""
     w, loop = scenario.world, scenario.loop
+    began = next((e for e in history or () if isinstance(e, UpdateBegan)), None)
     return {
         "preset": scenario.preset,
         "cells": w.num_cells,
@@ -39,7 +43,7 @@ def world_and_flags(scenario: Scenario) -> dict[str, Any]:
         "max_weight_staleness": loop.max_weight_staleness,
         "unused_samples_handler": loop.unused_samples_handler.value,
         "transfer_mode": loop.transfer_mode.value,
-        "buckets_per_update": scenario.n_buckets,
+        "buckets_per_update": began.n_buckets if began else scenario.n_buckets,
         "update_weight_buffer_size": loop.update_weight_buffer_size,
         "heartbeat_interval": loop.heartbeat_interval,
         "expect": scenario.expect.describe(),
@@ -80,7 +84,7 @@ def summary(
     return {
         "scenario": scenario.name,
         "seed": seed,
-        "world": world_and_flags(scenario),
+        "world": world_and_flags(scenario, history),
         "status": report.status.value,
         "reason": report.reason,
         "error": end.error if end else None,

@@ -298,7 +298,7 @@ def fault_from_mapping(data: Mapping[str, Any], where: str = "fault") -> AnyFaul
     trigger_cls = TRIGGERS[point]
     params = _params(cls)
     allowed = {"kind", "point", *trigger_keys(trigger_cls), *params}
-    stray = sorted(set(data) - allowed)
+    stray = sorted(set(data) - allowed, key=str)
     if stray:
         what = f"point {point.value}" if point else "a fault at a time"
         raise ConfigError(

@@ -65,7 +65,7 @@ def _check_one(hint: Any, value: Any, where: str) -> Any:
             return value
         raise ConfigError(where, f"got {value!r}", "write an integer")
     if hint is float:
-        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        if isinstance(value, int | float) and not isinstance(value, bool) and _finite(value):
             return float(value)
         raise ConfigError(where, f"got {value!r}", "write a finite number")
     if hint is str:
@@ -73,6 +73,14 @@ def _check_one(hint: Any, value: Any, where: str) -> Any:
             return value
         raise ConfigError(where, f"got {value!r}", "write a string in quotes")
     return value  # a type the user never writes directly (checked by its own class)
+
+
+def _finite(value: float) -> bool:
+    """Not inf or nan, and held by a float (TOML reads 400-digit integers; a float cannot)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def build(
@@ -90,7 +98,7 @@ def build(
     """
     hints = typing.get_type_hints(cls)
     known = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-    unknown = sorted(set(data) - set(known))
+    unknown = sorted(set(data) - set(known), key=str)
     if unknown:
         raise ConfigError(where, f"unknown keys {unknown}", f"use only {sorted(known)}")
     values = {k: check_value(hints[k], v, f"{where}.{k}") for k, v in data.items()}

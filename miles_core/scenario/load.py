@@ -61,7 +61,7 @@ def scenario_from_mapping(
 ) -> Scenario:
     """A scenario from the tables of a file (or a dict written the same way)."""
     data = require_table(data, source, "a scenario is a TOML document of keys and tables")
-    unknown = sorted(set(data) - set(TOP_KEYS))
+    unknown = sorted(set(data) - set(TOP_KEYS), key=str)
     if unknown:
         raise ConfigError(source, f"unknown top-level keys {unknown}", f"use only {list(TOP_KEYS)}")
     name = check_value(str, data.get("name", default_name), "name")
@@ -101,7 +101,7 @@ def scenario_from_mapping(
 def _sim_section(data: Any, world: WorldShape, timing: TimeModel) -> tuple[WorldShape, TimeModel]:
     """[sim]: the world's shape and the simulator's time models, in one table."""
     data = require_table(data, "[sim]", "write the world's settings as a [sim] section")
-    unknown = sorted(set(data) - SHAPE_KEYS - TIME_KEYS)
+    unknown = sorted(set(data) - SHAPE_KEYS - TIME_KEYS, key=str)
     if unknown:
         raise ConfigError(
             "[sim]", f"unknown keys {unknown}", f"use only {sorted(SHAPE_KEYS | TIME_KEYS)}"

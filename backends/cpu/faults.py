@@ -1,0 +1,69 @@
+"""The Ray world's fault actions: what each fault kind does to real processes.
+
+They act and record nothing; the world reports the effects the way it always
+does (a dead engine actor through its watch, new processes once they answer, a
+dead cell through its failing calls and unanswered heartbeats). A kill at a
+named point strikes inside the call about to be made (``before_allreduce``:
+the rank exits after its backward pass; ``mid_generation``: the engine exits
+halfway through the request); any other kill is ``ray.kill`` at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from backends.cpu.cluster import RayWorld
+from miles_core.kinds import FaultPoint
+from miles_core.scenario.faults import DelayRouter, DropHeartbeat, FailRouter, SlowCell, SlowLink
+from miles_core.scenario.schedule import Impairment
+
+
+class RayFaultActions:
+    """The FaultActions of the Ray world. ``announce`` is told of each kill before it
+    happens (so that the CLI can say that the Ray messages about a dead worker are it)."""
+
+    def __init__(self, world: RayWorld, announce: Callable[[str], None] = lambda text: None):
+        self.world = world
+        self.announce = announce
+
+    def kill_cell(self, cell: int, point: FaultPoint | None) -> None:
+        self.announce(f"cell {cell}'s processes")
+        if point is FaultPoint.BEFORE_ALLREDUCE:
+            self.world.cells[cell].doomed = True  # RayCell.train passes it into the call
+        else:
+            self.world.cells[cell].kill()
+
+    def start_cell(self, cell: int) -> None:
+        incarnation = self.world.cells[cell].create()
+        if self.world.observer is not None:
+            self.world.observer.cell_started(cell, incarnation, "rank actors created")
+
+    def kill_engine(self, engine: str, point: FaultPoint | None) -> None:
+        self.announce(f"{engine}'s process")
+        if point is FaultPoint.MID_GENERATION:
+            self.world.engines[engine].doomed = True  # RayRouter.generate sends the header
+        else:
+            self.world.engines[engine].kill()
+
+    def restart_engine(self, engine: str) -> None:
+        self.announce(f"{engine}'s process, to start a new one")
+        self.world.spawn(self._restart_engine(engine), f"restart-{engine}")
+
+    async def _restart_engine(self, engine: str) -> None:
+        incarnation = await self.world.engines[engine].start()
+        observer = self.world.observer
+        if observer is not None and self.world.engines[engine].incarnation == incarnation:
+            observer.engine_started(engine, incarnation, "actor started, /health answered")
+
+    def impair(self, fault: Impairment) -> None:
+        world, duration = self.world, fault.duration
+        if isinstance(fault, SlowCell):
+            world.impair(f"cell-{fault.cell}", fault.factor, duration)
+        elif isinstance(fault, SlowLink):
+            world.impair("link", fault.factor, duration)
+        elif isinstance(fault, DelayRouter):
+            world.impair("router-delay", 1.0 + fault.seconds, duration)
+        elif isinstance(fault, FailRouter):
+            world.impair("router-fail", 1.0, duration)
+        elif isinstance(fault, DropHeartbeat):
+            world.impair(f"heartbeat-{fault.cell}", 1.0, duration)

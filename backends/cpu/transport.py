@@ -1,0 +1,177 @@
+"""How requests and weights travel in the Ray world: the router and the gloo weight transport.
+
+Translation only: a request goes to the engine process the orchestration
+chose, a bucket to the engine processes it names; a process that was replaced
+meanwhile is an EngineFailure, a dead peer in a collective names who died.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from backends.cpu.engine import DIE_MIDWAY
+from backends.cpu.policy import RESPONSE_TOKENS, Trajectory, prompt_tokens, reward
+from miles_core.backend import (
+    CellFailure,
+    Delivery,
+    EngineFailure,
+    GenerateRequest,
+    GenerateResult,
+    RouterFailure,
+)
+from miles_core.kinds import FaultPoint
+from miles_core.scenario.seeds import derive_seed
+from miles_core.transfer import Bucket
+
+if TYPE_CHECKING:
+    from backends.cpu.cluster import RayCell, RayWorld
+
+
+class RayRouter:
+    """Routes each call to the engine process the orchestration chose (sglang-router would
+    apply its own policy instead; see the README)."""
+
+    def __init__(self, world: RayWorld) -> None:
+        self.world = world
+
+    async def generate(
+        self, engine: str, incarnation: int, request: GenerateRequest
+    ) -> GenerateResult:
+        world = self.world
+        if world.impaired("router-delay"):
+            await asyncio.sleep(world.slowdown("router-delay") - 1.0)
+        if world.impaired("router-fail"):
+            raise RouterFailure("router failing (injected)")
+        target = world.engines[engine]
+        world.faults.fire(FaultPoint.MID_GENERATION, engine=engine)
+        headers = {DIE_MIDWAY: "1"} if target.doomed else {}
+        target.doomed = False
+        prompt = prompt_tokens(world.seed, request.prompt_id)
+        seed = derive_seed(world.seed, f"sample-{request.group_id}-{request.sample}") % 2**31
+        body = {
+            "rid": f"g{request.group_id}-s{request.sample}",
+            "input_ids": prompt,
+            "sampling_params": {
+                "max_new_tokens": RESPONSE_TOKENS,
+                "temperature": 1.0,
+                "sampling_seed": seed,
+            },
+            "return_logprob": True,
+        }
+        reply = await target.request(incarnation, "POST", "/generate", body, **headers)
+        meta = reply["meta_info"]
+        version = None if meta["weight_version"] == "default" else int(meta["weight_version"])
+        aborted = meta["finish_reason"]["type"] == "abort"
+        response = tuple(reply["output_ids"])
+        score = reward(prompt, response)
+        world.rewards[request.group_id] = (*world.rewards.get(request.group_id, ()), score)
+        return GenerateResult(
+            engine=engine,
+            weight_version=version,
+            aborted=aborted,
+            reward=score,
+            payload=Trajectory(tuple(prompt), response, score),
+            engine_seconds=meta.get("e2e_latency"),
+        )
+
+
+class GlooTransport:
+    """Buckets from the source cell's rank to engines over a gloo group per update.
+
+    SGLang's sequence: /init_weights_update_group on every engine while the
+    trainer joins as rank 0, then per bucket a broadcast from the trainer while
+    each engine serves /update_weights_from_distributed. Broadcast mode makes
+    one group of all engines; p2p one group per engine. A group is made for the
+    engine processes named, so a restarted process is never in an old group.
+    """
+
+    def __init__(self, world: RayWorld) -> None:
+        self.world = world
+        self._groups: dict[tuple[int, tuple[tuple[str, int], ...]], str] = {}
+
+    async def _all(self, calls: dict[str, Any], source: int) -> list[Any]:
+        """Run calls at once and name who failed.
+
+        A dead source cell or engine raises at once (the trainer must not sit in a
+        rendezvous timeout before the orchestration hears of it). A collective that
+        failed inside a live trainer means a peer vanished: the engines' own replies
+        then say which one.
+        """
+        tasks = {asyncio.ensure_future(c): who for who, c in calls.items()}
+        pending: set[asyncio.Future[Any]] = set(tasks)
+        try:
+            while pending:
+                _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+                errors = [t.exception() for t in tasks if t.done() and t.exception()]
+                component = [e for e in errors if isinstance(e, CellFailure)] + [
+                    e for e in errors if isinstance(e, EngineFailure)
+                ]
+                if component:
+                    raise component[0]
+            errors = [t.exception() for t in tasks if t.exception()]
+            if errors:  # only the trainer's collective failed, yet every engine answered
+                raise CellFailure(source, f"collective failed: {errors[0]}")
+            return [t.result() for t in tasks]
+        finally:
+            for t in pending:
+                t.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def _group(self, update_id: int, cell: RayCell, engines: Mapping[str, int]) -> str:
+        key = (update_id, tuple(sorted(engines.items())))
+        if key in self._groups:
+            return self._groups[key]
+        for old in [k for k in self._groups if k[0] != update_id]:
+            self._groups.pop(old)
+        name = f"update{update_id}-" + "+".join(f"{e}.{i}" for e, i in sorted(engines.items()))
+        world = len(engines) + 1
+        host, port = self.world.store_addr
+        calls: dict[str, Any] = {"cell": cell.call("init_update_group", (host, port), name, world)}
+        for rank, (engine, incarnation) in enumerate(sorted(engines.items()), start=1):
+            body = {
+                "master_address": host,
+                "master_port": port,
+                "rank_offset": rank,
+                "world_size": world,
+                "group_name": name,
+                "backend": "gloo",
+            }
+            calls[engine] = self.world.engines[engine].request(
+                incarnation, "POST", "/init_weights_update_group", body
+            )
+        await self._all(calls, cell.index)
+        if update_id not in self.world.trainer_checksums:
+            self.world.trainer_checksums[update_id] = (await cell.call("checksum"))[0]
+        self.world.current_update = update_id
+        self._groups[key] = name
+        return name
+
+    async def send_bucket(
+        self, update_id: int, source_cell: int, bucket: Bucket, engines: Mapping[str, int]
+    ) -> Delivery:
+        world = self.world
+        cell = world.cells[source_cell]
+        name = await self._group(update_id, cell, engines)
+        body = {
+            "names": [s.name for s in bucket.spans],
+            "dtypes": [s.dtype for s in bucket.spans],
+            "shapes": [list(s.shape) for s in bucket.spans],
+            "group_name": name,
+            "load_format": "flattened_bucket",
+            "flush_cache": True,
+        }
+        calls: dict[str, Any] = {"cell": cell.call("send_bucket", name, bucket)}
+        for engine, incarnation in sorted(engines.items()):
+            calls[engine] = world.engines[engine].request(
+                incarnation, "POST", "/update_weights_from_distributed", body
+            )
+        started = world.rt.now()
+        seconds = (await self._all(calls, source_cell))[0][0]  # the cell's rank 0
+        if world.impaired("link"):  # a slow link: the same bytes, this many times longer
+            await asyncio.sleep((world.rt.now() - started) * (world.slowdown("link") - 1))
+        wall = world.rt.now() - started
+        world.transfers.add(update_id, bucket.nbytes, seconds, wall)
+        # the bucket arrived; a fault here strikes before the updater's next step
+        world.faults.fire(FaultPoint.AFTER_BUCKET, cell=source_cell, bucket=bucket.index)
+        return Delivery(tuple(sorted(engines)), wall)
