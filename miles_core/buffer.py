@@ -199,7 +199,15 @@ class BufferConfig:
             raise ConfigError(
                 "--async-data-buffer-capacity-factor", f"got {factor!r}", "pass a finite number > 0"
             )
-        if self.capacity < 1:
+        try:
+            capacity = self.capacity
+        except OverflowError:  # inf, or an integer beyond a float: no buffer holds it
+            raise ConfigError(
+                "--async-data-buffer-capacity-factor",
+                f"floor({factor} x rollout_batch_size {self.rollout_batch_size}) is too large",
+                "use a factor and a batch size whose product is a buffer one can hold",
+            ) from None
+        if capacity < 1:
             raise ConfigError(
                 "--async-data-buffer-capacity-factor",
                 f"floor({factor} x rollout_batch_size {self.rollout_batch_size}) = {self.capacity}",

@@ -7,10 +7,10 @@ The order is the point. Stamping before publishing means no sample carries a
 version the rollout side has not heard of for longer than the update itself;
 publishing before resuming closes the window (seed report on PR #2244, risk 3)
 in which engines generated under the new weights while the consumer still
-believed the old version. The stamp step is built by the same function for the
+believed the old version. The stamp action is built by the same function for the
 full-parameter and the LoRA paths, so LoRA cannot forget it (the P1 of that
-report). The orchestration executes the steps in order and acknowledges each;
-a step out of order is a TransitionError.
+report). The orchestration executes the actions in order and acknowledges each;
+an action out of order is a TransitionError. ("Step" names a training step only.)
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class SendBucket:
 
 @dataclass(frozen=True)
 class StampEngines:
-    """Set each engine's weight_version: the same step for every kind of update."""
+    """Set each engine's weight_version: the same action for every kind of update."""
 
     version: int
     engines: tuple[str, ...]
@@ -64,20 +64,20 @@ class ResumeEngines:
     engines: tuple[str, ...]
 
 
-UpdateStep = (
+UpdateAction = (
     PauseEngines | UnloadAdapter | SendBucket | StampEngines | PublishVersion | ResumeEngines
 )
 
 
-def plan_update_steps(
+def plan_update_actions(
     version: int,
     engines: tuple[str, ...],
     n_buckets: int,
     kind: UpdateKind = UpdateKind.FULL,
     adapter: str | None = None,
     publish: bool = True,
-) -> tuple[UpdateStep, ...]:
-    """The steps of one weight update, in the order they must run.
+) -> tuple[UpdateAction, ...]:
+    """The actions of one weight update, in the order they must run.
 
     ``publish=False`` is a sync: restarted engines receive the already published
     version, so there is nothing new to publish.
@@ -101,19 +101,19 @@ def plan_update_steps(
             f"adapter={adapter!r} with kind={kind.value}: a LoRA update names its adapter, "
             "a full update names none"
         )
-    steps: list[UpdateStep] = [PauseEngines(engines)]
+    actions: list[UpdateAction] = [PauseEngines(engines)]
     if adapter is not None:
-        steps.append(UnloadAdapter(engines, adapter))
-    steps.extend(SendBucket(k, n_buckets, engines) for k in range(n_buckets))
-    steps.append(StampEngines(version, engines))
+        actions.append(UnloadAdapter(engines, adapter))
+    actions.extend(SendBucket(k, n_buckets, engines) for k in range(n_buckets))
+    actions.append(StampEngines(version, engines))
     if publish:
-        steps.append(PublishVersion(version))
-    steps.append(ResumeEngines(engines))
-    return tuple(steps)
+        actions.append(PublishVersion(version))
+    actions.append(ResumeEngines(engines))
+    return tuple(actions)
 
 
 class WeightUpdate:
-    """Tracks one update through its plan; refuses steps out of order."""
+    """Tracks one update through its plan; refuses actions out of order."""
 
     def __init__(
         self,
@@ -124,7 +124,7 @@ class WeightUpdate:
         adapter: str | None = None,
         publish: bool = True,
     ) -> None:
-        self.steps = plan_update_steps(version, engines, n_buckets, kind, adapter, publish)
+        self.actions = plan_update_actions(version, engines, n_buckets, kind, adapter, publish)
         self.publish = publish
         self.version = version
         self.kind = UpdateKind(kind)
@@ -132,21 +132,21 @@ class WeightUpdate:
 
     @property
     def finished(self) -> bool:
-        return self._done == len(self.steps)
+        return self._done == len(self.actions)
 
     @property
-    def completed_steps(self) -> tuple[UpdateStep, ...]:
-        return self.steps[: self._done]
+    def completed_actions(self) -> tuple[UpdateAction, ...]:
+        return self.actions[: self._done]
 
-    def next_step(self) -> UpdateStep | None:
-        return None if self.finished else self.steps[self._done]
+    def next_action(self) -> UpdateAction | None:
+        return None if self.finished else self.actions[self._done]
 
-    def complete(self, step: UpdateStep) -> None:
-        """Acknowledge that ``step`` ran; it must be the next one in the plan."""
-        expected = self.next_step()
-        if step != expected:
+    def complete(self, action: UpdateAction) -> None:
+        """Acknowledge that ``action`` ran; it must be the next one in the plan."""
+        expected = self.next_action()
+        if action != expected:
             raise TransitionError(
-                f"weight update {self.version}: step {step!r} completed but the plan expects "
+                f"weight update {self.version}: action {action!r} completed but the plan expects "
                 f"{expected!r} next"
             )
         self._done += 1

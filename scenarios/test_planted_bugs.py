@@ -38,17 +38,17 @@ def publish_after_resume(mp: pytest.MonkeyPatch) -> None:
     """The engines resume before the version is published (seed report on PR #2244, risk 3)."""
     import miles_core.weight_update as wu
 
-    plan = wu.plan_update_steps
+    plan = wu.plan_update_actions
 
     def swapped(*args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        steps = list(plan(*args, **kwargs))
-        publish = [i for i, s in enumerate(steps) if isinstance(s, PublishVersion)]
+        actions = list(plan(*args, **kwargs))
+        publish = [i for i, a in enumerate(actions) if isinstance(a, PublishVersion)]
         if publish:
             i = publish[0]
-            steps[i], steps[i + 1] = steps[i + 1], steps[i]
-        return tuple(steps)
+            actions[i], actions[i + 1] = actions[i + 1], actions[i]
+        return tuple(actions)
 
-    mp.setattr(wu, "plan_update_steps", swapped)
+    mp.setattr(wu, "plan_update_actions", swapped)
 
 
 def discarded_attempt_commits(mp: pytest.MonkeyPatch) -> None:
@@ -105,14 +105,14 @@ def recycled_never_regenerated(mp: pytest.MonkeyPatch) -> None:
 def stamp_by_engine_id(mp: pytest.MonkeyPatch) -> None:
     """The original restart-before-stamp bug: the stamp and the resume go to whatever process
     serves the engine id now, not to the process that received the buckets."""
-    run_step = Updater._run_step
+    run_action = Updater._run_action
 
-    async def by_id(self: Updater, update_id: int, cell: int, step: Any, targets: Any) -> None:
-        if isinstance(step, StampEngines | ResumeEngines):
+    async def by_id(self: Updater, update_id: int, cell: int, action: Any, targets: Any) -> None:
+        if isinstance(action, StampEngines | ResumeEngines):
             targets = {e: self.ctx.engines.incarnation(e) for e in targets}
-        await run_step(self, update_id, cell, step, targets)
+        await run_action(self, update_id, cell, action, targets)
 
-    mp.setattr(Updater, "_run_step", by_id)
+    mp.setattr(Updater, "_run_action", by_id)
 
 
 PLANTS: dict[str, tuple[Plant, str]] = {

@@ -20,7 +20,6 @@ import json
 import shlex
 import sys
 import time
-from pathlib import Path
 
 from tqdm import tqdm
 

@@ -7,12 +7,13 @@ import dataclasses
 import pytest
 
 from miles_core.errors import ConfigError
-from sim.calibrate import apply_fit, calibrate, least_squares, main, predict_update_seconds
 from miles_core.scenario import PRESETS, Preset
+from sim.calibrate import apply_fit, calibrate, least_squares, main, predict_update_seconds
 
 
 def _timing(preset: Preset, **changes: float) -> Preset:
     return dataclasses.replace(preset, timing=dataclasses.replace(preset.timing, **changes))
+
 
 MIB = 1024**2
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from miles_core.conformance import decisions, rollout
 from miles_core.events import History, UpdateAborted
+from miles_core.kinds import AbortCause
 from sim.run import run_scenario
 from sim.scenarios import SCENARIOS
 
@@ -32,10 +33,24 @@ def test_decisions_hold_what_the_scenario_is_about() -> None:
 
 def test_engine_caused_aborts_are_timing_not_decisions() -> None:
     history = History()
-    history.append(UpdateAborted(t=0.0, update_id=0, version=1, reason="engine-1: died"))
-    history.append(UpdateAborted(t=1.0, update_id=1, version=1, reason="cell-0: died"))
+    for t, cause, component in (
+        (0.0, AbortCause.ENGINE, "engine-1"),
+        (1.0, AbortCause.CELL, "cell-0"),
+    ):
+        history.append(
+            UpdateAborted(
+                t=t, update_id=int(t), version=1, cause=cause, component=component, reason="died"
+            )
+        )
     assert rollout(history).updates_aborted_by_engines == 1
     assert decisions(history).aborted_updates == ((1, -1),)
+
+
+def test_engines_are_compared_by_the_processes_the_world_reported_and_where_they_ended() -> None:
+    restart = decisions(run_scenario(SCENARIOS["engine_restart"], 0).history)
+    assert restart.engines == (("engine-0", (1,), "serving"), ("engine-1", (), "serving"))
+    crash = decisions(run_scenario(SCENARIOS["engine_crash_mid_generation"], 0).history)
+    assert crash.engines == (("engine-0", (), "serving"), ("engine-1", (), "down"))
 
 
 def test_rollout_counts_reasons() -> None:

@@ -57,3 +57,17 @@ print("imported", len({modules!r}))
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"imported {len(modules)}"
+
+
+def test_backends_import_nothing_from_the_simulator() -> None:
+    """The real worlds share the scenario layer with the simulator through miles_core, never
+    through sim/ (which brings SimPy and the simulator's decisions about time)."""
+    backends = CORE.parent / "backends"
+    offenders = {
+        f"{path.relative_to(backends.parent)}: {name}"
+        for path in backends.rglob("*.py")
+        for name in _imports(path)
+        if name.split(".")[0] == "sim"
+    }
+    assert offenders == set()
+    assert len(list(backends.rglob("*.py"))) >= 10  # the scan saw the backends

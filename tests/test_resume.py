@@ -45,7 +45,7 @@ def test_oracles_hold_a_resumed_run_to_its_checkpoint() -> None:
     serving_initial.append(LedgerRestored(t=0.0, version=5))
     serving_initial.append(
         SampleGenerated(
-            t=1.0, group_id=0, prompt_id=0, sample=0, turn=0, engine="e", version=4, aborted=False
+            t=1.0, group_id=0, prompt_id=0, sample=0, turn=0, engine="e", incarnation=0, version=4
         )
     )
     assert published_weights(serving_initial) is not None  # 4 was never published here
@@ -55,16 +55,16 @@ def test_a_sync_never_runs_between_a_train_step_and_its_update() -> None:
     """A sync sends the trainer's current weights under the published version: right only
     while no step has trained past that version (the real backend's checksums caught it)."""
     from miles_core.events import StepBegan, UpdateBegan
-    from sim.faults import Fault
+    from miles_core.scenario import make_fault
 
     base = SCENARIOS["engine_restart"]
-    slow_rollout = dataclasses.replace(base.sim, decode_seconds_per_token=0.08)  # drains wait
+    slow_rollout = dataclasses.replace(base.timing, decode_seconds_per_token=0.08)  # drains wait
     syncs = 0
     for at in range(1, 120, 2):  # restarts landing in every phase of a step
         scenario = dataclasses.replace(
             base,
-            sim=slow_rollout,
-            faults=(Fault("restart_engine", engine="engine-0", at=float(at)),),
+            timing=slow_rollout,
+            faults=(make_fault("restart_engine", engine="engine-0", at=float(at)),),
         )
         result = run_scenario(scenario, 0, 8)
         assert result.ok, f"replay: restart at t={at}, seed 0"

@@ -18,7 +18,7 @@ from miles_core.weight_update import (
     UnloadAdapter,
     UpdateKind,
     WeightUpdate,
-    plan_update_steps,
+    plan_update_actions,
 )
 
 ENGINES = ("engine-0", "engine-1", "engine-2")
@@ -32,7 +32,7 @@ def index_of(steps, step_type) -> list[int]:
 
 
 def test_full_plan_order():
-    steps = plan_update_steps(7, ENGINES, n_buckets=3)
+    steps = plan_update_actions(7, ENGINES, n_buckets=3)
     assert steps == (
         PauseEngines(ENGINES),
         SendBucket(0, 3, ENGINES),
@@ -45,11 +45,11 @@ def test_full_plan_order():
 
 
 def test_full_is_the_default_kind():
-    assert plan_update_steps(2, ENGINES, 1) == plan_update_steps(2, ENGINES, 1, UpdateKind.FULL)
+    assert plan_update_actions(2, ENGINES, 1) == plan_update_actions(2, ENGINES, 1, UpdateKind.FULL)
 
 
 def test_lora_plan_order():
-    steps = plan_update_steps(7, ENGINES, n_buckets=2, kind=UpdateKind.LORA, adapter="policy")
+    steps = plan_update_actions(7, ENGINES, n_buckets=2, kind=UpdateKind.LORA, adapter="policy")
     assert steps == (
         PauseEngines(ENGINES),
         UnloadAdapter(ENGINES, "policy"),
@@ -62,8 +62,8 @@ def test_lora_plan_order():
 
 
 def test_lora_path_stamps_the_engine_version():
-    full = plan_update_steps(12, ENGINES, 4)
-    lora = plan_update_steps(12, ENGINES, 4, UpdateKind.LORA, adapter="a")
+    full = plan_update_actions(12, ENGINES, 4)
+    lora = plan_update_actions(12, ENGINES, 4, UpdateKind.LORA, adapter="a")
     stamps = {}
     for name, steps in (("full", full), ("lora", lora)):
         found = [s for s in steps if isinstance(s, StampEngines)]
@@ -77,7 +77,7 @@ def test_lora_path_stamps_the_engine_version():
 @pytest.mark.parametrize("n_buckets", [1, 2, 5])
 @pytest.mark.parametrize(("kind", "adapter"), [(UpdateKind.FULL, None), (UpdateKind.LORA, "x")])
 def test_stamp_comes_before_publish_and_publish_before_resume(n_buckets, kind, adapter):
-    steps = plan_update_steps(3, ENGINES, n_buckets, kind, adapter)
+    steps = plan_update_actions(3, ENGINES, n_buckets, kind, adapter)
     (pause,) = index_of(steps, PauseEngines)
     (stamp,) = index_of(steps, StampEngines)
     (publish,) = index_of(steps, PublishVersion)
@@ -100,7 +100,7 @@ def test_stamp_comes_before_publish_and_publish_before_resume(n_buckets, kind, a
 def test_plan_structure(version, engines, n_buckets, lora):
     engines = tuple(engines)
     kind, adapter = (UpdateKind.LORA, "adapter") if lora else (UpdateKind.FULL, None)
-    steps = plan_update_steps(version, engines, n_buckets, kind, adapter)
+    steps = plan_update_actions(version, engines, n_buckets, kind, adapter)
 
     head = [PauseEngines(engines)] + ([UnloadAdapter(engines, "adapter")] if lora else [])
     tail = [StampEngines(version, engines), PublishVersion(version), ResumeEngines(engines)]
@@ -115,7 +115,7 @@ def test_plan_structure(version, engines, n_buckets, lora):
 @pytest.mark.parametrize("n_buckets", [0, -1])
 def test_no_buckets_raises(n_buckets):
     with pytest.raises(TransitionError, match=rf"at least one bucket, got n_buckets={n_buckets}$"):
-        plan_update_steps(1, ENGINES, n_buckets)
+        plan_update_actions(1, ENGINES, n_buckets)
     with pytest.raises(TransitionError, match=rf"n_buckets={n_buckets}"):
         WeightUpdate(1, ENGINES, n_buckets)
 
@@ -128,12 +128,12 @@ def test_full_update_with_an_adapter_raises():
             "a full update names none"
         ),
     ):
-        plan_update_steps(1, ENGINES, 1, UpdateKind.FULL, adapter="policy")
+        plan_update_actions(1, ENGINES, 1, UpdateKind.FULL, adapter="policy")
 
 
 def test_lora_update_without_an_adapter_raises():
     with pytest.raises(TransitionError, match=r"adapter=None with kind=lora"):
-        plan_update_steps(1, ENGINES, 1, UpdateKind.LORA)
+        plan_update_actions(1, ENGINES, 1, UpdateKind.LORA)
     with pytest.raises(TransitionError, match=r"adapter=None with kind=lora"):
         WeightUpdate(1, ENGINES, 1, UpdateKind.LORA)
 
@@ -146,37 +146,37 @@ def test_update_walks_its_plan_and_finishes(kind, adapter):
     update = WeightUpdate(9, ENGINES, 3, kind, adapter)
     assert update.version == 9
     assert update.kind is kind
-    expected = plan_update_steps(9, ENGINES, 3, kind, adapter)
-    assert update.steps == expected
+    expected = plan_update_actions(9, ENGINES, 3, kind, adapter)
+    assert update.actions == expected
     assert not update.finished
-    assert update.completed_steps == ()
+    assert update.completed_actions == ()
 
     for done, step in enumerate(expected):
         assert not update.finished
-        assert update.next_step() == step
+        assert update.next_action() == step
         update.complete(step)
-        assert update.completed_steps == expected[: done + 1]
+        assert update.completed_actions == expected[: done + 1]
 
     assert update.finished
-    assert update.next_step() is None
+    assert update.next_action() is None
 
 
-def test_complete_out_of_order_raises_naming_the_expected_step():
+def test_complete_out_of_order_raises_naming_the_expected_action():
     update = WeightUpdate(4, ENGINES, 2)
     update.complete(PauseEngines(ENGINES))
     skipped_ahead = SendBucket(1, 2, ENGINES)
     expected = SendBucket(0, 2, ENGINES)
     with pytest.raises(
         TransitionError,
-        match=r"^weight update 4: step "
+        match=r"^weight update 4: action "
         + re.escape(repr(skipped_ahead))
         + r" completed but the plan expects "
         + re.escape(repr(expected))
         + r" next$",
     ):
         update.complete(skipped_ahead)
-    assert update.completed_steps == (PauseEngines(ENGINES),)
-    assert update.next_step() == expected
+    assert update.completed_actions == (PauseEngines(ENGINES),)
+    assert update.next_action() == expected
 
 
 def test_publish_before_stamp_is_refused():
@@ -198,7 +198,7 @@ def test_stamp_with_the_wrong_version_or_engines_is_refused():
         update.complete(StampEngines(4, ENGINES))
     with pytest.raises(TransitionError, match=r"StampEngines\(version=5"):
         update.complete(StampEngines(5, ENGINES[:2]))
-    assert len(update.completed_steps) == 2
+    assert len(update.completed_actions) == 2
 
 
 def test_lora_skipping_the_unload_is_refused():
@@ -210,7 +210,7 @@ def test_lora_skipping_the_unload_is_refused():
 
 def test_completing_a_step_after_the_update_finished_raises():
     update = WeightUpdate(1, ENGINES, 1)
-    for step in update.steps:
+    for step in update.actions:
         update.complete(step)
     with pytest.raises(TransitionError, match=r"the plan expects None next"):
         update.complete(ResumeEngines(ENGINES))
@@ -218,7 +218,7 @@ def test_completing_a_step_after_the_update_finished_raises():
 
 
 def test_kind_may_be_given_as_its_flag_string():
-    steps = plan_update_steps(3, ENGINES, 1, "lora", adapter="a")
+    steps = plan_update_actions(3, ENGINES, 1, "lora", adapter="a")
     assert isinstance(steps[1], UnloadAdapter)
     assert WeightUpdate(3, ENGINES, 1, "full").kind is UpdateKind.FULL
 
@@ -235,4 +235,4 @@ def test_kind_may_be_given_as_its_flag_string():
 def test_bad_plan_inputs_are_named(kwargs, message):
     args = {"version": 1, "engines": ENGINES, "n_buckets": 2, **kwargs}
     with pytest.raises(TransitionError, match=re.escape(message)):
-        plan_update_steps(**args)
+        plan_update_actions(**args)

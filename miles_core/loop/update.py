@@ -53,8 +53,8 @@ from miles_core.weight_update import (
     SendBucket,
     StampEngines,
     UnloadAdapter,
+    UpdateAction,
     UpdateKind,
-    UpdateStep,
     WeightUpdate,
 )
 
@@ -103,14 +103,14 @@ class Updater:
         tasks = [rt.spawn(one(e), f"{method}-{e}") for e in targets]
         return [f for f in await rt.wait_all(tasks) if f is not None]
 
-    # -- one step of the sequence --------------------------------------------------------
+    # -- one action of the sequence ------------------------------------------------------
 
-    async def _run_step(
-        self, update_id: int, cell: int, step: UpdateStep, targets: dict[str, int]
+    async def _run_action(
+        self, update_id: int, cell: int, action: UpdateAction, targets: dict[str, int]
     ) -> None:
         ctx = self.ctx
-        mine = {e: targets[e] for e in getattr(step, "engines", ())}
-        if isinstance(step, PauseEngines):
+        mine = {e: targets[e] for e in getattr(action, "engines", ())}
+        if isinstance(action, PauseEngines):
             paused: list[str] = []
             failures = await self._each(mine, "pause", answered=paused.append)
             paused.sort()
@@ -122,22 +122,22 @@ class Updater:
             )
             if failures:
                 raise failures[0]
-        elif isinstance(step, UnloadAdapter):
+        elif isinstance(action, UnloadAdapter):
             unloaded: list[str] = []
             failures = await self._each(
-                mine, "unload_adapter", step.adapter, answered=unloaded.append
+                mine, "unload_adapter", action.adapter, answered=unloaded.append
             )
             ctx.emit(
                 AdapterUnloaded,
                 update_id=update_id,
-                adapter=step.adapter,
+                adapter=action.adapter,
                 engines=tuple(sorted(unloaded)),
             )
             if failures:
                 raise failures[0]
-        elif isinstance(step, SendBucket):
-            await self._send_bucket(update_id, cell, step, mine)
-        elif isinstance(step, StampEngines):
+        elif isinstance(action, SendBucket):
+            await self._send_bucket(update_id, cell, action, mine)
+        elif isinstance(action, StampEngines):
             await ctx.cluster.cell(cell).ping()  # the updater's rank 0 stamps: it must be alive
 
             def stamped(engine: str) -> None:
@@ -146,17 +146,17 @@ class Updater:
                     update_id=update_id,
                     engine=engine,
                     incarnation=mine[engine],
-                    version=step.version,
+                    version=action.version,
                 )
 
-            failures = await self._each(mine, "stamp", step.version, answered=stamped)
+            failures = await self._each(mine, "stamp", action.version, answered=stamped)
             if failures:
                 raise failures[0]
-        elif isinstance(step, PublishVersion):
-            ctx.ledger.publish(step.version, f"cell-{cell}")
-            ctx.versions.append(step.version)
-            ctx.emit(VersionPublished, update_id=update_id, version=step.version, updater=cell)
-        elif isinstance(step, ResumeEngines):
+        elif isinstance(action, PublishVersion):
+            ctx.ledger.publish(action.version, f"cell-{cell}")
+            ctx.versions.append(action.version)
+            ctx.emit(VersionPublished, update_id=update_id, version=action.version, updater=cell)
+        elif isinstance(action, ResumeEngines):
             resumed: list[str] = []
             failures = await self._each(mine, "resume", answered=resumed.append)
             resumed.sort()
@@ -173,10 +173,10 @@ class Updater:
                 self.engines.failed(failure.engine, mine[failure.engine], failure.reason)
 
     async def _send_bucket(
-        self, update_id: int, cell: int, step: SendBucket, targets: dict[str, int]
+        self, update_id: int, cell: int, action: SendBucket, targets: dict[str, int]
     ) -> None:
         ctx = self.ctx
-        bucket = self.buckets[step.bucket]
+        bucket = self.buckets[action.bucket]
         plan = plan_transfer(ctx.config.transfer_mode, (bucket,), tuple(targets))
         for transfer in plan.transfers:  # broadcast: one call; p2p: one per engine
             for engine in transfer.targets:
@@ -187,8 +187,8 @@ class Updater:
             ctx.emit(
                 BucketReceived,
                 update_id=update_id,
-                bucket=step.bucket,
-                n_buckets=step.n_buckets,
+                bucket=action.bucket,
+                n_buckets=action.n_buckets,
                 engines=delivery.engines,
                 incarnations=tuple(targets[e] for e in delivery.engines),
                 nbytes=bucket.nbytes,
@@ -228,9 +228,9 @@ class Updater:
                 publishes=publish,
             )
             try:
-                while (step := update.next_step()) is not None:
-                    await self._run_step(update_id, cell, step, targets)
-                    update.complete(step)
+                while (action := update.next_action()) is not None:
+                    await self._run_action(update_id, cell, action, targets)
+                    update.complete(action)
                 return
             except ComponentFailure as failure:
                 if publish:

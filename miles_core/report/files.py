@@ -4,6 +4,7 @@ written after. Besides scenario files, the only place in miles_core that touches
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,20 +12,19 @@ from miles_core.errors import ConfigError
 
 
 def check_writable(path: str | Path, flag: str) -> Path:
-    """The path, once it is sure a file can be written there; else a ConfigError naming ``flag``."""
+    """The path, once it is sure a file can be written there (nothing is created yet); else a
+    ConfigError naming ``flag``."""
     path = Path(path)
     if path.is_dir():
         raise ConfigError(flag, f"{str(path)!r} is a directory", "pass a file path")
     parent = path.parent
-    if not parent.is_dir():
+    if not parent.exists():
         raise ConfigError(flag, f"the directory {str(parent)!r} does not exist", "create it first")
-    try:
-        with path.open("a"):
-            pass
-    except OSError as error:
-        raise ConfigError(
-            flag, f"cannot write {str(path)!r} ({error.strerror})", "pick a writable path"
-        ) from None
+    if not parent.is_dir():
+        raise ConfigError(flag, f"{str(parent)!r} is a file, not a directory", "fix the path")
+    target = path if path.exists() else parent
+    if not os.access(target, os.W_OK):
+        raise ConfigError(flag, f"{str(target)!r} is not writable", "pick a writable path")
     return path
 
 

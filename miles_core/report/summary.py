@@ -124,6 +124,8 @@ def text_lines(
     if info["status"] != "completed":
         lines.append(f"  ended by: {info['reason']}")
     lines += story_lines(step_stories(history))
+    if not info["faults"]:
+        lines.append("  faults: none scheduled")
     for fault in info["faults"]:
         when = (
             f"fired at t={fault['fired_at']:.2f}"

@@ -22,7 +22,6 @@ and says how to fix it.
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,6 +48,8 @@ TOP_KEYS = (
 
 def scenario_from_toml(text: str, source: str, default_name: str = "custom") -> Scenario:
     """Parse a scenario file's text; ``source`` names it in errors (its path)."""
+    import tomllib  # imported here: it brings datetime (for TOML dates); nothing reads a clock
+
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
