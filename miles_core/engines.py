@@ -83,6 +83,8 @@ class EngineTable:
         self._states = dict.fromkeys(ids, EngineState.SERVING)
         self._incarnations = dict.fromkeys(ids, 0)
         self._transitions: list[EngineTransition] = []
+        self._serving: tuple[str, ...] = ids
+        """Kept up to date by every transition: the router asks for it on every request."""
 
     @property
     def ids(self) -> tuple[str, ...]:
@@ -93,14 +95,16 @@ class EngineTable:
         return self._states[engine]
 
     def incarnation(self, engine: str) -> int:
-        self._check(engine)
-        return self._incarnations[engine]
+        incarnation = self._incarnations.get(engine)
+        if incarnation is None:
+            self._check(engine)
+        return incarnation  # type: ignore[return-value]
 
     def incarnations(self, engines: Iterable[str]) -> dict[str, int]:
         return {e: self.incarnation(e) for e in engines}
 
     def serving(self) -> tuple[str, ...]:
-        return tuple(e for e, s in self._states.items() if s is EngineState.SERVING)
+        return self._serving
 
     def live(self) -> tuple[str, ...]:
         """Engines with a live process (serving or waiting for a sync), sorted."""
@@ -127,6 +131,7 @@ class EngineTable:
                 f"engine {engine}: event {event.value} is not allowed in state {old.value}"
             )
         self._states[engine] = new
+        self._serving = tuple(e for e, s in self._states.items() if s is EngineState.SERVING)
         transition = EngineTransition(engine, old, new, event, self._incarnations[engine], reason)
         self._transitions.append(transition)
         return transition

@@ -1,25 +1,19 @@
 """The simulator's fault actions: what each fault kind does to the simulated cluster.
 
 When a fault fires (miles_core.scenario.schedule decides when), the simulated
-world acts and records nothing: a killed cell or engine simply dies (the
-control plane finds out from its calls and heartbeats, as it would on a real
-cluster), a started cell or restarted engine is reported by the cluster
-itself, and an impairment changes how long things take or whether the router
-answers. A kill at a named point strikes at once: in virtual time the point is now.
+world acts and records nothing: a killed cell simply dies (the control plane
+finds out from its calls and heartbeats, as it would on a real cluster); a
+killed engine's exit, a restarted engine and a started cell are reported by the
+cluster itself, as Ray reports a dead or new actor; an impairment changes how
+long things take or whether the router answers. A kill at a named point strikes
+at once: in virtual time the point is now.
 """
 
 from __future__ import annotations
 
 from miles_core.kinds import FaultPoint
-from miles_core.scenario.faults import (
-    DelayRouter,
-    DropHeartbeat,
-    FailRouter,
-    SlowCell,
-    SlowLink,
-    make_fault,
-)
-from miles_core.scenario.schedule import FaultSchedule, Impairment
+from miles_core.scenario.faults import make_fault
+from miles_core.scenario.schedule import FaultSchedule, Impairment, impaired_part
 from sim.cluster import SimCluster
 
 Fault = make_fault
@@ -49,17 +43,5 @@ class SimFaultActions:
         self.cluster.restart_engine(engine)
 
     def impair(self, fault: Impairment) -> None:
-        cluster, duration = self.cluster, fault.duration
-        if isinstance(fault, SlowCell):
-            cluster.impair(f"cell-{fault.cell}", fault.factor, duration)
-        elif isinstance(fault, SlowLink):
-            cluster.impair("link", fault.factor, duration)
-        elif isinstance(fault, DelayRouter):
-            cluster.impair("router-delay", 1.0 + fault.seconds, duration)
-        elif isinstance(fault, FailRouter):
-            cluster.impair("router-fail", 1.0, duration)
-        elif isinstance(fault, DropHeartbeat):
-            cluster.impair(f"heartbeat-{fault.cell}", 1.0, duration)
-
-
-__all__ = ["POINTS", "Fault", "ScheduledFaults", "SimFaultActions"]
+        part, factor = impaired_part(fault)
+        self.cluster.impair(part, factor, fault.duration)

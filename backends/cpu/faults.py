@@ -14,8 +14,7 @@ from collections.abc import Callable
 
 from backends.cpu.cluster import RayWorld
 from miles_core.kinds import FaultPoint
-from miles_core.scenario.faults import DelayRouter, DropHeartbeat, FailRouter, SlowCell, SlowLink
-from miles_core.scenario.schedule import Impairment
+from miles_core.scenario.schedule import Impairment, impaired_part
 
 
 class RayFaultActions:
@@ -56,14 +55,5 @@ class RayFaultActions:
             observer.engine_started(engine, incarnation, "actor started, /health answered")
 
     def impair(self, fault: Impairment) -> None:
-        world, duration = self.world, fault.duration
-        if isinstance(fault, SlowCell):
-            world.impair(f"cell-{fault.cell}", fault.factor, duration)
-        elif isinstance(fault, SlowLink):
-            world.impair("link", fault.factor, duration)
-        elif isinstance(fault, DelayRouter):
-            world.impair("router-delay", 1.0 + fault.seconds, duration)
-        elif isinstance(fault, FailRouter):
-            world.impair("router-fail", 1.0, duration)
-        elif isinstance(fault, DropHeartbeat):
-            world.impair(f"heartbeat-{fault.cell}", 1.0, duration)
+        part, factor = impaired_part(fault)
+        self.world.impair(part, factor, fault.duration)

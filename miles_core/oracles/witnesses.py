@@ -59,6 +59,18 @@ from miles_core.oracles.base import Indexed, Violation
 NAME = "fault_witness"
 
 
+_FOLLOWED = (
+    CellStateChanged,
+    QuorumChanged,
+    HealEnded,
+    RunEnded,
+    CellStarted,
+    EngineStarted,
+    EngineStateChanged,
+)
+"""What the kill, start and restart witnesses read after their fault."""
+
+
 @dataclass
 class _Index:
     """The events the witnesses read, picked out of the history in one pass."""
@@ -82,7 +94,8 @@ class _Index:
             if isinstance(e, SampleGenerated):
                 index.samples.append(e)
                 continue
-            index.events.append((seq, e))
+            if isinstance(e, _FOLLOWED):
+                index.events.append((seq, e))
             if isinstance(e, FaultInjected):
                 index.fired.append((seq, e))
             elif isinstance(e, FaultScheduled):
@@ -104,7 +117,7 @@ class _Index:
         return index
 
     def after(self, seq: int) -> list[Indexed]:
-        """The events (samples aside) recorded after position ``seq``."""
+        """The events a witness follows (``_FOLLOWED``) recorded after position ``seq``."""
         return self.events[bisect_left(self.events, seq + 1, key=lambda x: x[0]) :]
 
     def windows(self, kind: FaultKind, cell: int | None = None) -> list[tuple[float, float]]:

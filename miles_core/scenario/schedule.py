@@ -45,6 +45,21 @@ Impairment = SlowCell | SlowLink | DelayRouter | FailRouter | DropHeartbeat
 """A fault that changes how the world behaves for ``duration`` seconds."""
 
 
+def impaired_part(fault: Impairment) -> tuple[str, float]:
+    """What part of a world an impairment acts on, and its factor, in the one spelling both
+    worlds use: ``cell-N`` and ``link`` (slower by the factor), ``router-delay`` (seconds
+    added: factor - 1), ``router-fail``, ``heartbeat-N`` (muted)."""
+    if isinstance(fault, SlowCell):
+        return f"cell-{fault.cell}", fault.factor
+    if isinstance(fault, SlowLink):
+        return "link", fault.factor
+    if isinstance(fault, DelayRouter):
+        return "router-delay", 1.0 + fault.seconds
+    if isinstance(fault, FailRouter):
+        return "router-fail", 1.0
+    return f"heartbeat-{fault.cell}", 1.0
+
+
 class FaultActions(Protocol):
     """What a world does when a fault fires: it acts on itself and records nothing."""
 
