@@ -111,66 +111,71 @@ class Updater:
         ctx = self.ctx
         mine = {e: targets[e] for e in getattr(action, "engines", ())}
         if isinstance(action, PauseEngines):
-            paused: list[str] = []
-            failures = await self._each(mine, "pause", answered=paused.append)
-            paused.sort()
+            paused, failures = await self._answered(mine, "pause")
             ctx.emit(
                 EnginesPaused,
                 update_id=update_id,
-                engines=tuple(paused),
+                engines=paused,
                 incarnations=tuple(mine[e] for e in paused),
             )
             if failures:
                 raise failures[0]
         elif isinstance(action, UnloadAdapter):
-            unloaded: list[str] = []
-            failures = await self._each(
-                mine, "unload_adapter", action.adapter, answered=unloaded.append
-            )
-            ctx.emit(
-                AdapterUnloaded,
-                update_id=update_id,
-                adapter=action.adapter,
-                engines=tuple(sorted(unloaded)),
-            )
+            unloaded, failures = await self._answered(mine, "unload_adapter", action.adapter)
+            ctx.emit(AdapterUnloaded, update_id=update_id, adapter=action.adapter, engines=unloaded)
             if failures:
                 raise failures[0]
         elif isinstance(action, SendBucket):
             await self._send_bucket(update_id, cell, action, mine)
         elif isinstance(action, StampEngines):
-            await ctx.cluster.cell(cell).ping()  # the updater's rank 0 stamps: it must be alive
-
-            def stamped(engine: str) -> None:
-                ctx.emit(
-                    EngineStamped,
-                    update_id=update_id,
-                    engine=engine,
-                    incarnation=mine[engine],
-                    version=action.version,
-                )
-
-            failures = await self._each(mine, "stamp", action.version, answered=stamped)
-            if failures:
-                raise failures[0]
+            await self._stamp(update_id, cell, action.version, mine)
         elif isinstance(action, PublishVersion):
             ctx.ledger.publish(action.version, f"cell-{cell}")
             ctx.versions.append(action.version)
             ctx.emit(VersionPublished, update_id=update_id, version=action.version, updater=cell)
         elif isinstance(action, ResumeEngines):
-            resumed: list[str] = []
-            failures = await self._each(mine, "resume", answered=resumed.append)
-            resumed.sort()
+            await self._resume(update_id, mine)
+
+    async def _answered(
+        self, targets: dict[str, int], method: str, *args: Any
+    ) -> tuple[tuple[str, ...], list[EngineFailure]]:
+        """The engines that answered (sorted), and the failures."""
+        answered: list[str] = []
+        failures = await self._each(targets, method, *args, answered=answered.append)
+        return tuple(sorted(answered)), failures
+
+    async def _stamp(
+        self, update_id: int, cell: int, version: int, targets: dict[str, int]
+    ) -> None:
+        ctx = self.ctx
+        await ctx.cluster.cell(cell).ping()  # the updater's rank 0 stamps: it must be alive
+
+        def stamped(engine: str) -> None:  # recorded as each engine answers
             ctx.emit(
-                EnginesResumed,
+                EngineStamped,
                 update_id=update_id,
-                engines=tuple(resumed),
-                incarnations=tuple(mine[e] for e in resumed),
+                engine=engine,
+                incarnation=targets[engine],
+                version=version,
             )
-            self.engines.synced(
-                {e: mine[e] for e in resumed}, f"stamped and resumed by update {update_id}"
-            )
-            for failure in failures:  # done is done: nothing is published twice
-                self.engines.failed(failure.engine, mine[failure.engine], failure.reason)
+
+        failures = await self._each(targets, "stamp", version, answered=stamped)
+        if failures:
+            raise failures[0]
+
+    async def _resume(self, update_id: int, targets: dict[str, int]) -> None:
+        resumed, failures = await self._answered(targets, "resume")
+        self.ctx.emit(
+            EnginesResumed,
+            update_id=update_id,
+            engines=resumed,
+            incarnations=tuple(targets[e] for e in resumed),
+        )
+        self.engines.synced(
+            {e: targets[e] for e in resumed}, f"stamped and resumed by update {update_id}"
+        )
+        for failure in failures:  # done is done: nothing is published twice
+            self.engines.failed(failure.engine, targets[failure.engine], failure.reason)
 
     async def _send_bucket(
         self, update_id: int, cell: int, action: SendBucket, targets: dict[str, int]

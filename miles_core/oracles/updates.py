@@ -17,7 +17,9 @@ names the process, its incarnation, that answered):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from miles_core.events import (
     BucketReceived,
@@ -83,92 +85,100 @@ def update_order(history: History) -> Violation | None:
 
 
 def _step(update: _Update, seq: int, e: Event) -> Violation | None:
+    """What is wrong with one event of an update, if anything; records it otherwise."""
+    problem = _JUDGES[type(e)](update, seq, e)
+    if problem is None:
+        return None
     began = update.event
-    where = f"update {began.update_id} (version {began.version})"
-    plan = set(began.engines)
-    if isinstance(e, EnginesPaused):
-        for process in zip(e.engines, e.incarnations, strict=True):
-            update.paused[process] = (seq, e)
-    elif isinstance(e, BucketReceived):
-        if not 0 <= e.bucket < began.n_buckets or e.n_buckets != began.n_buckets:
-            return Violation(
-                NAME,
-                f"{where}: bucket {e.bucket} of {e.n_buckets} arrived, but the update has "
-                f"buckets 0..{began.n_buckets - 1}",
-                (update.began, (seq, e)),
-            )
-        for engine, inc in zip(e.engines, e.incarnations, strict=True):
-            if engine not in plan:
-                return Violation(
-                    NAME,
-                    f"{where}: bucket {e.bucket} reached {engine}, not in its plan",
-                    (update.began, (seq, e)),
-                )
-            if (engine, inc) not in update.paused:
-                return Violation(
-                    NAME,
-                    f"{where}: bucket {e.bucket} reached {engine} (process {inc}), which was "
-                    "not paused for this update",
-                    (update.began, (seq, e)),
-                )
-            update.received.setdefault((engine, inc), set()).add(e.bucket)
-    elif isinstance(e, EngineStamped):
-        process = (e.engine, e.incarnation)
-        got = update.received.get(process, set())
-        if e.engine not in plan or e.version != began.version:
-            return Violation(
-                NAME,
-                f"{where}: {e.engine} was stamped {e.version}, which this update does not carry "
-                "to it",
-                (update.began, (seq, e)),
-            )
-        if got != set(range(began.n_buckets)):
-            return Violation(
-                NAME,
-                f"{where}: {e.engine} (process {e.incarnation}) was stamped after it received "
-                f"{len(got)} of {began.n_buckets} buckets",
-                (update.began, (seq, e)),
-            )
-        update.stamped[process] = (seq, e)
-    elif isinstance(e, VersionPublished):
-        if not began.publishes or e.version != began.version:
-            return Violation(
-                NAME, f"{where} published version {e.version}", (update.began, (seq, e))
-            )
-        missing = sorted(plan - set(update.stamped_engines()))
-        if missing:
-            got = max(
-                (len(b) for (eng, _), b in update.received.items() if eng == missing[0]), default=0
-            )
-            return Violation(
-                NAME,
-                f"{where}: version {e.version} was published before {missing[0]} (named in the "
-                f"transfer plan) was stamped; it received {got} of {began.n_buckets} buckets",
-                (update.began, (seq, e)),
-            )
-        update.published = (seq, e)
-    elif isinstance(e, EnginesResumed):
-        if began.publishes and update.published is None:
-            return Violation(
-                NAME,
-                f"{where}: engines {list(e.engines)} resumed before version {began.version} was "
-                "published (they may serve it while the rollout side believes an older one)",
-                (update.began, (seq, e)),
-            )
-        for engine, inc in zip(e.engines, e.incarnations, strict=True):
-            if (engine, inc) not in update.stamped:
-                return Violation(
-                    NAME,
-                    f"{where}: {engine} (process {inc}) resumed without being stamped by this "
-                    "update",
-                    (update.began, (seq, e)),
-                )
-    elif isinstance(e, UpdateAborted):
-        if update.published is not None:
-            return Violation(
-                NAME,
-                f"{where} was aborted after it published version {began.version}",
-                (update.published, (seq, e)),
-            )
-        update.aborted = (seq, e)
+    return Violation(
+        NAME,
+        f"update {began.update_id} (version {began.version}){problem}",
+        (update.began, (seq, e)),
+    )
+
+
+def _paused(update: _Update, seq: int, e: EnginesPaused) -> str | None:
+    for process in zip(e.engines, e.incarnations, strict=True):
+        update.paused[process] = (seq, e)
     return None
+
+
+def _bucket(update: _Update, seq: int, e: BucketReceived) -> str | None:
+    began = update.event
+    if not 0 <= e.bucket < began.n_buckets or e.n_buckets != began.n_buckets:
+        return (
+            f": bucket {e.bucket} of {e.n_buckets} arrived, but the update has buckets "
+            f"0..{began.n_buckets - 1}"
+        )
+    for engine, inc in zip(e.engines, e.incarnations, strict=True):
+        if engine not in began.engines:
+            return f": bucket {e.bucket} reached {engine}, not in its plan"
+        if (engine, inc) not in update.paused:
+            return (
+                f": bucket {e.bucket} reached {engine} (process {inc}), which was not paused for "
+                "this update"
+            )
+        update.received.setdefault((engine, inc), set()).add(e.bucket)
+    return None
+
+
+def _stamped(update: _Update, seq: int, e: EngineStamped) -> str | None:
+    began = update.event
+    process = (e.engine, e.incarnation)
+    got = update.received.get(process, set())
+    if e.engine not in began.engines or e.version != began.version:
+        return f": {e.engine} was stamped {e.version}, which this update does not carry to it"
+    if got != set(range(began.n_buckets)):
+        return (
+            f": {e.engine} (process {e.incarnation}) was stamped after it received {len(got)} "
+            f"of {began.n_buckets} buckets"
+        )
+    update.stamped[process] = (seq, e)
+    return None
+
+
+def _published(update: _Update, seq: int, e: VersionPublished) -> str | None:
+    began = update.event
+    if not began.publishes or e.version != began.version:
+        return f" published version {e.version}"
+    missing = sorted(set(began.engines) - set(update.stamped_engines()))
+    if missing:
+        got = max(
+            (len(b) for (eng, _), b in update.received.items() if eng == missing[0]), default=0
+        )
+        return (
+            f": version {e.version} was published before {missing[0]} (named in the transfer "
+            f"plan) was stamped; it received {got} of {began.n_buckets} buckets"
+        )
+    update.published = (seq, e)
+    return None
+
+
+def _resumed(update: _Update, seq: int, e: EnginesResumed) -> str | None:
+    began = update.event
+    if began.publishes and update.published is None:
+        return (
+            f": engines {list(e.engines)} resumed before version {began.version} was published "
+            "(they may serve it while the rollout side believes an older one)"
+        )
+    for engine, inc in zip(e.engines, e.incarnations, strict=True):
+        if (engine, inc) not in update.stamped:
+            return f": {engine} (process {inc}) resumed without being stamped by this update"
+    return None
+
+
+def _aborted(update: _Update, seq: int, e: UpdateAborted) -> str | None:
+    if update.published is not None:
+        return f" was aborted after it published version {update.event.version}"
+    update.aborted = (seq, e)
+    return None
+
+
+_JUDGES: dict[type[Event], Callable[[_Update, int, Any], str | None]] = {
+    EnginesPaused: _paused,
+    BucketReceived: _bucket,
+    EngineStamped: _stamped,
+    VersionPublished: _published,
+    EnginesResumed: _resumed,
+    UpdateAborted: _aborted,
+}

@@ -15,6 +15,7 @@ from miles_core.events import (
     AttemptEnded,
     EnginesPaused,
     EnginesResumed,
+    Event,
     FaultInjected,
     GroupDropped,
     GroupGot,
@@ -39,185 +40,163 @@ def _ts(t: float) -> float:
     return round(t * _US, 3)
 
 
-def chrome_trace(history: History) -> dict[str, Any]:
-    events: list[dict[str, Any]] = [
-        {"ph": "M", "pid": _CELLS, "name": "process_name", "args": {"name": "trainer cells"}},
-        {"ph": "M", "pid": _ENGINES, "name": "process_name", "args": {"name": "engines"}},
-        {"ph": "M", "pid": _CONTROL, "name": "process_name", "args": {"name": "control plane"}},
-    ]
-    engine_tid: dict[str, int] = {}
+class _Trace:
+    """Builds the trace events; one method per kind of history event it draws."""
 
-    def tid(engine: str) -> int:
-        if engine not in engine_tid:
-            engine_tid[engine] = len(engine_tid)
-            events.append(
-                {
-                    "ph": "M",
-                    "pid": _ENGINES,
-                    "tid": engine_tid[engine],
-                    "name": "thread_name",
-                    "args": {"name": engine},
-                }
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = [
+            {"ph": "M", "pid": pid, "name": "process_name", "args": {"name": name}}
+            for pid, name in (
+                (_CELLS, "trainer cells"),
+                (_ENGINES, "engines"),
+                (_CONTROL, "control plane"),
             )
-        return engine_tid[engine]
+        ]
+        self.engine_tid: dict[str, int] = {}
+        self.attempts: dict[tuple[int, int], AttemptBegan] = {}
+        self.updates: dict[int, UpdateBegan] = {}
+        self.heals: dict[int, HealBegan] = {}
+        self.paused: dict[str, float] = {}
+        self.depth = 0
 
-    attempts: dict[tuple[int, int], AttemptBegan] = {}
-    updates: dict[int, UpdateBegan] = {}
-    heals: dict[int, HealBegan] = {}
-    paused: dict[str, float] = {}
-    depth = 0
-    for e in history:
-        if isinstance(e, RunStarted):
-            for cell in range(e.num_cells):
-                events.append(
-                    {
-                        "ph": "M",
-                        "pid": _CELLS,
-                        "tid": cell,
-                        "name": "thread_name",
-                        "args": {"name": f"cell-{cell}"},
-                    }
-                )
-            for engine in e.engines:
-                tid(engine)
-        elif isinstance(e, AttemptBegan):
-            attempts[(e.step, e.attempt)] = e
-        elif isinstance(e, AttemptEnded) and (begin := attempts.pop((e.step, e.attempt), None)):
-            outcome = {
-                c: o
-                for o, cs in (
-                    ("normal", e.normal),
-                    ("discarded", e.discarded),
-                    ("errored", e.errored),
-                )
-                for c in cs
+    def thread(self, pid: int, tid: int, name: str) -> None:
+        self.events.append(
+            {"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": name}}
+        )
+
+    def tid(self, engine: str) -> int:
+        if engine not in self.engine_tid:
+            self.engine_tid[engine] = len(self.engine_tid)
+            self.thread(_ENGINES, self.engine_tid[engine], engine)
+        return self.engine_tid[engine]
+
+    def span(self, pid: int, tid: int, start: float, end: float, name: str, **args: Any) -> None:
+        event = {"ph": "X", "pid": pid, "tid": tid, "ts": _ts(start), "dur": _ts(end - start)}
+        self.events.append(event | {"name": name, **({"args": args} if args else {})})
+
+    def counter(self, t: float, name: str, **values: Any) -> None:
+        self.events.append({"ph": "C", "pid": _CONTROL, "ts": _ts(t), "name": name, "args": values})
+
+    def run_started(self, e: RunStarted) -> None:
+        for cell in range(e.num_cells):
+            self.thread(_CELLS, cell, f"cell-{cell}")
+        for engine in e.engines:
+            self.tid(engine)
+
+    def attempt_ended(self, e: AttemptEnded) -> None:
+        begin = self.attempts.pop((e.step, e.attempt), None)
+        if begin is None:
+            return
+        outcome = {c: o for o, cs in (("normal", e.normal), ("discarded", e.discarded),
+                                      ("errored", e.errored)) for c in cs}  # fmt: skip
+        for cell in begin.cells:
+            self.span(
+                _CELLS,
+                cell,
+                begin.t,
+                e.t,
+                f"step {e.step} try {e.attempt}",
+                outcome=outcome.get(cell),
+                decision=e.decision.value,
+                quorum=begin.quorum_id,
+            )
+
+    def update_ended(self, e: VersionPublished | UpdateAborted) -> None:
+        begin = self.updates.pop(e.update_id, None)
+        if begin is None:
+            return
+        aborted = " (aborted)" if isinstance(e, UpdateAborted) else ""
+        name = f"update v{begin.version}{aborted}"
+        self.span(_CELLS, begin.updater, begin.t, e.t, name, buckets=begin.n_buckets)
+        if isinstance(e, VersionPublished):
+            self.counter(e.t, "weight version", version=e.version)
+
+    def heal_ended(self, e: HealEnded) -> None:
+        begin = self.heals.pop(e.dst_cell, None)
+        if begin is not None:
+            name = f"heal from cell-{begin.src_cell}"
+            self.span(_CELLS, e.dst_cell, begin.t, e.t, name, ok=e.ok)
+
+    def resumed(self, e: EnginesResumed) -> None:
+        for engine in e.engines:
+            if engine in self.paused:
+                start = self.paused.pop(engine)
+                self.span(_ENGINES, self.tid(engine), start, e.t, "paused for update")
+
+    def sample(self, e: SampleGenerated) -> None:
+        name = e.outcome.value if e.aborted else f"sample v{e.version}"
+        self.events.append(
+            {
+                "ph": "i",
+                "s": "t",
+                "pid": _ENGINES,
+                "tid": self.tid(e.engine),
+                "ts": _ts(e.t),
+                "name": name,
+                "args": {"group": e.group_id},
             }
-            for cell in begin.cells:
-                events.append(
-                    {
-                        "ph": "X",
-                        "pid": _CELLS,
-                        "tid": cell,
-                        "ts": _ts(begin.t),
-                        "dur": _ts(e.t - begin.t),
-                        "name": f"step {e.step} try {e.attempt}",
-                        "args": {
-                            "outcome": outcome.get(cell),
-                            "decision": e.decision.value,
-                            "quorum": begin.quorum_id,
-                        },
-                    }
-                )
+        )
+
+    def fault(self, e: FaultInjected) -> None:
+        target = f"cell-{e.cell}" if e.cell is not None else e.engine
+        self.events.append(
+            {
+                "ph": "i",
+                "s": "g",
+                "pid": _CONTROL,
+                "ts": _ts(e.t),
+                "name": f"fault {e.fault.value} {target}",
+                "args": {"detail": e.detail},
+            }
+        )
+
+    def buffer(self, e: Event) -> None:
+        """Queued groups raise the buffer's depth; got, or dropped and recycled as stale,
+        lower it."""
+        if isinstance(e, GroupGot):
+            self.depth -= 1
+            if e.staleness is not None:
+                self.counter(e.t, "staleness", staleness=e.staleness)
+        elif isinstance(e, GroupPut):
+            if e.fate is not PutFate.QUEUED:
+                return
+            self.depth += 1
+        elif not e.reason.startswith("stale"):  # type: ignore[attr-defined]
+            return
+        else:
+            self.depth -= 1
+        self.counter(e.t, "buffer depth", groups=self.depth)
+
+    def add(self, e: Event) -> None:
+        if isinstance(e, SampleGenerated):
+            self.sample(e)
+        elif isinstance(e, GroupPut | GroupGot | GroupRecycled | GroupDropped):
+            self.buffer(e)
+        elif isinstance(e, RunStarted):
+            self.run_started(e)
+        elif isinstance(e, AttemptBegan):
+            self.attempts[(e.step, e.attempt)] = e
+        elif isinstance(e, AttemptEnded):
+            self.attempt_ended(e)
         elif isinstance(e, UpdateBegan):
-            updates[e.update_id] = e
-        elif isinstance(e, (VersionPublished, UpdateAborted)) and (
-            begin := updates.pop(e.update_id, None)
-        ):
-            name = f"update v{begin.version}" + (
-                " (aborted)" if isinstance(e, UpdateAborted) else ""
-            )
-            events.append(
-                {
-                    "ph": "X",
-                    "pid": _CELLS,
-                    "tid": begin.updater,
-                    "ts": _ts(begin.t),
-                    "dur": _ts(e.t - begin.t),
-                    "name": name,
-                    "args": {"buckets": begin.n_buckets},
-                }
-            )
-            if isinstance(e, VersionPublished):
-                events.append(
-                    {
-                        "ph": "C",
-                        "pid": _CONTROL,
-                        "ts": _ts(e.t),
-                        "name": "weight version",
-                        "args": {"version": e.version},
-                    }
-                )
+            self.updates[e.update_id] = e
+        elif isinstance(e, VersionPublished | UpdateAborted):
+            self.update_ended(e)
         elif isinstance(e, HealBegan):
-            heals[e.dst_cell] = e
-        elif isinstance(e, HealEnded) and (begin := heals.pop(e.dst_cell, None)):
-            events.append(
-                {
-                    "ph": "X",
-                    "pid": _CELLS,
-                    "tid": e.dst_cell,
-                    "ts": _ts(begin.t),
-                    "dur": _ts(e.t - begin.t),
-                    "name": f"heal from cell-{begin.src_cell}",
-                    "args": {"ok": e.ok},
-                }
-            )
+            self.heals[e.dst_cell] = e
+        elif isinstance(e, HealEnded):
+            self.heal_ended(e)
         elif isinstance(e, EnginesPaused):
             for engine in e.engines:
-                paused.setdefault(engine, e.t)
+                self.paused.setdefault(engine, e.t)
         elif isinstance(e, EnginesResumed):
-            for engine in e.engines:
-                if engine in paused:
-                    start = paused.pop(engine)
-                    events.append(
-                        {
-                            "ph": "X",
-                            "pid": _ENGINES,
-                            "tid": tid(engine),
-                            "ts": _ts(start),
-                            "dur": _ts(e.t - start),
-                            "name": "paused for update",
-                        }
-                    )
-        elif isinstance(e, SampleGenerated):
-            events.append(
-                {
-                    "ph": "i",
-                    "s": "t",
-                    "pid": _ENGINES,
-                    "tid": tid(e.engine),
-                    "ts": _ts(e.t),
-                    "name": e.outcome.value if e.aborted else f"sample v{e.version}",
-                    "args": {"group": e.group_id},
-                }
-            )
+            self.resumed(e)
         elif isinstance(e, FaultInjected):
-            target = f"cell-{e.cell}" if e.cell is not None else e.engine
-            events.append(
-                {
-                    "ph": "i",
-                    "s": "g",
-                    "pid": _CONTROL,
-                    "ts": _ts(e.t),
-                    "name": f"fault {e.fault.value} {target}",
-                    "args": {"detail": e.detail},
-                }
-            )
-        elif isinstance(e, GroupGot):
-            depth -= 1
-            if e.staleness is not None:
-                events.append(
-                    {
-                        "ph": "C",
-                        "pid": _CONTROL,
-                        "ts": _ts(e.t),
-                        "name": "staleness",
-                        "args": {"staleness": e.staleness},
-                    }
-                )
-        elif isinstance(e, GroupPut) and e.fate is PutFate.QUEUED:
-            depth += 1
-        elif isinstance(e, GroupRecycled | GroupDropped) and e.reason.startswith("stale"):
-            depth -= 1
-        else:
-            continue
-        if isinstance(e, GroupPut | GroupGot | GroupRecycled | GroupDropped):
-            events.append(
-                {
-                    "ph": "C",
-                    "pid": _CONTROL,
-                    "ts": _ts(e.t),
-                    "name": "buffer depth",
-                    "args": {"groups": depth},
-                }
-            )
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
+            self.fault(e)
+
+
+def chrome_trace(history: History) -> dict[str, Any]:
+    trace = _Trace()
+    for event in history:
+        trace.add(event)
+    return {"traceEvents": trace.events, "displayTimeUnit": "ms"}
