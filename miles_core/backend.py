@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from miles_core.buffer import Group
 from miles_core.cells import Heal, Outcome
+from miles_core.kinds import PauseMode
 from miles_core.transfer import Bucket, ParamSpec, UpdateUnit
 
 
@@ -57,6 +58,19 @@ class EngineFailure(ComponentFailure):
         self.engine = engine
 
 
+class RequestRefused(Exception):
+    """An engine that is alive refused a request (SGLang answered 4xx): the request was
+    wrong, which is the control plane's bug, not a failure of the engine."""
+
+    def __init__(self, component: str, reason: str) -> None:
+        super().__init__(component, reason)
+        self.component = component
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.component} refused: {self.reason}"
+
+
 class RouterFailure(ComponentFailure):
     """The router could not deliver a request; the engine behind it may be fine."""
 
@@ -85,6 +99,10 @@ class GenerateResult:
     """Opaque to the control plane (token ids for the trainer); copied into the Sample."""
     engine_seconds: float | None = None
     """How long the engine says it worked on the request (meta_info's e2e latency)."""
+    versions: tuple[int | None, ...] = ()
+    """The versions of the response's token spans, in order (meta_info's weight_versions)."""
+    kept_kv: bool = False
+    """Tokens after an update attended to KV an older version computed (in_place)."""
 
 
 @dataclass(frozen=True)
@@ -139,16 +157,37 @@ class TrainCell(Protocol):
 
 
 class RolloutEngine(Protocol):
+    """One engine process, through SGLang's API as miles uses it."""
+
     id: str
 
-    async def pause(self) -> None:
-        """Stop generating: in-flight requests return aborted, new ones wait for resume."""
+    async def pause(self, mode: PauseMode) -> None:
+        """Stop generating (/pause_generation): abort ends what is in flight; retract puts
+        it back in the queue, its KV freed; in_place freezes it. New requests wait."""
+        ...
+
+    async def flush_cache(self) -> None:
+        """Drop the KV and prefix cache; refused (RequestRefused) while a request holds pages."""
+        ...
+
+    async def begin_update(self) -> None:
+        """/begin_weight_update: open the session that buckets load into."""
+        ...
+
+    async def end_update(self) -> None:
+        """/end_weight_update: close it (post-load processing of the whole model)."""
         ...
 
     async def resume(self) -> None: ...
 
-    async def stamp(self, version: int) -> None:
-        """Set the weight_version the engine reports in meta_info (update_weight_version)."""
+    async def stamp(self, version: int, abort_all_requests: bool = True) -> None:
+        """/update_weight_version: the weight_version the engine reports from now on. As in
+        SGLang, unless told ``abort_all_requests=False`` it aborts every request in flight."""
+        ...
+
+    async def health(self) -> None:
+        """/health_generate: return once the engine generated a token; a hung engine never
+        returns (the caller times it out), a dead one raises EngineFailure."""
         ...
 
     async def unload_adapter(self, adapter: str) -> None:
@@ -217,4 +256,10 @@ class Cluster(Protocol):
 
     def attach(self, observer: WorldObserver) -> None:
         """Report new processes to ``observer`` from now on."""
+        ...
+
+    def restart_engine(self, engine_id: str) -> None:
+        """Start a new process for the engine slot (killing what is left of the old one);
+        the world reports it (engine_started) once it answers. The control plane's own
+        recovery of an engine (--use-fault-tolerance)."""
         ...

@@ -52,6 +52,11 @@ class UnusedHandler(StrEnum):
     DROP = "drop"
 
 
+DEFAULT_UNUSED_HANDLER = UnusedHandler.DROP
+"""miles' default (miles/utils/arguments.py, --async-unused-samples-handler); the loop's
+LoopConfig uses this same value."""
+
+
 @dataclass(frozen=True)
 class Sample:
     """One response; ``weight_versions`` holds one entry per generate call (turn).
@@ -64,6 +69,8 @@ class Sample:
     weight_versions: tuple[int | None, ...] = ()
     status: SampleStatus = SampleStatus.COMPLETED
     reward: float | None = None
+    kept_kv: bool = False
+    """Later tokens attended to keys and values an older version computed (in_place)."""
     payload: Any = field(default=None, compare=False, repr=False)
     """What the trainer needs and the control plane never reads (token ids, logprobs):
     opaque here, carried from the engine's reply to the train step."""
@@ -179,7 +186,7 @@ class BufferConfig:
     """--async-data-buffer-capacity-factor (miles' default is 2.0)."""
     max_weight_staleness: int | None = None
     """--max-weight-staleness; None turns the staleness filter off."""
-    unused_samples_handler: UnusedHandler = UnusedHandler.DROP
+    unused_samples_handler: UnusedHandler = DEFAULT_UNUSED_HANDLER
     """--async-unused-samples-handler (miles' default is drop)."""
     n_samples_per_prompt: int | None = None
     """When set, every group must hold exactly this many items."""

@@ -29,6 +29,10 @@ class NoAliveCellError(MilesCoreError):
     """Every trainer cell is dead: nothing can train, update weights, save or heal."""
 
 
+class NoLiveEngineError(MilesCoreError):
+    """Every rollout engine is down and nothing will bring one back (no fault tolerance)."""
+
+
 class RetriesExhaustedError(MilesCoreError):
     """A step or a routed operation failed on every attempt it was allowed."""
 

@@ -34,6 +34,7 @@ from miles_core.kinds import (
     AbortCause,
     FaultKind,
     FaultPoint,
+    PauseMode,
     PutFate,
     RunStatus,
     SampleOutcome,
@@ -97,8 +98,13 @@ def event_from_dict(data: Mapping[str, Any]) -> Event:
         enum = _enum_of(hints[f.name])
         if enum is not None and value is not None:
             value = enum(value)
-        kwargs[f.name] = tuple(value) if isinstance(value, list) else value
+        kwargs[f.name] = _tuples(value)
     return cls(**kwargs)
+
+
+def _tuples(value: Any) -> Any:
+    """JSON lists back into the tuples events hold, nested ones included."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
 def _enum_of(hint: Any) -> type[StrEnum] | None:
@@ -121,6 +127,9 @@ class RunStarted(Event):
     max_weight_staleness: int | None
     steps: int = 0
     """Training steps the run is set to do (0: not stated)."""
+    pause_mode: PauseMode = PauseMode.RETRACT
+    """--pause-generation-mode: what an update may do to requests in flight."""
+    fault_tolerance: bool = False
     expected_status: RunStatus = RunStatus.COMPLETED
     """How the scenario says the run must end (end_state judges RunEnded against it)."""
     expected_error: str | None = None
@@ -298,6 +307,33 @@ class EnginesPaused(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class EnginesFlushed(Event):
+    """The engine processes whose /flush_cache succeeded (miles flushes unless in_place)."""
+
+    update_id: int
+    engines: tuple[str, ...]
+    incarnations: tuple[int, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class UpdateSessionOpened(Event):
+    """The engine processes that answered /begin_weight_update."""
+
+    update_id: int
+    engines: tuple[str, ...]
+    incarnations: tuple[int, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class UpdateSessionClosed(Event):
+    """The engine processes that answered /end_weight_update."""
+
+    update_id: int
+    engines: tuple[str, ...]
+    incarnations: tuple[int, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
 class AdapterUnloaded(Event):
     """LoRA: the engines dropped the old adapter before the new one's buckets arrive."""
 
@@ -388,6 +424,23 @@ class EngineStarted(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class EngineHealthFailed(Event):
+    """The health monitor (--use-fault-tolerance) found an engine process dead or hung."""
+
+    engine: str
+    incarnation: int
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineRecoveryAsked(Event):
+    """The control plane asked the world for a new process for an engine slot."""
+
+    engine: str
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class EngineExited(Event):
     """The world reports that an engine process is gone (its actor died, it exited)."""
 
@@ -437,6 +490,11 @@ class SampleGenerated(Event):
     """The engine process the request was sent to."""
     version: int | None
     """The weight_version the engine reported (None: never updated, SGLang's 'default')."""
+    versions: tuple[int | None, ...] = ()
+    """The versions of its tokens' spans, in order (SGLang's meta_info weight_versions); a
+    request that an update paused and resumed has more than one."""
+    kept_kv: bool = False
+    """It continued across an update on keys and values an older version computed (in_place)."""
     outcome: SampleOutcome = SampleOutcome.COMPLETED
     sent: float = 0.0
     """When the control plane sent the request (``t`` is when the answer came)."""
@@ -446,6 +504,11 @@ class SampleGenerated(Event):
     @property
     def aborted(self) -> bool:
         return self.outcome is not SampleOutcome.COMPLETED
+
+    @property
+    def all_versions(self) -> tuple[int | None, ...]:
+        """Every version its tokens came from (the reported one when no spans were given)."""
+        return self.versions or (self.version,)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -478,6 +541,15 @@ class GroupDropped(Event):
     group_id: int
     prompt_id: int
     reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepMetrics(Event):
+    """miles' rollout metrics for a step (rollout/fully_async/*, rollout/dynamic_filter/*),
+    collected once per step, so each step's window covers that step only."""
+
+    step: int
+    metrics: tuple[tuple[str, float], ...]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,6 +23,19 @@ class RunStatus(StrEnum):
     """An exception the control plane does not raise on purpose (a bug): never a pass."""
 
 
+class PauseMode(StrEnum):
+    """--pause-generation-mode: what an engine does with requests in flight during an update."""
+
+    ABORT = "abort"
+    """In-flight requests end, aborted; their groups go to the unused handler."""
+    RETRACT = "retract"
+    """Running requests go back to the waiting queue, their KV freed; after the update they
+    continue on the new weights, the KV recomputed (prefill of the tokens so far)."""
+    IN_PLACE = "in_place"
+    """Requests freeze and continue on their old KV cache: later tokens come from the new
+    weights attending to keys and values the old weights computed."""
+
+
 class FaultKind(StrEnum):
     KILL_CELL = "kill_cell"
     STOP_CELL = "stop_cell"
@@ -30,6 +43,7 @@ class FaultKind(StrEnum):
     SLOW_CELL = "slow_cell"
     KILL_ENGINE = "kill_engine"
     RESTART_ENGINE = "restart_engine"
+    HANG_ENGINE = "hang_engine"
     SLOW_LINK = "slow_link"
     DELAY_ROUTER = "delay_router"
     FAIL_ROUTER = "fail_router"
@@ -49,6 +63,8 @@ class FaultPoint(StrEnum):
     """An engine is halfway through a generate request."""
     STEP_BEGIN = "step_begin"
     """Training step ``step`` begins (its batch is drained)."""
+    DURING_RECOVERY = "during_recovery"
+    """A new process for an engine is starting (a recovery or a restart), not yet serving."""
 
 
 class SampleOutcome(StrEnum):

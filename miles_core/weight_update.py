@@ -1,7 +1,17 @@
 """The weight-update sequence, as one ordered plan both update paths share.
 
-    pause engines -> [unload adapter] -> send every bucket -> stamp engines
+    pause engines (the pause mode) -> flush their cache (unless in_place)
+    -> begin the update session -> [unload adapter] -> send every bucket
+    -> stamp engines (abort_all_requests false) -> end the session
     -> publish version -> resume engines
+
+This is miles' sequence (update_weight_from_distributed/mixin.py:
+_pause_and_prepare_engines, _finalize_and_resume_engines): the cache is flushed
+only when the pause released every request's KV (abort, retract); under in_place
+the frozen requests still hold it, and SGLang refuses to flush (miles #1497).
+The version is set with ``abort_all_requests: false``, since SGLang's default
+aborts every request in flight and would defeat retract and in_place
+(miles #2589, #2296).
 
 The order is the point. Stamping before publishing means no sample carries a
 version the rollout side has not heard of for longer than the update itself;
@@ -19,6 +29,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from miles_core.errors import TransitionError, int_at_least
+from miles_core.kinds import PauseMode
 
 
 class UpdateKind(StrEnum):
@@ -28,6 +39,28 @@ class UpdateKind(StrEnum):
 
 @dataclass(frozen=True)
 class PauseEngines:
+    engines: tuple[str, ...]
+    mode: PauseMode = PauseMode.RETRACT
+
+
+@dataclass(frozen=True)
+class FlushCache:
+    """Drop the engines' KV and prefix cache (the weights it was computed with are going)."""
+
+    engines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class BeginUpdate:
+    """Open the weight-update session (SGLang's /begin_weight_update)."""
+
+    engines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class EndUpdate:
+    """Close the session: post-load processing on the whole model (/end_weight_update)."""
+
     engines: tuple[str, ...]
 
 
@@ -65,7 +98,15 @@ class ResumeEngines:
 
 
 UpdateAction = (
-    PauseEngines | UnloadAdapter | SendBucket | StampEngines | PublishVersion | ResumeEngines
+    PauseEngines
+    | FlushCache
+    | BeginUpdate
+    | UnloadAdapter
+    | SendBucket
+    | StampEngines
+    | EndUpdate
+    | PublishVersion
+    | ResumeEngines
 )
 
 
@@ -76,6 +117,7 @@ def plan_update_actions(
     kind: UpdateKind = UpdateKind.FULL,
     adapter: str | None = None,
     publish: bool = True,
+    pause_mode: PauseMode = PauseMode.RETRACT,
 ) -> tuple[UpdateAction, ...]:
     """The actions of one weight update, in the order they must run.
 
@@ -101,11 +143,16 @@ def plan_update_actions(
             f"adapter={adapter!r} with kind={kind.value}: a LoRA update names its adapter, "
             "a full update names none"
         )
-    actions: list[UpdateAction] = [PauseEngines(engines)]
+    mode = PauseMode(pause_mode)
+    actions: list[UpdateAction] = [PauseEngines(engines, mode)]
+    if mode is not PauseMode.IN_PLACE:  # frozen requests still hold their KV pages
+        actions.append(FlushCache(engines))
+    actions.append(BeginUpdate(engines))
     if adapter is not None:
         actions.append(UnloadAdapter(engines, adapter))
     actions.extend(SendBucket(k, n_buckets, engines) for k in range(n_buckets))
     actions.append(StampEngines(version, engines))
+    actions.append(EndUpdate(engines))
     if publish:
         actions.append(PublishVersion(version))
     actions.append(ResumeEngines(engines))
@@ -123,8 +170,11 @@ class WeightUpdate:
         kind: UpdateKind = UpdateKind.FULL,
         adapter: str | None = None,
         publish: bool = True,
+        pause_mode: PauseMode = PauseMode.RETRACT,
     ) -> None:
-        self.actions = plan_update_actions(version, engines, n_buckets, kind, adapter, publish)
+        self.actions = plan_update_actions(
+            version, engines, n_buckets, kind, adapter, publish, pause_mode
+        )
         self.publish = publish
         self.version = version
         self.kind = UpdateKind(kind)

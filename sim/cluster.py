@@ -38,7 +38,8 @@ from miles_core.placement import Bundle, LayoutConfig, Placement, compute_layout
 from miles_core.scenario import TimeModel, WorldShape
 from miles_core.scenario.schedule import FaultPoints, NoFaults
 from miles_core.transfer import Bucket
-from sim.components import EngineHandle, Exchange, SimCell, SimEngine
+from sim.components import Exchange, SimCell
+from sim.engine import EngineHandle, SimEngine
 from sim.runtime import SimRuntime
 
 
@@ -207,9 +208,21 @@ class SimCluster:
             if self.observer is not None:
                 self.observer.engine_exited(engine_id, engine.incarnation, "process killed")
 
+    def hang_engine(self, engine_id: str) -> None:
+        """The process stays alive and stops answering (nothing to report: nothing exited)."""
+        self.engines[engine_id].hung = True
+
     def restart_engine(self, engine_id: str) -> None:
-        """Replace the engine's process; the world reports the old one's exit, then the new one."""
+        """Replace the engine's process (a fault's restart, or the control plane's recovery):
+        the world reports the old one's exit, then the new one once it is up, or its death if
+        it died while starting."""
         self.kill_engine(engine_id)
-        incarnation = self.engines[engine_id].start()
-        if self.observer is not None:
+        engine = self.engines[engine_id]
+        incarnation = engine.start()
+        self.faults.fire(FaultPoint.DURING_RECOVERY, engine=engine_id)
+        if self.observer is None:
+            return
+        if engine.dead:
+            self.observer.engine_exited(engine_id, incarnation, "died while starting")
+        else:
             self.observer.engine_started(engine_id, incarnation, "process restarted")

@@ -1,23 +1,18 @@
-"""Simulated trainer cells and engines: they do what they are asked, for as long as the
-time models say, and fail when they are dead.
+"""Simulated trainer cells (engines are in sim/engine.py): they do what they are asked, for
+as long as the time models say, and fail when they are dead.
 
 A component's processes die with ``kill`` (work in progress raises its
 CellFailure or EngineFailure at once) and a new set starts with ``start``
-(a new incarnation). A call addressed to an engine process that was replaced
-fails as the real client's would: the process it was meant for is gone.
+(a new incarnation).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from miles_core.backend import (
     CellFailure,
-    EngineFailure,
-    GenerateRequest,
-    GenerateResult,
     TrainReport,
 )
 from miles_core.buffer import Group
@@ -52,9 +47,15 @@ class _Mortal:
         self._death = self.rt.signal()
         return self.incarnation
 
-    async def work(self, seconds: float, *interrupts: SimSignal) -> int:
-        """Take ``seconds``; 0 when done, 1 when killed, 2+i when interrupts[i] fired."""
-        return await self.rt.wait_any([self.rt.timer(seconds), self._death, *interrupts])
+    async def work(
+        self, seconds: float, *interrupts: SimSignal, death: SimSignal | None = None
+    ) -> int:
+        """Take ``seconds``; 0 when done, 1 when killed, 2+i when interrupts[i] fired.
+
+        ``death``: the death of the process the work belongs to (default: the current one),
+        so that work of a replaced process ends with it."""
+        died = self._death if death is None else death
+        return await self.rt.wait_any([self.rt.timer(seconds), died, *interrupts])
 
 
 class SimCell(_Mortal):
@@ -142,111 +143,3 @@ class Exchange:
     def fail(self) -> None:
         self.failed = True
         self.done.set()
-
-
-class SimEngine(_Mortal):
-    """One engine slot; its process is replaced on restart."""
-
-    def __init__(self, cluster: SimCluster, engine_id: str) -> None:
-        super().__init__(cluster.rt, engine_id)
-        self.cluster = cluster
-        self.id = engine_id
-        self.version: int | None = None
-        self.adapter: str | None = None
-        self.paused = False
-        self._resumed = cluster.rt.signal()
-        self._abort = cluster.rt.signal()
-        self.in_flight = 0
-        self._lengths = cluster.rt.rng(f"{engine_id}.lengths")
-        self._rewards = cluster.rt.rng(f"{engine_id}.rewards")
-        """Looked up once: a stream is the same object for the whole run (rt.rng's contract)."""
-
-    def failure(self, reason: str) -> EngineFailure:
-        return EngineFailure(self.id, reason)
-
-    def check(self, incarnation: int) -> None:
-        """Raise as a client would when the process it addresses is gone."""
-        if incarnation != self.incarnation:
-            raise self.failure(f"process {incarnation} was replaced by {self.incarnation}")
-        if self.dead:
-            raise self.failure("dead")
-
-    def start(self) -> int:
-        """A fresh process: initial weights, no version, not paused."""
-        incarnation = super().start()
-        self.version = None
-        self.adapter = None
-        self.paused = False
-        self._resumed = self.rt.signal()
-        return incarnation
-
-    async def generate(self, incarnation: int, request: GenerateRequest) -> GenerateResult:
-        t = self.cluster.timing
-        self.check(incarnation)
-        started = self.rt.now()
-        death = self._death  # the request belongs to this process, not to a restarted one
-        while self.paused:
-            await self.rt.wait_any([self._resumed, death])
-            if death.is_set():
-                raise self.failure("killed while the request waited for resume")
-        sigma = t.response_tokens_sigma
-        mu = math.log(t.response_tokens_mean) - sigma**2 / 2
-        tokens = self._lengths.lognormvariate(mu, sigma)
-        self.in_flight += 1
-        seconds = (
-            tokens * t.decode_seconds_per_token * (1 + t.concurrency_slowdown * self.in_flight)
-        )
-        self.cluster.faults.fire(FaultPoint.MID_GENERATION, engine=self.id, delay=seconds / 2)
-        outcome = await self.work(seconds, self._abort)
-        self.in_flight -= 1
-        if outcome == 1:
-            raise self.failure("killed mid-generation")
-        return GenerateResult(
-            self.id,
-            self.version,
-            aborted=outcome == 2,
-            reward=self._rewards.random(),
-            engine_seconds=self.rt.now() - started,
-        )
-
-    async def pause(self) -> None:
-        if not self.paused:  # a second pause (a retried update) keeps the waiters' signal
-            self.paused = True
-            self._resumed = self.rt.signal()
-        self._abort.set()  # in-flight requests return aborted (SGLang's abort mode)
-        self._abort = self.rt.signal()
-
-    async def resume(self) -> None:
-        self.paused = False
-        self._resumed.set()
-
-    async def stamp(self, version: int) -> None:
-        self.version = version
-
-    async def unload_adapter(self, adapter: str) -> None:
-        self.adapter = None
-
-
-class EngineHandle:
-    """Calls to one process of an engine; they fail once that process is gone."""
-
-    def __init__(self, engine: SimEngine, incarnation: int) -> None:
-        self.engine = engine
-        self.id = engine.id
-        self.incarnation = incarnation
-
-    async def pause(self) -> None:
-        self.engine.check(self.incarnation)
-        await self.engine.pause()
-
-    async def resume(self) -> None:
-        self.engine.check(self.incarnation)
-        await self.engine.resume()
-
-    async def stamp(self, version: int) -> None:
-        self.engine.check(self.incarnation)
-        await self.engine.stamp(version)
-
-    async def unload_adapter(self, adapter: str) -> None:
-        self.engine.check(self.incarnation)
-        await self.engine.unload_adapter(adapter)

@@ -42,6 +42,9 @@ class SimFaultActions:
     def restart_engine(self, engine: str) -> None:
         self.cluster.restart_engine(engine)
 
+    def hang_engine(self, engine: str) -> None:
+        self.cluster.hang_engine(engine)
+
     def impair(self, fault: Impairment) -> None:
         part, factor = impaired_part(fault)
         self.cluster.impair(part, factor, fault.duration)

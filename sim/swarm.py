@@ -27,7 +27,7 @@ import random
 from dataclasses import dataclass
 
 from miles_core.buffer import UnusedHandler
-from miles_core.kinds import RunStatus
+from miles_core.kinds import PauseMode, RunStatus
 from miles_core.loop import LoopConfig
 from miles_core.scenario import Expect, Scenario, TimeModel, WorldShape, derive_seed
 from miles_core.scenario.faults import AnyFault, make_fault, target_engine
@@ -49,6 +49,7 @@ class _Draw:
     fault_phase: float
     faults: list[AnyFault]
     killed_cells: set[int]
+    fault_tolerance: bool = False
 
     def slots(self, count: int, spacing: int = 4) -> list[int]:
         """Steps at which to strike, ``spacing`` apart, inside the fault phase."""
@@ -66,20 +67,27 @@ def _world_and_loop(rng: random.Random, steps: int) -> tuple[WorldShape, LoopCon
     )
     mode = rng.choice(["fully_async", "fully_async", "one_step_off"])
     capacities = [0.5, 1.0, 2.0, 4.0] if mode == "fully_async" else [1.0, 2.0, 4.0]
+    pauses = [PauseMode.RETRACT, PauseMode.IN_PLACE]  # fully_async refuses abort, as miles
+    n = rng.choice([1, 2, 4])
+    groups = rng.choice([None, 2, 8, 16])
     loop = LoopConfig(
         steps=steps,
         mode=mode,
         rollout_batch_size=rng.choice([2, 4, 8]),
-        n_samples_per_prompt=rng.choice([1, 2, 4]),
+        n_samples_per_prompt=n,
         max_weight_staleness=rng.choice([None, 0, 1, 2, 4]),
         unused_samples_handler=rng.choice(list(UnusedHandler)),
         capacity_factor=rng.choice(capacities),
-        in_flight_groups=rng.choice([None, 2, 8, 16]),
+        async_max_concurrent_samples=None if groups is None else groups * n,
+        pause_generation_mode=rng.choice(pauses if mode == "fully_async" else list(PauseMode)),
         update_weight_buffer_size=rng.choice([8, 16, 64]) * 1024**2,
         transfer_mode=rng.choice([TransferMode.BROADCAST, TransferMode.P2P]),
         heartbeat_interval=2.0,
         heartbeat_timeout=1.0,
         heartbeat_failure_threshold=3,
+        use_fault_tolerance=rng.random() < 0.5,
+        rollout_health_check_interval=rng.choice([2.0, 5.0]),
+        rollout_health_check_timeout=rng.choice([1.0, 3.0]),
     )
     return world, loop
 
@@ -156,7 +164,8 @@ def _cells_at_times(d: _Draw, rate: float) -> None:
 def _engines_at_times(d: _Draw, rate: float) -> None:
     for t in _times(d, 1.0, rate, spacing=4 * d.step_seconds):
         engine = f"engine-{d.rng.randrange(d.world.num_engines)}"
-        if d.rng.random() < 0.5:
+        lone = d.world.num_engines == 1 and not d.fault_tolerance  # a kill would end the run
+        if lone or d.rng.random() < 0.5:
             d.faults.append(make_fault("restart_engine", engine=engine, at=t))
         else:
             d.faults += [
@@ -200,8 +209,9 @@ def swarm_scenario(seed: int, steps: int = 12, total_loss: bool = False) -> Scen
     timing = TimeModel()
     step_seconds = timing.train_step_seconds + timing.allreduce_seconds + 1.0
     probe = Scenario(SWARM, world=world, loop=loop)
+    phase = 0.6 * steps * step_seconds
     d = _Draw(
-        rng, world, steps, probe.n_buckets, step_seconds, 0.6 * steps * step_seconds, [], set()
+        rng, world, steps, probe.n_buckets, step_seconds, phase, [], set(), loop.use_fault_tolerance
     )
     if total_loss:
         t = rng.uniform(0.1, 0.5) * d.fault_phase

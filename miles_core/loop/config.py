@@ -1,12 +1,21 @@
-"""LoopConfig: the loop's flags, with miles' names where the concept is the same, checked once."""
+"""LoopConfig: the loop's flags, with miles' names and defaults, checked once.
+
+Every field takes miles' spelling too: its CLI flag (``--max-weight-staleness``)
+on the command lines, and the flag's snake_case form
+(``async_data_buffer_capacity_factor``) as a scenario file's key, besides the
+field's own name. ``FLAGS`` is the one table of those spellings.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
-from miles_core.buffer import BufferConfig, UnusedHandler
+from miles_core.buffer import DEFAULT_UNUSED_HANDLER, BufferConfig, UnusedHandler
 from miles_core.errors import ConfigError, int_at_least
+from miles_core.filters import dynamic_filter
+from miles_core.kinds import PauseMode
 from miles_core.transfer import DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE, TransferMode
 
 MODES = ("fully_async", "one_step_off")
@@ -20,10 +29,15 @@ class LoopConfig:
     rollout_batch_size: int = 4
     n_samples_per_prompt: int = 2
     max_weight_staleness: int | None = None
-    unused_samples_handler: UnusedHandler = UnusedHandler.RETRY
+    unused_samples_handler: UnusedHandler = DEFAULT_UNUSED_HANDLER
     capacity_factor: float = 2.0
-    in_flight_groups: int | None = None
-    """Producer budget in groups; defaults to rollout_batch_size (miles)."""
+    async_max_concurrent_samples: int | None = None
+    """Samples generating at once; the producer keeps max(1, this // n_samples_per_prompt)
+    groups in flight (miles' FullyAsyncRolloutFn._max_in_flight_groups); None: one batch."""
+    pause_generation_mode: PauseMode = PauseMode.RETRACT
+    """What an update does to requests in flight (miles' default: retract)."""
+    dynamic_sampling_filter: str | None = None
+    """--dynamic-sampling-filter-path: one of miles' built-in filters (miles_core.filters)."""
     update_weight_buffer_size: int = DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE
     transfer_mode: TransferMode = TransferMode.BROADCAST
     max_step_attempts: int = 30
@@ -31,43 +45,71 @@ class LoopConfig:
     lora_adapter: str | None = None
     """Train and push only this LoRA adapter (one atomic unit, unload-then-load)."""
     mode: str = "fully_async"
-    """fully_async (a producer keeps generating, updates abort what is in flight) or
-    one_step_off (batch k+1 is generated during step k and weights are updated when
-    both are done: staleness 1, no aborts)."""
+    """fully_async (miles' --fully-async: a producer keeps generating through updates) or
+    one_step_off (batch k+1 is generated during step k and weights are updated when both
+    are done: staleness 1, nothing in flight at an update)."""
     heartbeat_interval: float | None = None
     """--trainer-heartbeat-checker-interval; None turns the monitor off."""
     heartbeat_timeout: float = 10.0
     """--trainer-heartbeat-checker-timeout: seconds a cell has to answer."""
     heartbeat_failure_threshold: int = 3
     """--trainer-heartbeat-checker-failure-threshold: misses in a row that fail a cell."""
+    use_fault_tolerance: bool = False
+    """--use-fault-tolerance: a health monitor finds dead or hung engines and recovers them;
+    without it, losing every engine ends the run (NoLiveEngineError)."""
+    rollout_health_check_interval: float = 30.0
+    rollout_health_check_timeout: float = 30.0
+    rollout_health_check_first_wait: float = 0.0
     scenario: str = "custom"
     seed: int = 0
 
     def __post_init__(self) -> None:
         for name in ("steps", "max_step_attempts", "max_route_attempts"):
-            if not int_at_least(getattr(self, name), 1):
-                raise ConfigError(name, f"got {getattr(self, name)!r}", "pass an integer >= 1")
-        if not int_at_least(self.heartbeat_failure_threshold, 1):
-            raise ConfigError(
-                "heartbeat_failure_threshold",
-                f"got {self.heartbeat_failure_threshold!r}",
-                "pass an integer >= 1",
-            )
-        budget = self.in_flight_groups
-        if budget is not None and not int_at_least(budget, 1):
-            raise ConfigError("in_flight_groups", f"got {budget!r}", "pass an integer >= 1")
-        if not int_at_least(self.update_weight_buffer_size, 1):
-            raise ConfigError(
-                "update_weight_buffer_size",
-                f"got {self.update_weight_buffer_size!r}",
-                "pass a bucket size in bytes >= 1",
-            )
-        for name in ("heartbeat_interval", "heartbeat_timeout"):
+            _at_least(name, getattr(self, name), 1)
+        _at_least("heartbeat_failure_threshold", self.heartbeat_failure_threshold, 1)
+        _at_least("update_weight_buffer_size", self.update_weight_buffer_size, 1)
+        if self.async_max_concurrent_samples is not None:
+            _at_least("async_max_concurrent_samples", self.async_max_concurrent_samples, 1)
+            if self.async_max_concurrent_samples < self.n_samples_per_prompt:
+                raise ConfigError(
+                    "async_max_concurrent_samples",
+                    f"{self.async_max_concurrent_samples} is fewer than one group of "
+                    f"n_samples_per_prompt = {self.n_samples_per_prompt}",
+                    "pass at least n_samples_per_prompt: whole groups are submitted (miles)",
+                )
+        for name in ("heartbeat_interval", "heartbeat_timeout", "rollout_health_check_interval",
+                     "rollout_health_check_timeout"):  # fmt: skip
             value = getattr(self, name)
-            if value is not None and not (isinstance(value, int | float) and value > 0):
+            if value is not None and not _seconds(value, strict=True):
                 raise ConfigError(name, f"got {value!r}", "pass seconds > 0")
+        if not _seconds(self.rollout_health_check_first_wait, strict=False):
+            raise ConfigError(
+                "rollout_health_check_first_wait",
+                f"got {self.rollout_health_check_first_wait!r}",
+                "pass seconds >= 0",
+            )
         if self.mode not in MODES:
             raise ConfigError("mode", f"got {self.mode!r}", f"choose one of {MODES}")
+        self._check_mode_and_pause()
+        dynamic_filter(self.dynamic_sampling_filter)  # a name that exists
+        self.buffer_config()  # the buffer's own checks, before anything runs
+
+    def _check_mode_and_pause(self) -> None:
+        try:
+            object.__setattr__(self, "pause_generation_mode", PauseMode(self.pause_generation_mode))
+        except ValueError:
+            raise ConfigError(
+                "pause_generation_mode",
+                f"got {self.pause_generation_mode!r}",
+                f"choose one of {[m.value for m in PauseMode]}",
+            ) from None
+        if self.mode == "fully_async" and self.pause_generation_mode is PauseMode.ABORT:
+            raise ConfigError(  # miles/utils/arguments.py refuses the same, for the same reason
+                "pause_generation_mode",
+                "fully_async cannot use abort: generation is always in flight, so every weight "
+                "update would kill it and force a full regeneration",
+                "use retract (miles' default) or in_place, or mode = one_step_off",
+            )
         if self.mode == "one_step_off" and self.capacity_factor < 1:
             raise ConfigError(
                 "capacity_factor",
@@ -75,7 +117,13 @@ class LoopConfig:
                 "whole batch before it is drained",
                 "use --async-data-buffer-capacity-factor >= 1 with one_step_off",
             )
-        self.buffer_config()  # the buffer's own checks, before anything runs
+
+    @property
+    def in_flight_groups(self) -> int:
+        """Groups the producer keeps generating (miles' _max_in_flight_groups)."""
+        if self.async_max_concurrent_samples is None:
+            return self.rollout_batch_size
+        return max(1, self.async_max_concurrent_samples // self.n_samples_per_prompt)
 
     def buffer_config(self) -> BufferConfig:
         return BufferConfig(
@@ -87,23 +135,56 @@ class LoopConfig:
         )
 
 
+def _at_least(name: str, value: object, minimum: int) -> None:
+    if not int_at_least(value, minimum):
+        raise ConfigError(name, f"got {value!r}", f"pass an integer >= {minimum}")
+
+
+def _seconds(value: object, strict: bool) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return False
+    return value > 0 if strict else value >= 0
+
+
 FLAGS: Mapping[str, str] = {
+    "steps": "--steps",
     "rollout_batch_size": "--rollout-batch-size",
     "n_samples_per_prompt": "--n-samples-per-prompt",
     "max_weight_staleness": "--max-weight-staleness",
     "unused_samples_handler": "--async-unused-samples-handler",
     "capacity_factor": "--async-data-buffer-capacity-factor",
+    "async_max_concurrent_samples": "--async-max-concurrent-samples",
+    "pause_generation_mode": "--pause-generation-mode",
+    "dynamic_sampling_filter": "--dynamic-sampling-filter-path",
     "update_weight_buffer_size": "--update-weight-buffer-size",
     "transfer_mode": "--update-weight-transfer-mode",
+    "max_step_attempts": "--max-step-attempts",
+    "max_route_attempts": "--max-route-attempts",
+    "lora_adapter": "--lora-adapter",
+    "mode": "--mode",
     "heartbeat_interval": "--trainer-heartbeat-checker-interval",
     "heartbeat_timeout": "--trainer-heartbeat-checker-timeout",
     "heartbeat_failure_threshold": "--trainer-heartbeat-checker-failure-threshold",
+    "use_fault_tolerance": "--use-fault-tolerance",
+    "rollout_health_check_interval": "--rollout-health-check-interval",
+    "rollout_health_check_timeout": "--rollout-health-check-timeout",
+    "rollout_health_check_first_wait": "--rollout-health-check-first-wait",
 }
-"""LoopConfig field -> the miles flag it stands for."""
+"""Every LoopConfig flag a user sets -> its command-line spelling (miles' where miles has
+the flag; ``scenario`` and ``seed`` belong to a run, not to the loop's flags)."""
 
 FIELD_OF_FLAG: Mapping[str, str] = {flag: name for name, flag in FLAGS.items()}
+FIELD_OF_KEY: Mapping[str, str] = {
+    flag.removeprefix("--").replace("-", "_"): name
+    for name, flag in FLAGS.items()
+    if flag.removeprefix("--").replace("-", "_") != name
+}
+"""A scenario file's key in miles' spelling -> the field (``async_data_buffer_capacity_factor``
+-> ``capacity_factor``)."""
+
+assert set(FLAGS) == {f.name for f in fields(LoopConfig)} - {"scenario", "seed"}
 
 
 def field_name(name_or_flag: str) -> str:
-    """The LoopConfig field behind a field name or a miles flag (as errors may name it)."""
-    return FIELD_OF_FLAG.get(name_or_flag, name_or_flag)
+    """The LoopConfig field behind a field name, a miles flag or its snake_case key."""
+    return FIELD_OF_FLAG.get(name_or_flag) or FIELD_OF_KEY.get(name_or_flag, name_or_flag)

@@ -17,6 +17,7 @@ from miles_core.buffer import DataBuffer
 from miles_core.cells import CellGroup
 from miles_core.engines import EngineTable
 from miles_core.events import CellStateChanged, EngineStateChanged, Event, History
+from miles_core.filters import dynamic_filter
 from miles_core.loop.config import LoopConfig
 from miles_core.runtime import Cancelled, Runtime, Task
 from miles_core.sync import Lock, Notifier
@@ -48,13 +49,16 @@ class RunContext:
             max_route_attempts=config.max_route_attempts,
         )
         self.engines = EngineTable(cluster.engine_ids)
-        self.buffer = DataBuffer(config.buffer_config())
+        self.buffer = DataBuffer(
+            config.buffer_config(), dynamic_filter(config.dynamic_sampling_filter)
+        )
         self.update_lock = Lock(rt)
         """Held from a step's training to the end of its update, and by each sync: a sync
         sends the trainer's current weights, right only while they are the published ones."""
         self.engines_changed = Notifier(rt)
         self.monitor_paused = 0
-        """The heartbeat checker is paused while this is > 0 (updates, heals), as in miles."""
+        """The heartbeat checker and the engine health monitor are paused while this is > 0
+        (updates, heals, syncs), as miles pauses its checkers."""
         self.stopping = False
         self.versions: list[int] = []
         self.crash: tuple[BaseException, str] | None = None
@@ -74,10 +78,15 @@ class RunContext:
         except Cancelled:
             raise
         except Exception as error:
-            if self.crash is None and not self.stopping:
-                self.crash = (error, name)
-                self.crashed.set()
+            self.fail(error, f"task {name!r}")
             return None
+
+    def fail(self, error: BaseException, where: str) -> None:
+        """End the run with ``error`` (the first one wins): a task crashed, or a role found
+        that the run cannot go on (every engine lost without fault tolerance)."""
+        if self.crash is None and not self.stopping:
+            self.crash = (error, where)
+            self.crashed.set()
 
     def record_cells(self) -> None:
         for tr in self.cells.take_transitions():

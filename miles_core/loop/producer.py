@@ -2,8 +2,9 @@
 
 Where each decision is made:
 
-- the producer keeps up to ``in_flight_groups`` prompt groups generating
-  (miles' rollout_batch_size by default);
+- the producer keeps up to max(1, async_max_concurrent_samples //
+  n_samples_per_prompt) prompt groups generating, rollout_batch_size when that
+  flag is unset (miles' FullyAsyncRolloutFn._max_in_flight_groups);
 - a recycled prompt is generated again before a new one is drawn, as miles'
   ``RolloutDataSourceWithBuffer.get_samples`` takes its buffer first
   (miles/rollout/data_source.py);
@@ -13,7 +14,11 @@ Where each decision is made:
   accepted is lost;
 - the consumer drains ``rollout_batch_size`` groups through the buffer at the
   ledger's published version; what the buffer refuses goes to the unused
-  handler (retry recycles the prompt, drop drops it with its reason).
+  handler (retry recycles the prompt, drop drops it with its reason); the batch
+  is then sorted by prompt (miles' _drain sorts by sample index), so its order
+  does not depend on which group finished first;
+- a sample records every version its tokens came from (a request an update
+  retracted or froze has several), so staleness counts from the oldest.
 """
 
 from __future__ import annotations
@@ -63,18 +68,10 @@ class Producer:
         self.engines.load[engine] += 1
         request = GenerateRequest(group_id=group_id, prompt_id=prompt_id, sample=index)
         sent = ctx.rt.now()
-        version, outcome, reward, payload, engine_seconds = (
-            None,
-            SampleOutcome.ENGINE_FAILED,
-            0.0,
-            None,
-            None,
-        )
+        outcome, result = SampleOutcome.ENGINE_FAILED, None
         try:
             result = await ctx.cluster.router.generate(engine, incarnation, request)
-            version, reward, payload = result.weight_version, result.reward, result.payload
             outcome = SampleOutcome.ABORTED if result.aborted else SampleOutcome.COMPLETED
-            engine_seconds = result.engine_seconds
         except EngineFailure as failure:
             self.engines.failed(engine, incarnation, failure.reason)
         except RouterFailure:
@@ -89,14 +86,19 @@ class Producer:
             turn=0,
             engine=engine,
             incarnation=incarnation,
-            version=version,
+            version=result.weight_version if result else None,
+            versions=result.versions if result else (),
+            kept_kv=result.kept_kv if result else False,
             outcome=outcome,
             sent=sent,
-            engine_seconds=engine_seconds,
+            engine_seconds=result.engine_seconds if result else None,
         )
-        if outcome is not SampleOutcome.COMPLETED:
+        if result is None or outcome is not SampleOutcome.COMPLETED:
             return Sample(index, (), SampleStatus.ABORTED)
-        return Sample(index, (version,), reward=reward, payload=payload)
+        versions = result.versions or (result.weight_version,)
+        return Sample(
+            index, versions, reward=result.reward, kept_kv=result.kept_kv, payload=result.payload
+        )
 
     async def _generate_group(self, group_id: int, prompt_id: int) -> bool:
         rt = self.ctx.rt
@@ -128,7 +130,7 @@ class Producer:
     async def run(self) -> None:
         """fully_async: keep the budget of groups generating, for the whole run."""
         ctx = self.ctx
-        budget = ctx.config.in_flight_groups or ctx.config.rollout_batch_size
+        budget = ctx.config.in_flight_groups
         while not ctx.stopping:
             while len(self._in_flight) + len(self._blocked) < budget:
                 self._start_group()
@@ -208,6 +210,7 @@ class Producer:
                 else:
                     self._progress.notify()  # recycled prompts may be regenerated now
                     await self._arrived.wait()
+        batch.sort(key=lambda g: g.prompt_id)
         return batch
 
     # -- what is left at the end --------------------------------------------------------------

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from miles_core.backend import Cluster
+from miles_core.buffer import METRIC_PREFIX
 from miles_core.errors import MilesCoreError, format_traceback
 from miles_core.events import (
     History,
@@ -29,11 +30,13 @@ from miles_core.events import (
     RunEnded,
     RunStarted,
     StepCommitted,
+    StepMetrics,
     WeightsChecked,
 )
 from miles_core.kinds import RunStatus
 from miles_core.loop.config import LoopConfig
 from miles_core.loop.context import RunContext
+from miles_core.loop.health import EngineHealthMonitor
 from miles_core.loop.heartbeat import HeartbeatMonitor
 from miles_core.loop.producer import Producer
 from miles_core.loop.supervision import EngineSupervisor
@@ -81,6 +84,7 @@ class Orchestrator:
         self.trainer = Trainer(self.ctx)
         self.updater = Updater(self.ctx, self.engines, self.trainer)
         self.monitor = HeartbeatMonitor(self.ctx, self.trainer)
+        self.health = EngineHealthMonitor(self.ctx, self.engines)
         self._background: list[Task[object]] = []
         self.report: RunReport | None = None
 
@@ -164,8 +168,15 @@ class Orchestrator:
                 next_batch = ctx.spawn(producer.rollout(rbs), f"rollout-{step + 1}")
             await self.updater.train_and_update(step, producer.batch, self._trained, next_batch)
 
-    def _trained(self) -> None:
+    def _trained(self, step: int) -> None:
+        """The step committed: its batch is no longer held, and its metrics are reported
+        (miles collects get_metrics once per step, so each window is that step's)."""
+        ctx = self.ctx
+        mixed = sum(s.kept_kv for g in self.producer.batch for s in g.samples())
         self.producer.batch = []
+        metrics = ctx.buffer.metrics(ctx.ledger.current)
+        metrics[f"{METRIC_PREFIX}samples_on_mixed_weights"] = mixed
+        ctx.emit(StepMetrics, step=step, metrics=tuple(sorted(metrics.items())))
 
     def _start(self) -> None:
         ctx, c = self.ctx, self.ctx.config
@@ -177,6 +188,8 @@ class Orchestrator:
             num_cells=ctx.cells.num_cells,
             max_weight_staleness=c.max_weight_staleness,
             steps=c.steps,
+            pause_mode=c.pause_generation_mode,
+            fault_tolerance=c.use_fault_tolerance,
             expected_status=self.expected[0],
             expected_error=self.expected[1],
         )
@@ -190,6 +203,8 @@ class Orchestrator:
         if c.heartbeat_interval is not None:
             monitor = self.monitor.run(c.heartbeat_interval)
             self._background.append(ctx.spawn(monitor, "heartbeat-monitor"))
+        if c.use_fault_tolerance:
+            self._background.append(ctx.spawn(self.health.run(), "engine-health-monitor"))
 
     async def run(self) -> RunReport:
         """Run every step; the report (and RunEnded) says how the run ended."""
@@ -204,10 +219,10 @@ class Orchestrator:
         except Exception as error:
             return self.end_with(error)
         if crashed:
-            main.cancel("a background task crashed")
+            main.cancel("the run cannot go on")
             assert ctx.crash is not None
-            error, task = ctx.crash
-            return self.end_with(error, f"in task {task!r}")
+            error, where = ctx.crash
+            return self.end_with(error, f"in {where}")
         return self.end(RunStatus.COMPLETED, f"{ctx.config.steps} steps")
 
     def end_with(self, error: BaseException, where: str = "") -> RunReport:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from miles_core.engines import EngineState
+from miles_core.errors import NoLiveEngineError
 from miles_core.events import EngineExited, EngineStarted
 from miles_core.loop.context import RunContext
 
@@ -43,9 +44,33 @@ class EngineSupervisor:
         return engine, ctx.engines.incarnation(engine)
 
     def failed(self, engine: str, incarnation: int, reason: str) -> None:
-        """A call to that process failed: out of rotation, unless it was already replaced."""
-        if self.ctx.engines.failed(engine, incarnation, reason):
-            self.ctx.record_engines()
+        """A call to that process failed: out of rotation, unless it was already replaced.
+
+        Without fault tolerance nothing brings an engine back but an operator, so losing the
+        last live one ends the run with a clear error instead of a stall (miles' rollout fails
+        the same way when its engines are gone), once a restart had its chance."""
+        ctx = self.ctx
+        if not ctx.engines.failed(engine, incarnation, reason):
+            return
+        ctx.record_engines()
+        if not ctx.config.use_fault_tolerance and not ctx.engines.live():
+            ctx.spawn(self._lost(engine, reason), "every-engine-lost")
+
+    async def _lost(self, engine: str, reason: str) -> None:
+        """Every engine is down and no recovery will come: end the run, unless a process the
+        world restarts (an operator's) answers within the health check's timeout."""
+        ctx = self.ctx
+        patience = ctx.config.rollout_health_check_timeout
+        await ctx.rt.sleep(patience)
+        if not ctx.engines.live() and not ctx.stopping:
+            ctx.fail(
+                NoLiveEngineError(
+                    f"every rollout engine is down (the last, {engine}: {reason}) and none came "
+                    f"back within {patience:g}s; --use-fault-tolerance is off, so nothing "
+                    "recovers them: enable it, or restart the job"
+                ),
+                "the engine supervisor",
+            )
 
     def started(self, engine: str, incarnation: int, how: str) -> None:
         """The world reports a new process: it holds initial weights and no version."""

@@ -33,11 +33,15 @@ from miles_core.errors import NoAliveCellError, RetriesExhaustedError
 from miles_core.events import (
     AdapterUnloaded,
     BucketReceived,
+    EnginesFlushed,
     EnginesPaused,
     EnginesResumed,
     EngineStamped,
+    Event,
     UpdateAborted,
     UpdateBegan,
+    UpdateSessionClosed,
+    UpdateSessionOpened,
     VersionPublished,
 )
 from miles_core.kinds import AbortCause
@@ -47,6 +51,9 @@ from miles_core.loop.train import Trainer
 from miles_core.runtime import Task
 from miles_core.transfer import Bucket, lora_unit, plan_buckets, plan_transfer
 from miles_core.weight_update import (
+    BeginUpdate,
+    EndUpdate,
+    FlushCache,
     PauseEngines,
     PublishVersion,
     ResumeEngines,
@@ -75,10 +82,23 @@ class Updater:
     async def _call(
         self, engine: str, incarnation: int, method: str, *args: Any
     ) -> EngineFailure | None:
-        if not self.ctx.engines.current(engine, incarnation):
+        """One call to an engine process; its failure, if any. With fault tolerance, a
+        process that does not answer within the health check's timeout has failed (a hung
+        engine must not hold the update); without it, the call waits, as miles' would."""
+        ctx = self.ctx
+        if not ctx.engines.current(engine, incarnation):
             return EngineFailure(engine, "its process was replaced during the update")
+        call = getattr(ctx.cluster.engine(engine, incarnation), method)(*args)
         try:
-            await getattr(self.ctx.cluster.engine(engine, incarnation), method)(*args)
+            if not ctx.config.use_fault_tolerance:
+                await call
+                return None
+            task = ctx.rt.spawn(call, f"{method}-{engine}.{incarnation}")
+            timeout = ctx.config.rollout_health_check_timeout
+            if await ctx.rt.wait_any([task, ctx.rt.timer(timeout)]) == 1:
+                task.cancel(f"{method} timed out")
+                return EngineFailure(engine, f"no answer to {method} within {timeout:g}s")
+            await task
         except EngineFailure as failure:
             return failure
         return None
@@ -111,15 +131,13 @@ class Updater:
         ctx = self.ctx
         mine = {e: targets[e] for e in getattr(action, "engines", ())}
         if isinstance(action, PauseEngines):
-            paused, failures = await self._answered(mine, "pause")
-            ctx.emit(
-                EnginesPaused,
-                update_id=update_id,
-                engines=paused,
-                incarnations=tuple(mine[e] for e in paused),
-            )
-            if failures:
-                raise failures[0]
+            await self._all_answer(update_id, mine, EnginesPaused, "pause", action.mode)
+        elif isinstance(action, FlushCache):
+            await self._all_answer(update_id, mine, EnginesFlushed, "flush_cache")
+        elif isinstance(action, BeginUpdate):
+            await self._all_answer(update_id, mine, UpdateSessionOpened, "begin_update")
+        elif isinstance(action, EndUpdate):
+            await self._all_answer(update_id, mine, UpdateSessionClosed, "end_update")
         elif isinstance(action, UnloadAdapter):
             unloaded, failures = await self._answered(mine, "unload_adapter", action.adapter)
             ctx.emit(AdapterUnloaded, update_id=update_id, adapter=action.adapter, engines=unloaded)
@@ -144,6 +162,25 @@ class Updater:
         failures = await self._each(targets, method, *args, answered=answered.append)
         return tuple(sorted(answered)), failures
 
+    async def _all_answer(
+        self,
+        update_id: int,
+        targets: dict[str, int],
+        event: type[Event],
+        method: str,
+        *args: Any,
+    ) -> None:
+        """Call every engine; record the processes that answered; raise the first failure."""
+        answered, failures = await self._answered(targets, method, *args)
+        self.ctx.emit(
+            event,
+            update_id=update_id,
+            engines=answered,
+            incarnations=tuple(targets[e] for e in answered),
+        )
+        if failures:
+            raise failures[0]
+
     async def _stamp(
         self, update_id: int, cell: int, version: int, targets: dict[str, int]
     ) -> None:
@@ -159,7 +196,8 @@ class Updater:
                 version=version,
             )
 
-        failures = await self._each(targets, "stamp", version, answered=stamped)
+        # SGLang aborts every request in flight unless told not to (miles #2589, #2296)
+        failures = await self._each(targets, "stamp", version, False, answered=stamped)
         if failures:
             raise failures[0]
 
@@ -221,7 +259,8 @@ class Updater:
             update_id = next(self._updates)
             adapter = ctx.config.lora_adapter
             kind = UpdateKind.FULL if adapter is None else UpdateKind.LORA
-            update = WeightUpdate(version, engines, len(self.buckets), kind, adapter, publish)
+            mode = ctx.config.pause_generation_mode
+            update = WeightUpdate(version, engines, len(self.buckets), kind, adapter, publish, mode)
             ctx.emit(
                 UpdateBegan,
                 update_id=update_id,
@@ -232,6 +271,7 @@ class Updater:
                 engines=engines,
                 publishes=publish,
             )
+            ctx.monitor_paused += 1  # a busy engine or cell is not a dead one
             try:
                 while (action := update.next_action()) is not None:
                     await self._run_action(update_id, cell, action, targets)
@@ -255,12 +295,14 @@ class Updater:
                 else:
                     call.failed(failure.reason)
                     self.trainer.cell_failed(cell, failure.reason)
+            finally:
+                ctx.monitor_paused -= 1
 
     async def train_and_update(
         self,
         step: int,
         batch: list[Group],
-        trained: Callable[[], None],
+        trained: Callable[[int], None],
         next_batch: Task[Any] | None = None,
     ) -> None:
         """Train a step, then update the weights, holding the weights lock throughout."""
@@ -268,16 +310,12 @@ class Updater:
         await ctx.update_lock.acquire()
         try:
             await self.trainer.train(step, batch)
-            trained()
+            trained(step)
             while next_batch is not None and not next_batch.done() and self.engines.serving():
                 await ctx.rt.wait_any([next_batch, ctx.engines_changed.wait()])
-            ctx.monitor_paused += 1
-            try:
-                while not ctx.engines.live():  # every engine is down: wait for one to come back
-                    await ctx.engines_changed.wait()
-                await self.route(publish=True)
-            finally:
-                ctx.monitor_paused -= 1
+            while not ctx.engines.live():  # every engine is down: wait for one to come back
+                await ctx.engines_changed.wait()
+            await self.route(publish=True)
         finally:
             ctx.update_lock.release()
 

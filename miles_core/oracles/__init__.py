@@ -13,8 +13,11 @@ first violation with the events that prove it, or None.
                           is trained, dropped or outstanding
     recycled_regenerated  a recycled prompt is generated again, before any new prompt
     published_weights     every sample came from published, whole, current weights
-    update_order          buckets -> stamp -> publish -> resume, per engine process; every
-                          engine of a transfer plan received every bucket
+    update_order          pause -> flush -> session -> buckets -> stamp -> close -> publish ->
+                          resume, per engine process; every engine of a transfer plan received
+                          every bucket
+    requests_kept         an update pauses requests as its mode says: under retract and
+                          in_place none is aborted, under retract none keeps old KV
     step_attempts         a step commits once, on its quorum, from an attempt no cell discarded
     progress              after the last fault steps commit and engines catch up
     fault_witness         every fault that fired took effect (one witness per fault kind)
@@ -29,6 +32,7 @@ from miles_core.oracles.base import Indexed, Violation
 from miles_core.oracles.delivery import exactly_once, recycled_regenerated
 from miles_core.oracles.end_state import end_state
 from miles_core.oracles.progress import progress
+from miles_core.oracles.requests import requests_kept
 from miles_core.oracles.staleness import bounded_staleness
 from miles_core.oracles.training import step_attempts
 from miles_core.oracles.updates import update_order
@@ -43,6 +47,7 @@ SAFETY: dict[str, Callable[[History], Violation | None]] = {
     "recycled_regenerated": recycled_regenerated,
     "published_weights": published_weights,
     "update_order": update_order,
+    "requests_kept": requests_kept,
     "step_attempts": step_attempts,
 }
 """The oracles that can judge a history before it ends (``--check-every``)."""
@@ -84,6 +89,7 @@ __all__ = [
     "progress",
     "published_weights",
     "recycled_regenerated",
+    "requests_kept",
     "step_attempts",
     "unfired_reason",
     "update_order",

@@ -1,7 +1,8 @@
 """bounded_staleness: every trained group has 0 <= staleness <= bound.
 
 staleness = the version the consumer drained the group at - the oldest
-version any of its samples was generated under (recomputed here from the
+version any of its samples' tokens was generated under (a request an update
+retracted or froze spans several; miles' group_oldest_weight_version) (recomputed here from the
 samples, and compared with what the buffer reported). Before the first update
 there is no current version and the filter is off: nothing is judged.
 """
@@ -12,6 +13,11 @@ from miles_core.events import GroupGot, GroupTrained, History, SampleGenerated
 from miles_core.oracles.base import Indexed, Violation, run_started, version_number
 
 NAME = "bounded_staleness"
+
+
+def _oldest(sample: SampleGenerated) -> int:
+    """The oldest version a sample's tokens came from (miles' oldest_weight_version)."""
+    return min(version_number(v) for v in sample.all_versions)
 
 
 def bounded_staleness(history: History, bound: int | None = None) -> Violation | None:
@@ -28,7 +34,7 @@ def bounded_staleness(history: History, bound: int | None = None) -> Violation |
     for seq, e in history.indexed():
         if isinstance(e, SampleGenerated) and not e.aborted:
             prev = oldest.get(e.group_id)
-            if prev is None or version_number(e.version) < version_number(prev[1].version):
+            if prev is None or _oldest(e) < _oldest(prev[1]):  # type: ignore[arg-type]
                 oldest[e.group_id] = (seq, e)
         elif isinstance(e, GroupGot):
             got[e.group_id] = (seq, e)
@@ -50,20 +56,20 @@ def bounded_staleness(history: History, bound: int | None = None) -> Violation |
                     f"group {e.group_id} was trained but has no generated sample",
                     (consumed, (seq, e)),
                 )
-            age = current - version_number(sample[1].version)
+            age = current - _oldest(sample[1])  # type: ignore[arg-type]
             evidence = (sample, consumed, (seq, e))
             if consumed[1].staleness is not None and consumed[1].staleness != age:
                 return Violation(
                     NAME,
                     f"group {e.group_id}: the buffer reported staleness {consumed[1].staleness} "
-                    f"but its samples give {current} - {version_number(sample[1].version)} = {age}",
+                    f"but its samples give {current} - {_oldest(sample[1])} = {age}",  # type: ignore[arg-type]
                     evidence,
                 )
             if age < 0:
                 return Violation(
                     NAME,
                     f"group {e.group_id} trained with negative staleness {age}: a sample of "
-                    f"version {sample[1].version} consumed at version {current}",
+                    f"version {_oldest(sample[1])} consumed at version {current}",  # type: ignore[arg-type]
                     evidence,
                 )
             if bound is not None and age > bound:

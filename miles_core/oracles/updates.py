@@ -4,14 +4,16 @@ For each update (and each sync of restarted engines), per engine of its
 transfer plan and per process behind that engine (every event of an update
 names the process, its incarnation, that answered):
 
-- its buckets arrived only while it was paused for this update;
+- it was paused, then its cache flushed (unless in_place, whose frozen
+  requests still hold their KV), then its update session opened;
+- its buckets arrived only inside that session;
 - it was stamped with the update's version only after every bucket of the
   update had arrived at that same process (a process restarted anywhere in the
-  update holds none of them);
+  update holds none of them), then its session closed;
 - the version was published only after every engine of the plan was stamped,
   so every engine named in a transfer plan received every bucket;
 - the engines resumed only after the publish (for a publishing update), and
-  only engines stamped by this update;
+  only engines stamped by this update whose session closed;
 - an aborted update does nothing more and publishes nothing.
 """
 
@@ -23,15 +25,20 @@ from typing import Any
 
 from miles_core.events import (
     BucketReceived,
+    EnginesFlushed,
     EnginesPaused,
     EnginesResumed,
     EngineStamped,
     Event,
     History,
+    RunStarted,
     UpdateAborted,
     UpdateBegan,
+    UpdateSessionClosed,
+    UpdateSessionOpened,
     VersionPublished,
 )
+from miles_core.kinds import PauseMode
 from miles_core.oracles.base import Indexed, Violation
 
 NAME = "update_order"
@@ -43,7 +50,11 @@ Process = tuple[str, int]
 @dataclass
 class _Update:
     began: Indexed
+    mode: PauseMode
     paused: dict[Process, Indexed] = field(default_factory=dict)
+    flushed: set[Process] = field(default_factory=set)
+    opened: set[Process] = field(default_factory=set)
+    closed: set[Process] = field(default_factory=set)
     received: dict[Process, set[int]] = field(default_factory=dict)
     stamped: dict[Process, Indexed] = field(default_factory=dict)
     published: Indexed | None = None
@@ -58,14 +69,26 @@ class _Update:
         return {engine: inc for engine, inc in self.stamped}
 
 
-_STEPS = (EnginesPaused, BucketReceived, EngineStamped, VersionPublished, EnginesResumed)
+_STEPS = (
+    EnginesPaused,
+    EnginesFlushed,
+    UpdateSessionOpened,
+    BucketReceived,
+    EngineStamped,
+    UpdateSessionClosed,
+    VersionPublished,
+    EnginesResumed,
+)
 
 
 def update_order(history: History) -> Violation | None:
     updates: dict[int, _Update] = {}
+    mode = PauseMode.RETRACT
     for seq, e in history.indexed():
+        if isinstance(e, RunStarted):
+            mode = e.pause_mode
         if isinstance(e, UpdateBegan):
-            updates[e.update_id] = _Update((seq, e))
+            updates[e.update_id] = _Update((seq, e), mode)
             continue
         if not isinstance(e, (*_STEPS, UpdateAborted)):
             continue
@@ -103,6 +126,41 @@ def _paused(update: _Update, seq: int, e: EnginesPaused) -> str | None:
     return None
 
 
+def _processes(e: Any) -> list[Process]:
+    return list(zip(e.engines, e.incarnations, strict=True))
+
+
+def _flushed(update: _Update, seq: int, e: EnginesFlushed) -> str | None:
+    if update.mode is PauseMode.IN_PLACE:
+        return ": flushed the cache under in_place, whose frozen requests still hold their KV"
+    for process in _processes(e):
+        if process not in update.paused:
+            return f": {process[0]} (process {process[1]}) was flushed before it was paused"
+        update.flushed.add(process)
+    return None
+
+
+def _opened(update: _Update, seq: int, e: UpdateSessionOpened) -> str | None:
+    for process in _processes(e):
+        if process not in update.paused:
+            return f": {process[0]} (process {process[1]}) opened its session unpaused"
+        if update.mode is not PauseMode.IN_PLACE and process not in update.flushed:
+            return (
+                f": {process[0]} (process {process[1]}) opened its session before its cache "
+                f"was flushed (pause mode {update.mode.value})"
+            )
+        update.opened.add(process)
+    return None
+
+
+def _closed(update: _Update, seq: int, e: UpdateSessionClosed) -> str | None:
+    for process in _processes(e):
+        if process not in update.stamped:
+            return f": {process[0]} (process {process[1]}) closed its session unstamped"
+        update.closed.add(process)
+    return None
+
+
 def _bucket(update: _Update, seq: int, e: BucketReceived) -> str | None:
     began = update.event
     if not 0 <= e.bucket < began.n_buckets or e.n_buckets != began.n_buckets:
@@ -117,6 +175,11 @@ def _bucket(update: _Update, seq: int, e: BucketReceived) -> str | None:
             return (
                 f": bucket {e.bucket} reached {engine} (process {inc}), which was not paused for "
                 "this update"
+            )
+        if (engine, inc) not in update.opened:
+            return (
+                f": bucket {e.bucket} reached {engine} (process {inc}) outside an update "
+                "session (/begin_weight_update)"
             )
         update.received.setdefault((engine, inc), set()).add(e.bucket)
     return None
@@ -133,6 +196,8 @@ def _stamped(update: _Update, seq: int, e: EngineStamped) -> str | None:
             f": {e.engine} (process {e.incarnation}) was stamped after it received {len(got)} "
             f"of {began.n_buckets} buckets"
         )
+    if process not in update.opened or process in update.closed:
+        return f": {e.engine} (process {e.incarnation}) was stamped outside its update session"
     update.stamped[process] = (seq, e)
     return None
 
@@ -150,6 +215,9 @@ def _published(update: _Update, seq: int, e: VersionPublished) -> str | None:
             f": version {e.version} was published before {missing[0]} (named in the transfer "
             f"plan) was stamped; it received {got} of {began.n_buckets} buckets"
         )
+    unclosed = sorted(p for p in update.stamped if p not in update.closed)
+    if unclosed:
+        return f": version {e.version} was published before {unclosed[0][0]}'s session closed"
     update.published = (seq, e)
     return None
 
@@ -164,6 +232,8 @@ def _resumed(update: _Update, seq: int, e: EnginesResumed) -> str | None:
     for engine, inc in zip(e.engines, e.incarnations, strict=True):
         if (engine, inc) not in update.stamped:
             return f": {engine} (process {inc}) resumed without being stamped by this update"
+        if (engine, inc) not in update.closed:
+            return f": {engine} (process {inc}) resumed before its update session closed"
     return None
 
 
@@ -176,6 +246,9 @@ def _aborted(update: _Update, seq: int, e: UpdateAborted) -> str | None:
 
 _JUDGES: dict[type[Event], Callable[[_Update, int, Any], str | None]] = {
     EnginesPaused: _paused,
+    EnginesFlushed: _flushed,
+    UpdateSessionOpened: _opened,
+    UpdateSessionClosed: _closed,
     BucketReceived: _bucket,
     EngineStamped: _stamped,
     VersionPublished: _published,

@@ -123,11 +123,12 @@ def _judge_sample(
     seq: int, e: SampleGenerated, state: _Held, published: dict[int, Indexed]
 ) -> Violation | None:
     """What is wrong with the weights a completed sample came from, if anything."""
-    if e.version is not None and e.version not in published:
+    unpublished = [v for v in e.all_versions if v is not None and v not in published]
+    if unpublished:
         return Violation(
             NAME,
-            f"engine {e.engine} generated under version {e.version}, which was never "
-            "published (or not yet)",
+            f"engine {e.engine} generated tokens under version {unpublished[0]}, which was "
+            "never published (or not yet)",
             evidence(state.stamp, (seq, e)),
         )
     if state.partial is not None:

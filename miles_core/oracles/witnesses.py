@@ -7,7 +7,8 @@ recorded after the fault fired:
                           healed back, or the run stopped with its clear error
     start_cell            the world reported the cell's new processes, which were healed
                           into a quorum
-    kill_engine           the engine went down (out of rotation)
+    kill_engine           the world saw the process die, or the engine left rotation
+    hang_engine           the engine left rotation (a health check or a call timed out)
     restart_engine        the world reported a new process, which came to serve
     slow_cell             the cell's steps begun in the window took longer than its
                           other steps, by at least half the slowdown
@@ -39,6 +40,7 @@ from miles_core.events import (
     CellStarted,
     CellStateChanged,
     CellTrained,
+    EngineExited,
     EngineStarted,
     EngineStateChanged,
     Event,
@@ -60,6 +62,7 @@ NAME = "fault_witness"
 
 
 _FOLLOWED = (
+    EngineExited,
     CellStateChanged,
     QuorumChanged,
     HealEnded,
@@ -209,6 +212,23 @@ def _cell_started(fault: FaultInjected, seq: int, index: _Index) -> str | None:
 
 
 def _engine_killed(fault: FaultInjected, seq: int, index: _Index) -> str | None:
+    """The world saw the process die, or the engine left rotation (its calls failed)."""
+    engine = fault.engine
+
+    def gone(x: Event) -> bool:
+        if isinstance(x, EngineExited):
+            return x.engine == engine
+        return (
+            isinstance(x, EngineStateChanged) and x.engine == engine and x.new is EngineState.DOWN
+        )
+
+    return (
+        None if _first(index.after(seq), gone) else f"engine {engine} never died nor left rotation"
+    )
+
+
+def _engine_hung(fault: FaultInjected, seq: int, index: _Index) -> str | None:
+    """Something noticed: the engine left rotation (a health check or a call timed out)."""
     engine = fault.engine
     down = _first(
         index.after(seq),
@@ -216,7 +236,7 @@ def _engine_killed(fault: FaultInjected, seq: int, index: _Index) -> str | None:
             isinstance(x, EngineStateChanged) and x.engine == engine and x.new is EngineState.DOWN
         ),
     )
-    return None if down else f"engine {engine} never went out of rotation"
+    return None if down else f"nothing noticed that engine {engine} stopped answering"
 
 
 def _engine_restarted(fault: FaultInjected, seq: int, index: _Index) -> str | None:
@@ -328,6 +348,7 @@ WITNESSES: dict[FaultKind, Callable[[FaultInjected, int, _Index], str | None]] =
     FaultKind.START_CELL: _cell_started,
     FaultKind.KILL_ENGINE: _engine_killed,
     FaultKind.RESTART_ENGINE: _engine_restarted,
+    FaultKind.HANG_ENGINE: _engine_hung,
     FaultKind.SLOW_CELL: _cell_slowed,
     FaultKind.SLOW_LINK: _link_slowed,
     FaultKind.DELAY_ROUTER: _router_delayed,

@@ -9,6 +9,7 @@ A fault is what it does (its kind and target) and when it strikes (its trigger):
     during_heal          after_step?          a checkpoint is on its way to a healing cell
     mid_generation       after_step?          an engine is halfway through a request
     step_begin           step                 training step ``step`` begins
+    during_recovery      after_step?          a new engine process is starting, not yet serving
 
 Steps count from 0. ``after_step`` arms a point only once that step committed
 (the first matching moment after it fires the fault); without it the first
@@ -16,8 +17,8 @@ matching moment does. Each point takes exactly the keys above: a key a point
 would ignore is an error, not a silent no-op. A cell fault at a point fires
 only at that cell's moment (the updater's bucket, a healing cell).
 
-Which kinds take which triggers: kills and restarts (kill_cell, stop_cell,
-kill_engine, restart_engine) any; start_cell and the timed impairments
+Which kinds take which triggers: kills, restarts and hangs (kill_cell,
+stop_cell, kill_engine, restart_engine, hang_engine) any; start_cell and the timed impairments
 (slow_cell, slow_link, delay_router, fail_router, drop_heartbeat) ``at`` or
 ``step_begin``, since they start a window of time rather than strike inside a call.
 """
@@ -78,9 +79,26 @@ class StepBegin:
     point: ClassVar[FaultPoint | None] = FaultPoint.STEP_BEGIN
 
 
-Trigger = AtTime | BeforeAllreduce | AfterBucket | DuringHeal | MidGeneration | StepBegin
+@dataclass(frozen=True)
+class DuringRecovery:
+    after_step: int | None = None
+    point: ClassVar[FaultPoint | None] = FaultPoint.DURING_RECOVERY
+
+
+Trigger = (
+    AtTime | BeforeAllreduce | AfterBucket | DuringHeal | MidGeneration | StepBegin | DuringRecovery
+)
 TRIGGERS: Mapping[FaultPoint | None, type[Trigger]] = {
-    t.point: t for t in (AtTime, BeforeAllreduce, AfterBucket, DuringHeal, MidGeneration, StepBegin)
+    t.point: t
+    for t in (
+        AtTime,
+        BeforeAllreduce,
+        AfterBucket,
+        DuringHeal,
+        MidGeneration,
+        StepBegin,
+        DuringRecovery,
+    )
 }
 """Trigger type by point (None: a time)."""
 
@@ -203,6 +221,14 @@ class RestartEngine(FaultSpec):
 
 
 @dataclass(frozen=True, kw_only=True)
+class HangEngine(FaultSpec):
+    """The engine's process stays alive but stops answering anything, until it is killed."""
+
+    engine: str
+    kind: ClassVar[FaultKind] = FaultKind.HANG_ENGINE
+
+
+@dataclass(frozen=True, kw_only=True)
 class SlowLink(FaultSpec):
     """The weight-transfer link moves bytes ``factor`` times slower."""
 
@@ -239,6 +265,7 @@ AnyFault = (
     | DropHeartbeat
     | KillEngine
     | RestartEngine
+    | HangEngine
     | SlowLink
     | DelayRouter
     | FailRouter
@@ -253,6 +280,7 @@ FAULT_TYPES: Mapping[FaultKind, type[FaultSpec]] = {
         DropHeartbeat,
         KillEngine,
         RestartEngine,
+        HangEngine,
         SlowLink,
         DelayRouter,
         FailRouter,

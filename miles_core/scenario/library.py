@@ -68,6 +68,7 @@ SCENARIOS: Mapping[str, Scenario] = {
             "engine_crash_mid_generation",
             "engine-1 dies halfway through a request: its groups are aborted and recycled",
             (F("kill_engine", engine="engine-1", point="mid_generation", after_step=2),),
+            unused_samples_handler=UnusedHandler.RETRY,
         ),
         _scenario(
             "engine_crash_mid_generation_drop",
@@ -92,14 +93,15 @@ SCENARIOS: Mapping[str, Scenario] = {
             "staleness_retry",
             "rollout runs far ahead of slow training with --max-weight-staleness 1 and retry: "
             "stale groups are recycled, none is trained beyond the bound",
-            in_flight_groups=16,
+            async_max_concurrent_samples=32,
             max_weight_staleness=1,
             capacity_factor=4.0,
+            unused_samples_handler=UnusedHandler.RETRY,
         ),
         _scenario(
             "staleness_drop",
             "as staleness_retry with drop: stale groups are dropped with a reason",
-            in_flight_groups=16,
+            async_max_concurrent_samples=32,
             max_weight_staleness=1,
             capacity_factor=4.0,
             unused_samples_handler=UnusedHandler.DROP,
@@ -107,7 +109,7 @@ SCENARIOS: Mapping[str, Scenario] = {
         _scenario(
             "buffer_backpressure",
             "capacity floor(0.5 x 4) = 2 with 12 groups in flight: puts block until a get",
-            in_flight_groups=12,
+            async_max_concurrent_samples=24,
             capacity_factor=0.5,
         ),
         _scenario(
@@ -196,6 +198,7 @@ SCENARIOS: Mapping[str, Scenario] = {
                 F("delay_router", at=5.0, duration=20.0, seconds=2.0),
                 F("fail_router", at=30.0, duration=5.0),
             ),
+            unused_samples_handler=UnusedHandler.RETRY,
         ),
         _scenario(
             "lora_update",

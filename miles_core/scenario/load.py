@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from miles_core.errors import ConfigError
-from miles_core.loop.config import LoopConfig, field_name
+from miles_core.loop.config import FIELD_OF_KEY, LoopConfig, field_name
 from miles_core.scenario.faults import faults_from_list
 from miles_core.scenario.fields import build, check_value, require_table
 from miles_core.scenario.model import Expect, Scenario
@@ -75,7 +75,7 @@ def scenario_from_mapping(
     preset = PRESETS[preset_name]
     world, timing = _sim_section(data.get("sim", {}), preset.world, preset.timing)
     loop_data = require_table(data.get("loop", {}), "[loop]", "write the loop's flags as [loop]")
-    loop = build(LoopConfig, loop_data, "[loop]", base=DEFAULT_LOOP, rename=field_name)
+    loop = build(LoopConfig, _loop_keys(loop_data), "[loop]", base=DEFAULT_LOOP, rename=field_name)
     expect_data = require_table(
         data.get("expect", {}),
         "expect",
@@ -97,6 +97,32 @@ def scenario_from_mapping(
         preset=preset_name,
         **optional,
     )
+
+
+RENAMED = {
+    "in_flight_groups": (
+        "async_max_concurrent_samples",
+        "miles' flag counts samples, not groups: in_flight_groups = k is "
+        "async_max_concurrent_samples = k x n_samples_per_prompt",
+    ),
+}
+"""Keys of earlier versions of the format, and what replaced them."""
+
+
+def _loop_keys(data: Mapping[str, Any]) -> dict[str, Any]:
+    """[loop] with miles' spellings (``async_data_buffer_capacity_factor``) as the fields."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in RENAMED:
+            new, why = RENAMED[key]
+            raise ConfigError(f"[loop].{key}", f"was replaced by {new}", why)
+        name = FIELD_OF_KEY.get(key, key)
+        if name in out:
+            raise ConfigError(
+                f"[loop].{key}", f"sets {name} a second time", "keep one spelling of the flag"
+            )
+        out[name] = value
+    return out
 
 
 def _sim_section(data: Any, world: WorldShape, timing: TimeModel) -> tuple[WorldShape, TimeModel]:

@@ -77,6 +77,10 @@ class FaultActions(Protocol):
         """Replace the engine's process by a new one (reported when it answers)."""
         ...
 
+    def hang_engine(self, engine: str) -> None:
+        """Make the engine's process stop answering, alive (until something kills it)."""
+        ...
+
     def impair(self, fault: Impairment) -> None:
         """Slow or fail part of the world from now for ``fault.duration`` seconds."""
         ...
@@ -229,6 +233,9 @@ class FaultSchedule:
         elif kind is FaultKind.RESTART_ENGINE:
             assert engine is not None
             actions.restart_engine(engine)
+        elif kind is FaultKind.HANG_ENGINE:
+            assert engine is not None
+            actions.hang_engine(engine)
         else:
             assert isinstance(fault, Impairment)
             actions.impair(fault)

@@ -66,6 +66,10 @@ class TimeModel:
     response_tokens_sigma: float = 0.5
     decode_seconds_per_token: float = 0.01
     concurrency_slowdown: float = 0.02
+    prompt_tokens: float = 256.0
+    prefill_seconds_per_token: float = 0.0002
+    """A retracted request's KV is recomputed when it resumes: prefill of prompt and response
+    so far, at this many seconds per token."""
     train_step_seconds: float = 5.0
     train_jitter: float = 0.1
     """A step's compute time is uniform in [1 - jitter, 1 + jitter] x train_step_seconds."""

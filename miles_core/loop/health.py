@@ -1,0 +1,81 @@
+"""miles' rollout health monitor (--use-fault-tolerance): find dead or hung engines, recover.
+
+miles runs a RolloutHealthMonitor per server group (miles/utils/health_monitor.py):
+after a first wait, every interval it sends each engine a health generate and
+kills the actor that fails it or does not answer within the timeout; the
+rollout manager restarts dead engines (recover_updatable_engines) and the next
+weight update brings them the weights. Here:
+
+- checking waits ``rollout_health_check_first_wait``, then runs every
+  ``rollout_health_check_interval``; it pauses while weights are updated, engines
+  synced or cells healed (a busy engine is not a dead one), as miles' does;
+- an engine that fails its check, or does not answer within
+  ``rollout_health_check_timeout``, leaves rotation and its process is replaced;
+- an engine that is down (it failed a call, or the world saw it exit) is
+  recovered: the world starts a new process, which serves once synced to the
+  published weights. Recovery does not pause: an update may be waiting for an
+  engine to come back. A recovery that did not produce a process (it died while
+  starting) is asked again after ``interval + timeout``.
+"""
+
+from __future__ import annotations
+
+from miles_core.backend import EngineFailure
+from miles_core.engines import EngineState
+from miles_core.events import EngineHealthFailed, EngineRecoveryAsked
+from miles_core.loop.context import RunContext
+from miles_core.loop.supervision import EngineSupervisor
+
+
+class EngineHealthMonitor:
+    def __init__(self, ctx: RunContext, engines: EngineSupervisor) -> None:
+        self.ctx = ctx
+        self.engines = engines
+        self._asked: dict[str, float] = {}
+        """engine -> when its last recovery was asked."""
+
+    async def _check(self, engine: str) -> None:
+        ctx = self.ctx
+        incarnation = ctx.engines.incarnation(engine)
+        call = ctx.rt.spawn(ctx.cluster.engine(engine, incarnation).health(), f"health-{engine}")
+        timeout = ctx.rt.timer(ctx.config.rollout_health_check_timeout)
+        try:
+            answered = await ctx.rt.wait_any([call, timeout]) == 0
+            if answered:
+                await call  # raises if the engine failed the check
+                return
+            call.cancel("health check timed out")
+            reason = (
+                f"no answer to a health check within {ctx.config.rollout_health_check_timeout:g}s"
+            )
+        except EngineFailure as failure:
+            reason = f"health check failed: {failure.reason}"
+        ctx.emit(EngineHealthFailed, engine=engine, incarnation=incarnation, reason=reason)
+        self.engines.failed(engine, incarnation, reason)
+        self._recover(engine, reason)
+
+    def _recover(self, engine: str, reason: str) -> None:
+        ctx = self.ctx
+        now = ctx.rt.now()
+        patience = (
+            ctx.config.rollout_health_check_interval + ctx.config.rollout_health_check_timeout
+        )
+        if now - self._asked.get(engine, -patience) < patience:
+            return  # a recovery is under way
+        self._asked[engine] = now
+        ctx.emit(EngineRecoveryAsked, engine=engine, reason=reason)
+        ctx.cluster.restart_engine(engine)
+
+    async def run(self) -> None:
+        ctx = self.ctx
+        config = ctx.config
+        await ctx.rt.sleep(config.rollout_health_check_first_wait)
+        while not ctx.stopping:
+            for engine in ctx.engines.ids:
+                if ctx.stopping:
+                    return
+                if ctx.engines.state(engine) is EngineState.DOWN:
+                    self._recover(engine, "down")
+                elif not ctx.monitor_paused:
+                    await self._check(engine)
+            await ctx.rt.sleep(config.rollout_health_check_interval)

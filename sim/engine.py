@@ -1,0 +1,282 @@
+"""A simulated rollout engine that keeps SGLang's semantics where they matter to the control
+plane.
+
+- Generation runs token by token in virtual time (lognormal length, decode time per
+  token slowed by concurrency). A pause (``/pause_generation``) interrupts it by
+  mode: ``abort`` ends the request aborted; ``retract`` frees its KV and requeues
+  it, and when generation continues its KV is recomputed (a prefill of prompt and
+  tokens so far) on the new weights; ``in_place`` freezes it on its KV, and later
+  tokens come from the new weights attending to the old keys and values.
+- Every response reports the weight version of each span of its tokens
+  (SGLang's meta_info ``weight_versions``), and whether it kept old KV across a
+  change of weights.
+- ``/update_weight_version`` aborts every request in flight unless told
+  ``abort_all_requests: false`` (SGLang's default is true).
+- ``/flush_cache`` refuses while a request holds KV pages (a running or frozen
+  one); retracted and queued ones hold none.
+- A hung engine (a fault) answers nothing until it is killed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from miles_core.backend import EngineFailure, GenerateRequest, GenerateResult, RequestRefused
+from miles_core.kinds import FaultPoint, PauseMode
+from sim.components import _Mortal
+from sim.runtime import SimSignal
+
+if TYPE_CHECKING:
+    from sim.cluster import SimCluster
+
+
+class _Request:
+    """One generate request's progress: tokens done, the versions its spans came from."""
+
+    def __init__(self, total: float, started: float, death: SimSignal) -> None:
+        self.total = total
+        self.started = started
+        self.death = death
+        """The death of the process the request was sent to (not of a restarted one)."""
+        self.done = 0.0
+        self.spans: list[int | None] = []
+        self.kept_kv = False
+        self.recompute = False
+        self.first = True
+        self.holds_pages = False
+        """It holds KV pages: decoding, or frozen in place (a retracted one holds none)."""
+
+    def on_weights(self, version: int | None) -> None:
+        """Tokens from here on come from ``version``; frozen KV across a change is kept KV."""
+        if self.spans and self.spans[-1] != version:
+            self.kept_kv = self.kept_kv or not self.recompute
+        if not self.spans or self.spans[-1] != version:
+            self.spans.append(version)
+
+
+class SimEngine(_Mortal):
+    """One engine slot; its process is replaced on restart."""
+
+    def __init__(self, cluster: SimCluster, engine_id: str) -> None:
+        super().__init__(cluster.rt, engine_id)
+        self.cluster = cluster
+        self.id = engine_id
+        self._lengths = cluster.rt.rng(f"{engine_id}.lengths")
+        self._rewards = cluster.rt.rng(f"{engine_id}.rewards")
+        """Looked up once: a stream is the same object for the whole run (rt.rng's contract)."""
+        self._fresh()
+
+    def _fresh(self) -> None:
+        """A new process's state: initial weights, no version, not paused."""
+        self.version: int | None = None
+        self.adapter: str | None = None
+        self.paused = False
+        self.hung = False
+        self.in_flight = 0
+        self.jobs: set[_Request] = set()
+        """Requests this process has admitted and not finished."""
+        self._resumed: SimSignal = self.rt.signal()
+        self._interrupt: SimSignal = self.rt.signal()
+        self._interrupt_mode: PauseMode | None = None
+        """What the last interrupt asked of running requests (None: abort them all)."""
+
+    def failure(self, reason: str) -> EngineFailure:
+        return EngineFailure(self.id, reason)
+
+    def check(self, incarnation: int) -> None:
+        """Raise as a client would when the process it addresses is gone."""
+        if incarnation != self.incarnation:
+            raise self.failure(f"process {incarnation} was replaced by {self.incarnation}")
+        if self.dead:
+            raise self.failure("dead")
+
+    def start(self) -> int:
+        incarnation = super().start()
+        self._fresh()
+        return incarnation
+
+    async def answer(self) -> None:
+        """A hung process never answers; it fails once killed."""
+        if self.hung:
+            await self._death
+            raise self.failure("killed while hung")
+
+    def _interrupt_all(self, mode: PauseMode | None) -> None:
+        """Interrupt every request now: as SGLang's scheduler does before it answers, a pause
+        that retracts or aborts has released their KV pages by the time it returns."""
+        self._interrupt_mode = mode
+        if mode is not PauseMode.IN_PLACE:
+            for job in self.jobs:
+                job.holds_pages = False
+        self._interrupt.set()
+        self._interrupt = self.rt.signal()
+
+    # -- generation ------------------------------------------------------------------------
+
+    async def generate(self, incarnation: int, request: GenerateRequest) -> GenerateResult:
+        self.check(incarnation)
+        await self.answer()
+        t = self.cluster.timing
+        sigma = t.response_tokens_sigma
+        mu = math.log(t.response_tokens_mean) - sigma**2 / 2
+        job = _Request(self._lengths.lognormvariate(mu, sigma), self.rt.now(), self._death)
+        self.jobs.add(job)
+        try:
+            return await self._generate(job)
+        finally:
+            self.jobs.discard(job)
+
+    async def _generate(self, job: _Request) -> GenerateResult:
+        while job.done < job.total:
+            if await self._wait_paused(job.death):
+                return self._result(job, aborted=True)  # abort_all while it waited
+            if job.death.is_set():  # its process was replaced while it waited to go on
+                raise self.failure("killed while the request waited")
+            await self.answer()
+            job.on_weights(self.version)
+            interrupted = await self._decode(job)
+            if interrupted is None:
+                continue
+            mode = self._interrupt_mode
+            if mode is None or mode is PauseMode.ABORT:
+                return self._result(job, aborted=True)
+            job.recompute = mode is PauseMode.RETRACT
+            if mode is PauseMode.IN_PLACE and await self._wait_paused(job.death):
+                return self._result(job, aborted=True)
+        await self.answer()
+        return self._result(job, aborted=False)
+
+    async def _decode(self, job: _Request) -> bool | None:
+        """Prefill (if retracted) and decode until done (None) or interrupted (True)."""
+        t = self.cluster.timing
+        interrupt = self._interrupt
+        if job.recompute:  # retracted: the KV of prompt and tokens so far, on these weights
+            prefill = (t.prompt_tokens + job.done) * t.prefill_seconds_per_token
+            outcome = await self.work(prefill, interrupt, death=job.death)
+            if outcome == 1:
+                raise self.failure("killed while recomputing a retracted request's KV")
+            if outcome == 2:
+                return True
+            job.recompute = False
+        per_token = t.decode_seconds_per_token * (1 + t.concurrency_slowdown * (self.in_flight + 1))
+        seconds = (job.total - job.done) * per_token
+        if job.first:
+            job.first = False
+            self.cluster.faults.fire(FaultPoint.MID_GENERATION, engine=self.id, delay=seconds / 2)
+        self.in_flight += 1
+        job.holds_pages = True
+        began, incarnation = self.rt.now(), self.incarnation
+        outcome = await self.work(seconds, interrupt, death=job.death)
+        if self.incarnation == incarnation:  # a restart began a new count
+            self.in_flight -= 1
+        if outcome != 2:
+            job.holds_pages = False  # finished or killed: its pages go
+        if outcome == 1:
+            raise self.failure("killed mid-generation")
+        job.done = job.total if outcome == 0 else job.done + (self.rt.now() - began) / per_token
+        return True if outcome == 2 else None
+
+    async def _wait_paused(self, death: SimSignal) -> bool:
+        """Wait while the engine is paused (a queued, retracted or frozen request); True when
+        an abort of every request ended it meanwhile."""
+        while self.paused:
+            interrupt = self._interrupt
+            woke = await self.rt.wait_any([self._resumed, death, interrupt])
+            if woke == 1:
+                raise self.failure("killed while the request waited")
+            if woke == 2 and self._interrupt_mode is None:
+                return True
+        return False
+
+    def _result(self, job: _Request, aborted: bool) -> GenerateResult:
+        versions = tuple(job.spans) or (self.version,)
+        return GenerateResult(
+            self.id,
+            versions[-1],
+            aborted=aborted,
+            reward=self._rewards.random(),
+            engine_seconds=self.rt.now() - job.started,
+            versions=versions,
+            kept_kv=job.kept_kv,
+        )
+
+    # -- control -------------------------------------------------------------------------
+
+    async def pause(self, mode: PauseMode) -> None:
+        await self.answer()
+        if not self.paused:  # a second pause (a retried update) keeps the waiters' signal
+            self.paused = True
+            self._resumed = self.rt.signal()
+        self._interrupt_all(mode)
+
+    async def resume(self) -> None:
+        await self.answer()
+        self.paused = False
+        self._resumed.set()
+
+    async def flush_cache(self) -> None:
+        await self.answer()
+        holding = sum(job.holds_pages for job in self.jobs)
+        if holding:
+            raise RequestRefused(self.id, f"Cache not flushed: {holding} requests hold KV pages")
+
+    async def begin_update(self) -> None:
+        await self.answer()
+
+    async def end_update(self) -> None:
+        await self.answer()
+
+    async def stamp(self, version: int, abort_all_requests: bool = True) -> None:
+        await self.answer()
+        self.version = version
+        if abort_all_requests:  # SGLang's default: every request in flight ends, aborted
+            self._interrupt_all(None)
+
+    async def unload_adapter(self, adapter: str) -> None:
+        await self.answer()
+        self.adapter = None
+
+    async def health(self) -> None:
+        """A health generate: one token's worth of time, if the engine answers at all."""
+        await self.answer()
+        await self.rt.sleep(self.cluster.timing.decode_seconds_per_token)
+        if self.dead:
+            raise self.failure("dead")
+
+
+class EngineHandle:
+    """Calls to one process of an engine; they fail once that process is gone."""
+
+    def __init__(self, engine: SimEngine, incarnation: int) -> None:
+        self.engine = engine
+        self.id = engine.id
+        self.incarnation = incarnation
+
+    def _check(self) -> SimEngine:
+        self.engine.check(self.incarnation)
+        return self.engine
+
+    async def pause(self, mode: PauseMode) -> None:
+        await self._check().pause(mode)
+
+    async def resume(self) -> None:
+        await self._check().resume()
+
+    async def flush_cache(self) -> None:
+        await self._check().flush_cache()
+
+    async def begin_update(self) -> None:
+        await self._check().begin_update()
+
+    async def end_update(self) -> None:
+        await self._check().end_update()
+
+    async def stamp(self, version: int, abort_all_requests: bool = True) -> None:
+        await self._check().stamp(version, abort_all_requests)
+
+    async def unload_adapter(self, adapter: str) -> None:
+        await self._check().unload_adapter(adapter)
+
+    async def health(self) -> None:
+        await self._check().health()
