@@ -25,7 +25,7 @@ from miles_core.loop.train import Trainer
 from miles_core.loop.update import Updater
 from miles_core.scenario import SCENARIOS
 from miles_core.transfer import TransferMode
-from miles_core.weight_update import PublishVersion, ResumeEngines, StampEngines
+from miles_core.weight_update import FlushCache, PublishVersion, ResumeEngines, StampEngines
 from sim.run import run_scenario
 from sim.swarm import swarm_scenario
 
@@ -115,6 +115,47 @@ def stamp_by_engine_id(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(Updater, "_run_action", by_id)
 
 
+def version_update_aborts_all(mp: pytest.MonkeyPatch) -> None:
+    """The client posts only {"new_version": ...}: SGLang's default abort_all_requests=true
+    aborts every request in flight at each update (miles #2589, #2296)."""
+    each = Updater._each
+
+    async def default_body(self: Updater, targets: Any, method: str, *args: Any, **kw: Any) -> Any:
+        if method == "stamp":
+            args = args[:1]  # the version only: the engine's default applies
+        return await each(self, targets, method, *args, **kw)
+
+    mp.setattr(Updater, "_each", default_body)
+
+
+def flush_under_in_place(mp: pytest.MonkeyPatch) -> None:
+    """The cache is flushed whatever the pause mode (miles #1497): under in_place the frozen
+    requests still hold KV pages, and SGLang refuses."""
+    import miles_core.weight_update as wu
+
+    plan = wu.plan_update_actions
+
+    def always_flush(*args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        actions = list(plan(*args, **kwargs))
+        if not any(isinstance(a, FlushCache) for a in actions):
+            actions.insert(1, FlushCache(actions[0].engines))
+        return tuple(actions)
+
+    mp.setattr(wu, "plan_update_actions", always_flush)
+
+
+def staleness_from_final_version(mp: pytest.MonkeyPatch) -> None:
+    """A sample keeps only the version it finished under, not every span's: a response that
+    spanned updates looks fresher than it is (miles counts from the oldest)."""
+    generate = Producer._generate_sample
+
+    async def last_only(self: Producer, group_id: int, prompt_id: int, index: int) -> Any:
+        sample = await generate(self, group_id, prompt_id, index)
+        return dataclasses.replace(sample, weight_versions=sample.weight_versions[-1:])
+
+    mp.setattr(Producer, "_generate_sample", last_only)
+
+
 PLANTS: dict[str, tuple[Plant, str]] = {
     "publish_after_resume": (publish_after_resume, "update_order"),
     "discarded_attempt_commits": (discarded_attempt_commits, "step_attempts"),
@@ -122,6 +163,9 @@ PLANTS: dict[str, tuple[Plant, str]] = {
     "p2p_to_one_engine": (p2p_to_one_engine, "update_order"),
     "recycled_never_regenerated": (recycled_never_regenerated, "recycled_regenerated"),
     "stamp_by_engine_id": (stamp_by_engine_id, "update_order"),
+    "version_update_aborts_all": (version_update_aborts_all, "requests_kept"),
+    "flush_under_in_place": (flush_under_in_place, "end_state"),
+    "staleness_from_final_version": (staleness_from_final_version, "bounded_staleness"),
 }
 
 

@@ -2,7 +2,8 @@
 
     python -m sim list
     python -m sim run [NAME_OR_FILE] [--seed N] [--steps K] [--trace out.json] [--json]
-                      [--check-every K] [--save-scenario FILE]
+                      [--metrics out.jsonl] [--check-every K] [--save-scenario FILE]
+                      [miles' loop flags: --pause-generation-mode retract, ...]
     python -m sim bench                     (simulator speed; see sim/bench.py)
     python -m sim calibrate bench.json      (fit the transfer model; see sim/calibrate.py)
     python -m sim predict PRESET            (a weight update's time by that model)
@@ -10,12 +11,15 @@
 Exit codes: 0 when every oracle passed; 1 when one failed (the control plane
 broke, or the run did not end as its scenario expects), with the command that
 replays the run exactly as the last line on stderr; 2 when the scenario or the
-command is wrong (nothing ran).
+command is wrong (nothing ran). Every LoopConfig flag can be given in miles'
+spelling (``--max-weight-staleness 2``, ``--use-fault-tolerance``); it overrides
+the scenario's value and is part of the replay line.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import sys
@@ -25,21 +29,35 @@ from tqdm import tqdm
 
 from miles_core.errors import ConfigError
 from miles_core.events import StepCommitted
-from miles_core.report import check_writable, chrome_trace, summary, text_lines, write_json
+from miles_core.loop.flags import add_loop_flags, flags_argv, given_flags, with_flags
+from miles_core.report import (
+    check_writable,
+    chrome_trace,
+    step_metrics,
+    summary,
+    text_lines,
+    write_json,
+    write_json_lines,
+)
 from miles_core.scenario import SCENARIOS, Scenario, save_scenario_file
 from sim.run import run_scenario
 from sim.scenarios import find_scenario
 from sim.swarm import SWARM, SWARM_TOTAL_LOSS, swarm_scenario
 
 DEFAULT_SCENARIO = "cell_crash_before_allreduce"
+OWN_FLAGS = ("steps",)
+"""Loop fields this CLI spells its own way (``--steps`` overrides the scenario's steps)."""
 
 
 def _scenario(args: argparse.Namespace) -> Scenario:
     """The scenario named on the command line; a swarm is drawn for the run's length."""
     if args.scenario in (SWARM, SWARM_TOTAL_LOSS):
         steps = args.steps if args.steps is not None else 12
-        return swarm_scenario(args.seed, steps, total_loss=args.scenario == SWARM_TOTAL_LOSS)
-    return find_scenario(args.scenario, args.seed)
+        scenario = swarm_scenario(args.seed, steps, total_loss=args.scenario == SWARM_TOTAL_LOSS)
+    else:
+        scenario = find_scenario(args.scenario, args.seed)
+    loop = with_flags(scenario.loop, given_flags(args, OWN_FLAGS))
+    return dataclasses.replace(scenario, loop=loop)
 
 
 def _replay(args: argparse.Namespace, steps: int) -> str:
@@ -47,7 +65,7 @@ def _replay(args: argparse.Namespace, steps: int) -> str:
     command += ["--steps", str(steps)]
     if args.check_every is not None:
         command += ["--check-every", str(args.check_every)]
-    return shlex.join(command)
+    return shlex.join(command + flags_argv(given_flags(args, OWN_FLAGS)))
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -56,6 +74,7 @@ def _run(args: argparse.Namespace) -> int:
             raise ConfigError(flag, f"got {value}", "pass an integer >= 1")
     trace = check_writable(args.trace, "--trace") if args.trace else None
     save = check_writable(args.save_scenario, "--save-scenario") if args.save_scenario else None
+    metrics = check_writable(args.metrics, "--metrics") if args.metrics else None
     scenario = _scenario(args).with_run(steps=args.steps, seed=args.seed)
     if save is not None:
         save_scenario_file(save, scenario)
@@ -74,6 +93,8 @@ def _run(args: argparse.Namespace) -> int:
     info["wall_seconds"] = time.perf_counter() - started
     if trace is not None:
         write_json(trace, chrome_trace(result.history), "--trace")
+    if metrics is not None:
+        write_json_lines(metrics, step_metrics(result.history), "--metrics")
     if args.json:
         print(json.dumps(info, sort_keys=True))
     else:
@@ -100,7 +121,11 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m sim", description="the simulated cluster")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="the named scenarios, one line each")
-    run = sub.add_parser("run", help="run a named scenario, a .toml scenario file, or a swarm")
+    run = sub.add_parser(
+        "run",
+        help="run a named scenario, a .toml scenario file, or a swarm",
+        allow_abbrev=False,  # a misspelt flag is an error, never a guess
+    )
     run.add_argument(
         "scenario",
         nargs="?",
@@ -111,6 +136,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--steps", type=int, default=None, help="override the scenario's steps")
     run.add_argument("--trace", help="write a Chrome trace (open it in Perfetto)")
     run.add_argument("--json", action="store_true", help="print one JSON summary")
+    run.add_argument(
+        "--metrics",
+        metavar="FILE",
+        help="write miles' rollout metrics as JSON lines, one per step",
+    )
     run.add_argument(
         "--check-every",
         type=int,
@@ -123,6 +153,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="write the scenario (a swarm's drawing too) as a TOML file that replays without it",
     )
+    add_loop_flags(run, skip=OWN_FLAGS)
     for name, text in (
         ("bench", "simulator speed"),
         ("calibrate", "fit the transfer model to a transfer-bench JSON"),

@@ -195,11 +195,16 @@ class SimEngine(_Mortal):
             self.id,
             versions[-1],
             aborted=aborted,
-            reward=self._rewards.random(),
+            reward=self._reward(),
             engine_seconds=self.rt.now() - job.started,
             versions=versions,
             kept_kv=job.kept_kv,
         )
+
+    def _reward(self) -> float:
+        rate = self.cluster.timing.reward_success_rate
+        draw = self._rewards.random()
+        return draw if rate is None else float(draw < rate)
 
     # -- control -------------------------------------------------------------------------
 

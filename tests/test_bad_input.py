@@ -498,7 +498,9 @@ def _bad_values(hint: Any) -> list[Any]:
     options = set(typing.get_args(hint)) if typing.get_args(hint) else {hint}
     options.discard(type(None))
     bad = []
-    if int in options:
+    if bool in options:
+        bad += [1, "true", 0.0]
+    elif int in options:
         bad += [8.0, "8", True]
     elif float in options:
         bad += ["2.0", True, math.inf]

@@ -56,8 +56,11 @@ def test_engines_are_compared_by_the_processes_the_world_reported_and_where_they
 def test_rollout_counts_reasons() -> None:
     scenario = SCENARIOS["staleness_drop"]
     counts = rollout(run_scenario(scenario, 0).history)
-    assert {reason for reason, _ in counts.dropped} == {"aborted", "stale"}
+    # under retract (miles' default) an update aborts nothing: only staleness drops groups
+    assert {reason for reason, _ in counts.dropped} == {"stale"}
     assert counts.recycled == ()  # the drop handler recycles nothing
     retried = rollout(run_scenario(SCENARIOS["staleness_retry"], 0).history)
-    assert {reason for reason, _ in retried.recycled} == {"aborted", "stale"}
+    assert {reason for reason, _ in retried.recycled} == {"stale"}
     assert retried.dropped == ()
+    crash = rollout(run_scenario(SCENARIOS["engine_crash_mid_generation"], 0).history)
+    assert {reason for reason, _ in crash.recycled} == {"aborted"}  # a fault aborts

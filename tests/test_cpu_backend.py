@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,15 +34,21 @@ from backends.common.ray_session import (
     remove_placement_group,
 )
 from backends.cpu.run import TRAIN, RealResult, _layout, run_in_ray
+from backends.cpu.transport import RayRouter
 from miles_core.conformance import decisions, rollout
 from miles_core.events import (
+    EngineRecoveryAsked,
+    EnginesFlushed,
     EngineStateChanged,
     GroupRecycled,
     HealEnded,
     QuorumChanged,
+    SampleGenerated,
+    StepMetrics,
     VersionPublished,
     WeightsChecked,
 )
+from miles_core.kinds import PauseMode, RunStatus, SampleOutcome
 from sim.run import Scenario, run_scenario
 from sim.scenarios import SCENARIOS, load_scenario_file
 
@@ -104,6 +111,8 @@ def _conformance_cases() -> list[tuple[Scenario, int | None]]:
         # the restart lands between the last bucket and the stamp (instant in the simulator,
         # seconds for real): in both worlds the update is retried and the engine synced
         (SCENARIOS["restart_before_stamp"], 40),
+        # miles' default pause mode, with updates landing mid-request in both worlds
+        (SCENARIOS["retract_long_generations"], None),
     ]
 
 
@@ -143,6 +152,89 @@ def test_real_cell_kill_shrinks_and_heals(ray_cluster) -> None:
     assert [e.dst_cell for e in result.history if isinstance(e, HealEnded) and e.ok] == [1]
     # the healed cell trains on with the survivor: both hold one set of weights
     assert result.report.steps_done == scenario.loop.steps
+
+
+PACED = 0.01
+"""Seconds per generated token in the pause-mode runs: a request lives ~40 ms, so updates
+find requests in flight (the tiny policy alone takes about a millisecond a token)."""
+
+
+@pytest.mark.parametrize(
+    ("name", "steps"),
+    [
+        ("retract_long_generations", 6),
+        ("in_place_long_generations", 6),
+        ("abort_one_step_off", 6),
+    ],
+)
+def test_real_pause_modes(ray_cluster, name: str, steps: int) -> None:
+    """Each mode for real: retracted requests continue on new weights with their KV
+    recomputed, frozen ones keep it, abort runs one-step-off; no update aborts a request.
+    (abort_one_step_off's engine restart is left out: its sync pauses a process with nothing
+    in flight, and a real restart needs many more steps to come back in.)"""
+    scenario = dataclasses.replace(SCENARIOS[name], faults=())
+    result = run_in_ray(scenario, seed=0, steps=steps, timeout=600, engine_token_seconds=PACED)
+    assert result.ok, _failed(result)
+    samples = [e for e in result.history if isinstance(e, SampleGenerated)]
+    spanning = [s for s in samples if len(set(s.all_versions)) > 1]
+    flushed = [e for e in result.history if isinstance(e, EnginesFlushed)]
+    mode = scenario.loop.pause_generation_mode
+    assert not any(s.outcome is SampleOutcome.ABORTED for s in samples)
+    if mode is PauseMode.ABORT:  # one-step-off updates wait for the batch: nothing spans
+        assert not spanning and flushed
+    else:
+        assert spanning, "no request was in flight at any update"
+        assert all(s.kept_kv is (mode is PauseMode.IN_PLACE) for s in spanning)
+        assert bool(flushed) is (mode is PauseMode.RETRACT)
+    metrics = [dict(e.metrics) for e in result.history if isinstance(e, StepMetrics)]
+    mixed = sum(m["rollout/fully_async/samples_on_mixed_weights"] for m in metrics)
+    assert (mixed > 0) is (mode is PauseMode.IN_PLACE)
+
+
+@pytest.mark.parametrize(
+    ("name", "steps"),
+    [
+        ("ft_every_engine_dies", None),  # generation waits for the recovered engines
+        ("every_engine_dies_without_ft", None),
+        ("ft_engine_hangs", None),
+        # steps enough for two recoveries of seconds each (one engine serves meanwhile)
+        ("ft_engine_dies_during_recovery", 60),
+    ],
+)
+def test_real_engine_fault_tolerance(ray_cluster, name: str, steps: int | None) -> None:
+    """With --use-fault-tolerance dead and hung engines come back with no injected restart
+    and the run completes; without it, losing every engine fails clearly. Neither hangs."""
+    scenario = SCENARIOS[name]
+    started = time.monotonic()
+    result = run_in_ray(scenario, seed=0, steps=steps, timeout=300)
+    assert result.ok, _failed(result)
+    assert result.report.status is scenario.expect.status
+    assert time.monotonic() - started < 300
+    asked = [e for e in result.history if isinstance(e, EngineRecoveryAsked)]
+    if scenario.loop.use_fault_tolerance:
+        assert asked and result.report.steps_done == (steps or scenario.loop.steps)
+    else:
+        assert not asked and type(result.report.error).__name__ == "NoLiveEngineError"
+
+
+def test_a_generation_error_ends_the_real_run_with_its_cause(ray_cluster, monkeypatch) -> None:
+    """An exception in generation that is not an engine or router failure ends the run as a
+    crash with its type and cause, at once: no hang, no lost task."""
+    generate = RayRouter.generate
+
+    async def broken(self: RayRouter, engine: str, incarnation: int, request: Any) -> Any:
+        if request.group_id == 5:
+            raise ZeroDivisionError("planted: a reward function divided by zero")
+        return await generate(self, engine, incarnation, request)
+
+    monkeypatch.setattr(RayRouter, "generate", broken)
+    started = time.monotonic()
+    result = run_in_ray(SCENARIOS["no_failure"], seed=0, timeout=120)
+    assert time.monotonic() - started < 120
+    assert result.report.status is RunStatus.CRASHED
+    assert type(result.report.error) is ZeroDivisionError
+    assert "planted: a reward function divided by zero" in result.report.reason
+    assert "the run crashed: ZeroDivisionError" in str(result.verdicts["end_state"])
 
 
 def test_real_engine_kill_recycles_its_groups(ray_cluster) -> None:

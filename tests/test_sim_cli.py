@@ -200,10 +200,10 @@ def test_a_swarm_seed_saved_as_a_scenario_replays_without_the_swarm(tmp_path, ca
 
 
 def test_the_swarm_prints_what_it_drew(capsys) -> None:
-    assert main(["run", "swarm", "--seed", "5"]) == 0
+    assert main(["run", "swarm", "--seed", "2"]) == 0
     out = capsys.readouterr().out
     assert "world:" in out and "flags:" in out
     drawn = [line for line in out.splitlines() if line.startswith("  fault ")]
     assert len(drawn) >= 2 and all(": fired at t=" in line for line in drawn)
-    assert main(["run", "swarm", "--seed", "3"]) == 0  # a seed that drew no fault says so
+    assert main(["run", "swarm", "--seed", "27"]) == 0  # a seed that drew no fault says so
     assert "faults: none scheduled" in capsys.readouterr().out

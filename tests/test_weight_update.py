@@ -9,7 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from miles_core.errors import TransitionError
+from miles_core.kinds import PauseMode
 from miles_core.weight_update import (
+    BeginUpdate,
+    EndUpdate,
+    FlushCache,
     PauseEngines,
     PublishVersion,
     ResumeEngines,
@@ -28,20 +32,45 @@ def index_of(steps, step_type) -> list[int]:
     return [i for i, s in enumerate(steps) if isinstance(s, step_type)]
 
 
+def opening(engines=ENGINES, mode=PauseMode.RETRACT) -> list:
+    """miles' _pause_and_prepare_engines: pause, flush unless in_place, begin the session."""
+    flush = [] if mode is PauseMode.IN_PLACE else [FlushCache(engines)]
+    return [PauseEngines(engines, mode), *flush, BeginUpdate(engines)]
+
+
 # --- the plan -----------------------------------------------------------------------------------
 
 
 def test_full_plan_order():
     steps = plan_update_actions(7, ENGINES, n_buckets=3)
     assert steps == (
-        PauseEngines(ENGINES),
+        PauseEngines(ENGINES, PauseMode.RETRACT),
+        FlushCache(ENGINES),
+        BeginUpdate(ENGINES),
         SendBucket(0, 3, ENGINES),
         SendBucket(1, 3, ENGINES),
         SendBucket(2, 3, ENGINES),
         StampEngines(7, ENGINES),
+        EndUpdate(ENGINES),
         PublishVersion(7),
         ResumeEngines(ENGINES),
     )
+
+
+@pytest.mark.parametrize("mode", list(PauseMode))
+def test_the_cache_is_flushed_unless_in_place(mode):
+    """miles #1497: SGLang refuses to flush while in_place's frozen requests hold KV."""
+    steps = plan_update_actions(2, ENGINES, 1, pause_mode=mode)
+    assert steps[0] == PauseEngines(ENGINES, mode)
+    flushes = index_of(steps, FlushCache)
+    assert flushes == ([] if mode is PauseMode.IN_PLACE else [1])
+    assert list(steps[: len(opening(mode=mode))]) == opening(mode=mode)
+
+
+def test_pause_mode_may_be_given_as_its_flag_string():
+    assert plan_update_actions(2, ENGINES, 1, pause_mode="in_place")[0].mode is PauseMode.IN_PLACE
+    with pytest.raises(ValueError, match="pause"):
+        plan_update_actions(2, ENGINES, 1, pause_mode="pause")
 
 
 def test_full_is_the_default_kind():
@@ -51,11 +80,12 @@ def test_full_is_the_default_kind():
 def test_lora_plan_order():
     steps = plan_update_actions(7, ENGINES, n_buckets=2, kind=UpdateKind.LORA, adapter="policy")
     assert steps == (
-        PauseEngines(ENGINES),
+        *opening(),
         UnloadAdapter(ENGINES, "policy"),
         SendBucket(0, 2, ENGINES),
         SendBucket(1, 2, ENGINES),
         StampEngines(7, ENGINES),
+        EndUpdate(ENGINES),
         PublishVersion(7),
         ResumeEngines(ENGINES),
     )
@@ -83,10 +113,12 @@ def test_stamp_comes_before_publish_and_publish_before_resume(n_buckets, kind, a
     (publish,) = index_of(steps, PublishVersion)
     (resume,) = index_of(steps, ResumeEngines)
     buckets = index_of(steps, SendBucket)
+    (begin,) = index_of(steps, BeginUpdate)
+    (end,) = index_of(steps, EndUpdate)
     assert pause == 0
     assert resume == len(steps) - 1
     assert len(buckets) == n_buckets
-    assert max(buckets) < stamp < publish < resume
+    assert begin < min(buckets) and max(buckets) < stamp < end < publish < resume
     assert steps[publish].version == steps[stamp].version == 3
 
 
@@ -96,18 +128,24 @@ def test_stamp_comes_before_publish_and_publish_before_resume(n_buckets, kind, a
     engines=st.lists(st.text(min_size=1, max_size=5), min_size=1, max_size=4, unique=True),
     n_buckets=st.integers(1, 40),
     lora=st.booleans(),
+    mode=st.sampled_from(PauseMode),
 )
-def test_plan_structure(version, engines, n_buckets, lora):
+def test_plan_structure(version, engines, n_buckets, lora, mode):
     engines = tuple(engines)
     kind, adapter = (UpdateKind.LORA, "adapter") if lora else (UpdateKind.FULL, None)
-    steps = plan_update_actions(version, engines, n_buckets, kind, adapter)
+    steps = plan_update_actions(version, engines, n_buckets, kind, adapter, pause_mode=mode)
 
-    head = [PauseEngines(engines)] + ([UnloadAdapter(engines, "adapter")] if lora else [])
-    tail = [StampEngines(version, engines), PublishVersion(version), ResumeEngines(engines)]
+    head = opening(engines, mode) + ([UnloadAdapter(engines, "adapter")] if lora else [])
+    tail = [
+        StampEngines(version, engines),
+        EndUpdate(engines),
+        PublishVersion(version),
+        ResumeEngines(engines),
+    ]
     assert len(steps) == len(head) + n_buckets + len(tail)
     assert list(steps[: len(head)]) == head
-    assert list(steps[len(steps) - 3 :]) == tail
-    middle = steps[len(head) : len(steps) - 3]
+    assert list(steps[len(steps) - len(tail) :]) == tail
+    middle = steps[len(head) : len(steps) - len(tail)]
     assert [s.bucket for s in middle] == list(range(n_buckets))
     assert all(s == SendBucket(s.bucket, n_buckets, engines) for s in middle)
 
@@ -163,7 +201,8 @@ def test_update_walks_its_plan_and_finishes(kind, adapter):
 
 def test_complete_out_of_order_raises_naming_the_expected_action():
     update = WeightUpdate(4, ENGINES, 2)
-    update.complete(PauseEngines(ENGINES))
+    for action in opening():
+        update.complete(action)
     skipped_ahead = SendBucket(1, 2, ENGINES)
     expected = SendBucket(0, 2, ENGINES)
     with pytest.raises(
@@ -175,35 +214,39 @@ def test_complete_out_of_order_raises_naming_the_expected_action():
         + r" next$",
     ):
         update.complete(skipped_ahead)
-    assert update.completed_actions == (PauseEngines(ENGINES),)
+    assert update.completed_actions == tuple(opening())
     assert update.next_action() == expected
 
 
 def test_publish_before_stamp_is_refused():
     update = WeightUpdate(5, ENGINES, 1)
-    update.complete(PauseEngines(ENGINES))
-    update.complete(SendBucket(0, 1, ENGINES))
+    for action in [*opening(), SendBucket(0, 1, ENGINES)]:
+        update.complete(action)
     with pytest.raises(TransitionError, match=re.escape(f"expects {StampEngines(5, ENGINES)!r}")):
         update.complete(PublishVersion(5))
     update.complete(StampEngines(5, ENGINES))
+    with pytest.raises(TransitionError, match=re.escape(f"expects {EndUpdate(ENGINES)!r}")):
+        update.complete(PublishVersion(5))  # publishing with the session still open
+    update.complete(EndUpdate(ENGINES))
     with pytest.raises(TransitionError, match=re.escape(f"expects {PublishVersion(5)!r}")):
         update.complete(ResumeEngines(ENGINES))  # resuming before publishing
 
 
 def test_stamp_with_the_wrong_version_or_engines_is_refused():
     update = WeightUpdate(5, ENGINES, 1)
-    update.complete(PauseEngines(ENGINES))
-    update.complete(SendBucket(0, 1, ENGINES))
+    for action in [*opening(), SendBucket(0, 1, ENGINES)]:
+        update.complete(action)
     with pytest.raises(TransitionError, match=r"StampEngines\(version=5"):
         update.complete(StampEngines(4, ENGINES))
     with pytest.raises(TransitionError, match=r"StampEngines\(version=5"):
         update.complete(StampEngines(5, ENGINES[:2]))
-    assert len(update.completed_actions) == 2
+    assert len(update.completed_actions) == 4
 
 
 def test_lora_skipping_the_unload_is_refused():
     update = WeightUpdate(2, ENGINES, 1, UpdateKind.LORA, "x")
-    update.complete(PauseEngines(ENGINES))
+    for action in opening():
+        update.complete(action)
     with pytest.raises(TransitionError, match=re.escape(repr(UnloadAdapter(ENGINES, "x")))):
         update.complete(SendBucket(0, 1, ENGINES))
 
@@ -219,7 +262,7 @@ def test_completing_a_step_after_the_update_finished_raises():
 
 def test_kind_may_be_given_as_its_flag_string():
     steps = plan_update_actions(3, ENGINES, 1, "lora", adapter="a")
-    assert isinstance(steps[1], UnloadAdapter)
+    assert isinstance(steps[len(opening())], UnloadAdapter)
     assert WeightUpdate(3, ENGINES, 1, "full").kind is UpdateKind.FULL
 
 

@@ -1,5 +1,6 @@
 """python -m backends.cpu run [--steps K] [--scenario FILE|NAME] [--seed N] [--trace out.json]
-[--json] [--address ADDR] [--save DIR] [--load DIR] [--update-weight-transfer-mode MODE]
+[--json] [--metrics out.jsonl] [--address ADDR] [--save DIR] [--load DIR]
+[miles' loop flags: --pause-generation-mode in_place, --use-fault-tolerance, ...]
 
 Runs the loop for real on a local Ray with virtual GPUs (or joins ADDR): torch
 trainer cells, HTTP engines, gloo weight transfer. One line of metrics per step
@@ -8,7 +9,8 @@ fires. The end of the run reads like the simulator's: the world and flags, the
 story step by step, the faults, the verdicts. Exit codes as the simulator's: 0
 all oracles passed, 1 one failed (the command that replays the scenario and seed
 is printed; a real run repeats its decisions, not its timings), 2 the scenario
-or the command is wrong.
+or the command is wrong. Every LoopConfig flag is taken in miles' spelling, as
+by the simulator's CLI, and goes into the replay line.
 """
 
 from __future__ import annotations
@@ -22,12 +24,21 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from backends.cpu.run import TRAIN, RealResult, check_real, run_real
+from backends.cpu.run import TRAIN, RealResult, check_real, check_token_seconds, run_real
 from miles_core.errors import ConfigError
 from miles_core.events import Event, FaultInjected, StepCommitted
-from miles_core.report import check_writable, chrome_trace, text_lines, write_json
+from miles_core.loop.flags import add_loop_flags, flags_argv, given_flags, with_flags
+from miles_core.report import (
+    check_writable,
+    chrome_trace,
+    step_metrics,
+    text_lines,
+    write_json,
+    write_json_lines,
+)
 from miles_core.scenario import find_scenario
-from miles_core.transfer import TransferMode
+
+OWN_FLAGS = ("steps",)
 
 
 def _print_human(result: RealResult) -> None:
@@ -52,23 +63,22 @@ def _replay(args: argparse.Namespace, steps: int) -> str:
         command += ["--scenario", args.scenario]
     if args.load is not None:
         command += ["--load", args.load]
-    if args.update_weight_transfer_mode is not None:
-        command += ["--update-weight-transfer-mode", args.update_weight_transfer_mode]
-    return shlex.join(command)
+    if args.engine_token_seconds:
+        command += ["--engine-token-seconds", str(args.engine_token_seconds)]
+    return shlex.join(command + flags_argv(given_flags(args, OWN_FLAGS)))
 
 
 def _run(args: argparse.Namespace) -> int:
     if args.steps is not None and args.steps < 1:
         raise ConfigError("--steps", f"got {args.steps}", "pass an integer >= 1")
+    check_token_seconds(args.engine_token_seconds)
     if args.timeout <= 0:
         raise ConfigError("--timeout", f"got {args.timeout}", "pass seconds > 0")
     trace = check_writable(args.trace, "--trace") if args.trace else None
+    metrics = check_writable(args.metrics, "--metrics") if args.metrics else None
     scenario = TRAIN if args.scenario is None else find_scenario(args.scenario)
-    if args.update_weight_transfer_mode is not None:
-        loop = dataclasses.replace(
-            scenario.loop, transfer_mode=TransferMode(args.update_weight_transfer_mode)
-        )
-        scenario = dataclasses.replace(scenario, loop=loop)
+    loop = with_flags(scenario.loop, given_flags(args, OWN_FLAGS))
+    scenario = dataclasses.replace(scenario, loop=loop)
     scenario = check_real(scenario.with_run(steps=args.steps, seed=args.seed))
     steps = scenario.loop.steps
     bar = tqdm(total=steps, unit="step", disable=True if args.json else None, leave=False)
@@ -93,10 +103,13 @@ def _run(args: argparse.Namespace) -> int:
         ),
         save_to=Path(args.save) if args.save else None,
         load_from=Path(args.load) if args.load else None,
+        engine_token_seconds=args.engine_token_seconds,
     )
     bar.close()
     if trace is not None:
         write_json(trace, chrome_trace(result.history), "--trace")
+    if metrics is not None:
+        write_json_lines(metrics, step_metrics(result.history), "--metrics")
     if args.json:
         print(json.dumps(result.summary(), sort_keys=True))
     else:
@@ -112,7 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m backends.cpu", description="the loop for real, on Ray, on CPU"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="train (default) or run a scenario for real")
+    run = sub.add_parser(
+        "run",
+        help="train (default) or run a scenario for real",
+        allow_abbrev=False,  # a misspelt flag is an error, never a guess
+    )
     run.add_argument(
         "--scenario",
         default=None,
@@ -128,16 +145,22 @@ def main(argv: list[str] | None = None) -> int:
         "--address", default=None, help="join this Ray cluster instead of starting one"
     )
     run.add_argument(
-        "--update-weight-transfer-mode",
-        choices=[TransferMode.BROADCAST.value, TransferMode.P2P.value],
-        default=None,
-        help="broadcast: one gloo group of all engines; p2p: one per engine",
+        "--metrics", metavar="FILE", help="write miles' rollout metrics as JSON lines, one per step"
     )
     run.add_argument("--save", metavar="DIR", help="save model, optimizer and ledger at the end")
     run.add_argument("--load", metavar="DIR", help="resume from a --save checkpoint")
     run.add_argument(
         "--timeout", type=float, default=900.0, help="wall seconds before the run counts as stalled"
     )
+    run.add_argument(
+        "--engine-token-seconds",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="a floor on each generated token's time (default 0: as fast as the tiny policy "
+        "goes, about a millisecond); longer requests live across more weight updates",
+    )
+    add_loop_flags(run, skip=OWN_FLAGS)
     args = parser.parse_args(argv)
     try:
         return _run(args)

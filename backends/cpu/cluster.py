@@ -33,10 +33,16 @@ from backends.cpu.engine import EngineActor
 from backends.cpu.policy import PolicyConfig, build_model, update_units
 from backends.cpu.trainer import TrainerActor
 from backends.cpu.transport import GlooTransport, RayRouter
-from miles_core.backend import CellFailure, EngineFailure, TrainReport, WorldObserver
+from miles_core.backend import (
+    CellFailure,
+    EngineFailure,
+    RequestRefused,
+    TrainReport,
+    WorldObserver,
+)
 from miles_core.buffer import Group, SampleStatus
 from miles_core.cells import Heal, Outcome
-from miles_core.kinds import FaultPoint
+from miles_core.kinds import FaultPoint, PauseMode
 from miles_core.placement import Placement
 from miles_core.runtime import Runtime
 from miles_core.scenario.schedule import FaultPoints
@@ -178,8 +184,10 @@ class RayEngine:
         self.incarnation = -1
         self.doomed = False
 
-    async def start(self) -> int:
-        """A new process (the old one killed first); the world reports it once it answers."""
+    async def start(self, recovery: bool = False) -> int | None:
+        """A new process (the old one killed first); its incarnation once its HTTP server
+        answers, or None if it died or was replaced while starting (the death reported).
+        ``recovery``: the control plane's own restart (the during_recovery fault point)."""
         self.kill()
         self.incarnation += 1
         incarnation = self.incarnation
@@ -187,24 +195,33 @@ class RayEngine:
         actor = EngineActor.options(
             num_gpus=self.world.placement.layout.engine_actor_gpu_fraction,
             scheduling_strategy=in_bundle(self.world.pg, bundle),
-        ).remote(self.id, self.world.policy)
+        ).remote(self.id, self.world.policy, self.world.engine_token_seconds)
         self.actor = actor
-        port = await actor.start.remote()
+        if recovery:
+            self.world.faults.fire(FaultPoint.DURING_RECOVERY, engine=self.id)
+        try:
+            port = await actor.start.remote()
+        except ACTOR_DIED:
+            self.world.engine_exited(self.id, incarnation, "died while starting")
+            return None
         if self.incarnation != incarnation:
-            return incarnation  # replaced while starting
+            return None  # replaced while starting
         self.url = f"http://{LOOPBACK}:{port}"
         await self.request(incarnation, "GET", "/health")
         self.world.spawn(self._watch(actor, incarnation), f"watch-{self.id}.{incarnation}")
         return incarnation
+
+    def hang(self) -> None:
+        """The process stops answering and stays alive (the hang_engine fault)."""
+        if self.actor is not None:
+            self.actor.hang.remote()
 
     async def _watch(self, actor: Any, incarnation: int) -> None:
         """Report the process's death when Ray sees the actor die."""
         try:
             await actor.wait_forever.remote()
         except ACTOR_DIED:
-            observer = self.world.observer
-            if observer is not None:
-                observer.engine_exited(self.id, incarnation, "its actor died")
+            self.world.engine_exited(self.id, incarnation, "its actor died")
 
     def kill(self) -> None:
         if self.actor is not None:
@@ -217,8 +234,11 @@ class RayEngine:
         method: str,
         path: str,
         body: dict[str, Any] | None = None,
+        refusable: bool = False,
         **headers: str,
     ) -> dict[str, Any]:
+        """One HTTP call to that process. An answer >= 400 is an EngineFailure, or with
+        ``refusable`` a 400 is RequestRefused (the engine is fine, it said no)."""
         if incarnation != self.incarnation:
             raise EngineFailure(self.id, f"process {incarnation} was replaced")
         if self.url is None:
@@ -229,8 +249,12 @@ class RayEngine:
             ) as reply:
                 if reply.status >= 400:
                     text = (await reply.text())[:200]
+                    if refusable and reply.status == 400:
+                        raise RequestRefused(self.id, f"{path}: {text}")
                     raise EngineFailure(self.id, f"{path} answered {reply.status}: {text}")
-                return await reply.json(content_type=None) if reply.content_length != 0 else {}
+                if reply.content_type != "application/json":
+                    return {}
+                return await reply.json()
         except (TimeoutError, aiohttp.ClientError, ConnectionError) as error:
             raise EngineFailure(self.id, f"{path}: {type(error).__name__}") from None
 
@@ -246,16 +270,33 @@ class EngineHandle:
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return await self.engine.request(self.incarnation, "POST", path, body)
 
-    async def pause(self) -> None:
-        await self._post("/pause_generation", {"mode": "abort"})
+    async def pause(self, mode: PauseMode) -> None:
+        await self._post("/pause_generation", {"mode": mode.value})
 
     async def resume(self) -> None:
         await self._post("/continue_generation", {})
 
-    async def stamp(self, version: int) -> None:
-        await self._post("/update_weight_version", {"new_version": str(version)})
+    async def flush_cache(self) -> None:
+        await self.engine.request(self.incarnation, "GET", "/flush_cache", refusable=True)
+
+    async def begin_update(self) -> None:
+        await self._post("/begin_weight_update", {"selector": "all"})
+
+    async def end_update(self) -> None:
+        await self._post("/end_weight_update", {})
+
+    async def stamp(self, version: int, abort_all_requests: bool = True) -> None:
+        """Leaving ``abort_all_requests`` out of the body takes SGLang's default (true), so
+        it is sent only when false, as miles sends it (a client that omits it is the bug)."""
+        body: dict[str, Any] = {"new_version": str(version)}
+        if not abort_all_requests:
+            body["abort_all_requests"] = False
+        await self._post("/update_weight_version", body)
         reply = await self.engine.request(self.incarnation, "GET", "/testbed/weights_checksum")
         self.engine.world.weights_checked(self.id, version, reply["checksum"])
+
+    async def health(self) -> None:
+        await self.engine.request(self.incarnation, "GET", "/health_generate")
 
     async def unload_adapter(self, adapter: str) -> None:
         raise EngineFailure(self.id, "the CPU backend trains full parameters, not LoRA")
@@ -276,6 +317,7 @@ class RayWorld:
         placement: Placement,
         faults: FaultPoints,
         seed: int,
+        engine_token_seconds: float = 0.0,
     ) -> None:
         self.rt = rt
         self.num_cells = num_cells
@@ -286,6 +328,7 @@ class RayWorld:
         self.placement = placement
         self.faults = faults
         self.seed = seed
+        self.engine_token_seconds = engine_token_seconds
         model = build_model(policy)
         self.units: tuple[UpdateUnit, ...] = update_units(model)
         self.model_bytes = sum(u.nbytes for u in self.units)
@@ -344,6 +387,20 @@ class RayWorld:
 
     def engine(self, engine_id: str, incarnation: int) -> EngineHandle:
         return EngineHandle(self.engines[engine_id], incarnation)
+
+    def restart_engine(self, engine_id: str) -> None:
+        """A new process for the slot, killing the old one (its watch reports that exit); the
+        new one is reported once it answers, or its death if it died while starting."""
+        self.spawn(self._restart_engine(engine_id), f"restart-{engine_id}")
+
+    async def _restart_engine(self, engine_id: str) -> None:
+        incarnation = await self.engines[engine_id].start(recovery=True)
+        if incarnation is not None and self.observer is not None:
+            self.observer.engine_started(engine_id, incarnation, "actor started, /health answered")
+
+    def engine_exited(self, engine_id: str, incarnation: int, how: str) -> None:
+        if self.observer is not None:
+            self.observer.engine_exited(engine_id, incarnation, how)
 
     def weights_checked(self, engine: str, version: int, engine_checksum: str) -> None:
         if self.observer is not None:

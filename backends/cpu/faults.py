@@ -5,7 +5,9 @@ does (a dead engine actor through its watch, new processes once they answer, a
 dead cell through its failing calls and unanswered heartbeats). A kill at a
 named point strikes inside the call about to be made (``before_allreduce``:
 the rank exits after its backward pass; ``mid_generation``: the engine exits
-halfway through the request); any other kill is ``ray.kill`` at once.
+halfway through the request); any other kill is ``ray.kill`` at once
+(``during_recovery``: the process the recovery just created). A hang leaves the
+process alive and answering nothing.
 """
 
 from __future__ import annotations
@@ -46,13 +48,10 @@ class RayFaultActions:
 
     def restart_engine(self, engine: str) -> None:
         self.announce(f"{engine}'s process, to start a new one")
-        self.world.spawn(self._restart_engine(engine), f"restart-{engine}")
+        self.world.restart_engine(engine)
 
-    async def _restart_engine(self, engine: str) -> None:
-        incarnation = await self.world.engines[engine].start()
-        observer = self.world.observer
-        if observer is not None and self.world.engines[engine].incarnation == incarnation:
-            observer.engine_started(engine, incarnation, "actor started, /health answered")
+    def hang_engine(self, engine: str) -> None:
+        self.world.engines[engine].hang()
 
     def impair(self, fault: Impairment) -> None:
         part, factor = impaired_part(fault)

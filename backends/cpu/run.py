@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from miles_core.placement import LayoutConfig, compute_layout
 from miles_core.report import summary
 from miles_core.scenario import Scenario, WorldShape
 from miles_core.scenario.schedule import FaultSchedule
+from miles_core.transfer import TransferMode
 
 REAL_HEARTBEAT_TIMEOUT = 5.0
 
@@ -193,7 +195,19 @@ def check_real(scenario: Scenario) -> Scenario:
             "the CPU backend trains the full model, not a LoRA adapter",
             "run LoRA scenarios in the simulator (python -m sim run ...)",
         )
+    if scenario.loop.transfer_mode is TransferMode.RDT:
+        raise ConfigError(
+            "--update-weight-transfer-mode",
+            "rdt moves weights by RDMA, which the CPU backend does not have",
+            "use broadcast (one gloo group of all engines) or p2p (one per engine)",
+        )
     return scenario
+
+
+def check_token_seconds(seconds: object) -> None:
+    ok = isinstance(seconds, int | float) and not isinstance(seconds, bool)
+    if not (ok and math.isfinite(seconds) and seconds >= 0):  # type: ignore[arg-type]
+        raise ConfigError("--engine-token-seconds", f"got {seconds!r}", "pass finite seconds >= 0")
 
 
 def real_loop(scenario: Scenario, seed: int, model_bytes: int) -> LoopConfig:
@@ -224,6 +238,7 @@ class _Options:
     announce: Callable[[str], None]
     save_to: Path | None
     load_from: Path | None
+    engine_token_seconds: float
 
 
 async def _resume(world: RayWorld, load_from: Path | None, policy: PolicyConfig) -> Any:
@@ -271,6 +286,7 @@ async def _run(
         placement=placement,
         faults=schedule,
         seed=seed,
+        engine_token_seconds=options.engine_token_seconds,
     )
     history = History()
     metrics = _StepMetrics(world, options.on_line)
@@ -348,13 +364,25 @@ def run_in_ray(
     announce: Callable[[str], None] = lambda text: None,
     save_to: Path | None = None,
     load_from: Path | None = None,
+    engine_token_seconds: float = 0.0,
 ) -> RealResult:
     """One run on the Ray this process is connected to; its actors and placement group
     are gone when it returns. ``save_to`` / ``load_from``: checkpoint directories;
-    ``announce``: told before the run kills a process for a fault."""
+    ``announce``: told before the run kills a process for a fault;
+    ``engine_token_seconds``: a floor on each generated token's time (the tiny policy takes
+    about a millisecond; a real engine's decode takes longer, and so requests live across
+    more weight updates)."""
     scenario = check_real(scenario.with_run(steps=steps, seed=seed))
+    check_token_seconds(engine_token_seconds)
     options = _Options(
-        policy or PolicyConfig(), timeout, observers, on_line, announce, save_to, load_from
+        policy or PolicyConfig(),
+        timeout,
+        observers,
+        on_line,
+        announce,
+        save_to,
+        load_from,
+        float(engine_token_seconds),
     )
     pg, placement = placed_bundles(_layout(scenario))
     try:

@@ -62,7 +62,7 @@ class RayRouter:
         }
         reply = await target.request(incarnation, "POST", "/generate", body, **headers)
         meta = reply["meta_info"]
-        version = None if meta["weight_version"] == "default" else int(meta["weight_version"])
+        version = _version(meta["weight_version"])
         aborted = meta["finish_reason"]["type"] == "abort"
         response = tuple(reply["output_ids"])
         score = reward(prompt, response)
@@ -74,7 +74,14 @@ class RayRouter:
             reward=score,
             payload=Trajectory(tuple(prompt), response, score),
             engine_seconds=meta.get("e2e_latency"),
+            versions=tuple(_version(v) for v in meta.get("weight_versions", ())),
+            kept_kv=bool(meta.get("testbed_kept_kv", False)),
         )
+
+
+def _version(reported: str) -> int | None:
+    """SGLang's weight_version: "default" before any update, then what the stamp set."""
+    return None if reported == "default" else int(reported)
 
 
 class GlooTransport:

@@ -64,13 +64,28 @@ class RunContext:
         self.crash: tuple[BaseException, str] | None = None
         """The first exception of a background task, and the task's name."""
         self.crashed = rt.signal()
+        self.tasks: list[Task[Any]] = []
+        """The run's background tasks (pruned of finished ones as it goes): all cancelled
+        when the run ends, so nothing of a finished run acts on the world or records."""
+        self._prune_at = 64
 
     def emit(self, event_type: type[Event], **fields: Any) -> None:
         self.history.append(event_type(t=self.rt.now(), **fields))
 
     def spawn(self, coro: Coroutine[Any, Any, T], name: str) -> Task[T | None]:
         """A background task: if it raises, the run ends with that exception."""
-        return self.rt.spawn(self._guarded(coro, name), name)
+        task = self.rt.spawn(self._guarded(coro, name), name)
+        if len(self.tasks) >= self._prune_at:
+            self.tasks = [t for t in self.tasks if not t.done()]
+            self._prune_at = max(64, 2 * len(self.tasks))
+        self.tasks.append(task)
+        return task
+
+    def cancel_tasks(self, reason: str) -> None:
+        for task in self.tasks:
+            if not task.done():
+                task.cancel(reason)
+        self.tasks = []
 
     async def _guarded(self, coro: Coroutine[Any, Any, T], name: str) -> T | None:
         try:

@@ -42,7 +42,7 @@ from miles_core.loop.producer import Producer
 from miles_core.loop.supervision import EngineSupervisor
 from miles_core.loop.train import Trainer
 from miles_core.loop.update import Updater
-from miles_core.runtime import Runtime, Task
+from miles_core.runtime import Runtime
 from miles_core.versions import VersionLedger
 
 
@@ -85,7 +85,6 @@ class Orchestrator:
         self.updater = Updater(self.ctx, self.engines, self.trainer)
         self.monitor = HeartbeatMonitor(self.ctx, self.trainer)
         self.health = EngineHealthMonitor(self.ctx, self.engines)
-        self._background: list[Task[object]] = []
         self.report: RunReport | None = None
 
     # -- what drivers and tests read ---------------------------------------------------
@@ -199,12 +198,12 @@ class Orchestrator:
             for engine in ctx.engines.ids:
                 self.engines.outdated(engine, "resumed from a checkpoint: synced before it serves")
         if c.mode == "fully_async":
-            self._background.append(ctx.spawn(self.producer.run(), "producer"))
+            ctx.spawn(self.producer.run(), "producer")
         if c.heartbeat_interval is not None:
             monitor = self.monitor.run(c.heartbeat_interval)
-            self._background.append(ctx.spawn(monitor, "heartbeat-monitor"))
+            ctx.spawn(monitor, "heartbeat-monitor")
         if c.use_fault_tolerance:
-            self._background.append(ctx.spawn(self.health.run(), "engine-health-monitor"))
+            ctx.spawn(self.health.run(), "engine-health-monitor")
 
     async def run(self) -> RunReport:
         """Run every step; the report (and RunEnded) says how the run ended."""
@@ -238,8 +237,7 @@ class Orchestrator:
             return self.report
         ctx = self.ctx
         ctx.stopping = True
-        for task in self._background:
-            task.cancel("run ended")
+        ctx.cancel_tasks("run ended")
         trace = format_traceback(error) if error is not None else ""
         ctx.emit(
             RunEnded,

@@ -6,9 +6,15 @@ trace.py    Chrome trace JSON (opens in Perfetto)
 files.py    the output files a user asked for: checked before the run
 """
 
-from miles_core.report.files import check_writable, write_json
+from miles_core.report.files import check_writable, write_json, write_json_lines
 from miles_core.report.story import StepStory, step_stories, story_lines
-from miles_core.report.summary import faults_report, summary, text_lines, world_and_flags
+from miles_core.report.summary import (
+    faults_report,
+    step_metrics,
+    summary,
+    text_lines,
+    world_and_flags,
+)
 from miles_core.report.trace import chrome_trace
 
 __all__ = [
@@ -16,10 +22,12 @@ __all__ = [
     "check_writable",
     "chrome_trace",
     "faults_report",
+    "step_metrics",
     "step_stories",
     "story_lines",
     "summary",
     "text_lines",
     "world_and_flags",
     "write_json",
+    "write_json_lines",
 ]

@@ -35,3 +35,13 @@ def write_json(path: Path, data: Any, flag: str) -> None:
         raise ConfigError(
             flag, f"cannot write {str(path)!r} ({error.strerror})", "pick a writable path"
         ) from None
+
+
+def write_json_lines(path: Path, rows: list[dict[str, Any]], flag: str) -> None:
+    """One JSON object per line (``--metrics``: one line per step)."""
+    try:
+        path.write_text("".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
+    except OSError as error:
+        raise ConfigError(
+            flag, f"cannot write {str(path)!r} ({error.strerror})", "pick a writable path"
+        ) from None

@@ -16,6 +16,7 @@ from miles_core.events import (
     GroupTrained,
     History,
     RunEnded,
+    StepMetrics,
     UpdateBegan,
 )
 from miles_core.loop import RunReport
@@ -46,8 +47,17 @@ def world_and_flags(scenario: Scenario, history: History | None = None) -> dict[
         "buckets_per_update": began.n_buckets if began else scenario.n_buckets,
         "update_weight_buffer_size": loop.update_weight_buffer_size,
         "heartbeat_interval": loop.heartbeat_interval,
+        "pause_generation_mode": loop.pause_generation_mode.value,
+        "use_fault_tolerance": loop.use_fault_tolerance,
+        "async_max_concurrent_samples": loop.async_max_concurrent_samples,
+        "dynamic_sampling_filter": loop.dynamic_sampling_filter,
         "expect": scenario.expect.describe(),
     }
+
+
+def step_metrics(history: History) -> list[dict[str, Any]]:
+    """miles' rollout metrics, one row per committed step: {"step": k, name: value, ...}."""
+    return [{"step": e.step, **dict(e.metrics)} for e in history if isinstance(e, StepMetrics)]
 
 
 def faults_report(history: History) -> list[dict[str, Any]]:
@@ -99,6 +109,7 @@ def summary(
         "staleness_histogram": {str(k): v for k, v in sorted(ages.items())},
         "faults": faults_report(history),
         "story": [s.to_dict() for s in step_stories(history)],
+        "metrics": step_metrics(history),
         "oracles": {k: "pass" if v is None else "fail" for k, v in verdicts.items()},
         "violations": {k: str(v) for k, v in verdicts.items() if v is not None},
         "history_hash": history.hash(),
@@ -119,7 +130,15 @@ def text_lines(
         f"  flags: {w['mode']}, batch {w['rollout_batch_size']} x {w['n_samples_per_prompt']} "
         f"samples, staleness bound {'off' if bound is None else bound}, unused groups "
         f"{w['unused_samples_handler']}, {w['transfer_mode']} in {w['buckets_per_update']} "
-        f"buckets, heartbeats {'off' if w['heartbeat_interval'] is None else 'on'}",
+        f"buckets, heartbeats {'off' if w['heartbeat_interval'] is None else 'on'}, pause "
+        f"{w['pause_generation_mode']}, engine fault tolerance "
+        f"{'on' if w['use_fault_tolerance'] else 'off'}"
+        + (
+            f", {w['async_max_concurrent_samples']} concurrent samples"
+            if w["async_max_concurrent_samples"] is not None
+            else ""
+        )
+        + (f", filter {w['dynamic_sampling_filter']}" if w["dynamic_sampling_filter"] else ""),
     ]
     if info["status"] != "completed":
         lines.append(f"  ended by: {info['reason']}")

@@ -2,8 +2,8 @@
 
 One track per cell (its step attempts and the weight updates it sent), one per
 engine (paused spans, and an instant per finished request), an instant per
-fault, and counters for the published version, the staleness of each trained
-group and the buffer depth.
+fault, and counters: miles' rollout metrics of each step, the published version,
+the staleness of each trained group and the buffer depth.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from miles_core.events import (
     History,
     RunStarted,
     SampleGenerated,
+    StepMetrics,
     UpdateAborted,
     UpdateBegan,
     VersionPublished,
@@ -193,6 +194,9 @@ class _Trace:
             self.resumed(e)
         elif isinstance(e, FaultInjected):
             self.fault(e)
+        elif isinstance(e, StepMetrics):
+            for name, value in e.metrics:
+                self.counter(e.t, name, value=value)
 
 
 def chrome_trace(history: History) -> dict[str, Any]:

@@ -11,12 +11,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from miles_core.buffer import UnusedHandler
-from miles_core.kinds import RunStatus
+from miles_core.kinds import PauseMode, RunStatus
 from miles_core.scenario.faults import AnyFault
 from miles_core.scenario.faults import make_fault as F
 from miles_core.scenario.model import Expect, Scenario
 from miles_core.scenario.presets import DEFAULT_LOOP as _LOOP
-from miles_core.scenario.world import WorldShape
+from miles_core.scenario.world import TimeModel, WorldShape
 from miles_core.transfer import TransferMode
 
 
@@ -26,16 +26,29 @@ def _scenario(
     faults: tuple[AnyFault, ...] = (),
     world: WorldShape | None = None,
     expect: Expect | None = None,
+    timing: TimeModel | None = None,
     **loop: Any,
 ) -> Scenario:
     return Scenario(
         name,
         description,
         world=world or WorldShape(),
+        timing=timing or TimeModel(),
         loop=dataclasses.replace(_LOOP, **loop),
         faults=faults,
         expect=expect or Expect(),
     )
+
+
+_LONG = TimeModel(response_tokens_mean=2048.0, response_tokens_sigma=0.3)
+"""Responses of ~20 s against 5 s steps: every update finds requests in flight."""
+
+_FT: dict[str, Any] = {
+    "use_fault_tolerance": True,
+    "rollout_health_check_interval": 2.0,
+    "rollout_health_check_timeout": 2.0,
+}
+"""miles' health monitor, on the small preset's time scale (miles' defaults are 30 s)."""
 
 
 SCENARIOS: Mapping[str, Scenario] = {
@@ -228,6 +241,98 @@ SCENARIOS: Mapping[str, Scenario] = {
             "p2p_transfer",
             "weights go point-to-point to each engine instead of by broadcast",
             transfer_mode=TransferMode.P2P,
+        ),
+        # -- pause modes (miles' --pause-generation-mode) -------------------------------
+        _scenario(
+            "retract_long_generations",
+            "responses of ~2000 tokens (20 s) against 5 s steps, under retract (miles' "
+            "default): every update lands mid-request; requests are retracted, not aborted, "
+            "and continue on the new weights with their KV recomputed, so a response spans "
+            "several versions and its staleness counts from the oldest",
+            timing=_LONG,
+            pause_generation_mode=PauseMode.RETRACT,
+            max_weight_staleness=4,
+        ),
+        _scenario(
+            "in_place_long_generations",
+            "as retract_long_generations under in_place: frozen requests keep their KV, the "
+            "cache is not flushed (SGLang would refuse), and later tokens come from new "
+            "weights on old KV (counted as samples on mixed weights)",
+            timing=_LONG,
+            pause_generation_mode=PauseMode.IN_PLACE,
+            max_weight_staleness=4,
+        ),
+        _scenario(
+            "abort_one_step_off",
+            "pause mode abort, which miles allows outside fully-async: one-step-off updates "
+            "wait for the next batch, so an update aborts nothing; engine-1 restarts at step "
+            "3 and its sync pauses it with abort",
+            (F("restart_engine", engine="engine-1", point="step_begin", step=3),),
+            mode="one_step_off",
+            pause_generation_mode=PauseMode.ABORT,
+        ),
+        # -- engine fault tolerance (--use-fault-tolerance) -------------------------------
+        _scenario(
+            "ft_engine_dies",
+            "with fault tolerance, engine-1 dies at step 2 and nothing restarts it: the "
+            "health monitor finds it, takes it out of rotation and recovers it (a new "
+            "process, synced to the published version before it serves)",
+            (F("kill_engine", engine="engine-1", point="step_begin", step=2),),
+            **_FT,
+        ),
+        _scenario(
+            "ft_every_engine_dies",
+            "with fault tolerance, both engines die at step 3: generation stops, the monitor "
+            "recovers both, and the run completes",
+            (
+                F("kill_engine", engine="engine-0", point="step_begin", step=3),
+                F("kill_engine", engine="engine-1", point="step_begin", step=3),
+            ),
+            **_FT,
+        ),
+        _scenario(
+            "every_engine_dies_without_ft",
+            "without fault tolerance, both engines die at step 3 and nothing restarts them: "
+            "the run ends with NoLiveEngineError once no engine came back within "
+            "--rollout-health-check-timeout, not with a stall",
+            (
+                F("kill_engine", engine="engine-0", point="step_begin", step=3),
+                F("kill_engine", engine="engine-1", point="step_begin", step=3),
+            ),
+            expect=Expect(RunStatus.FAILED, "NoLiveEngineError"),
+            rollout_health_check_timeout=10.0,
+        ),
+        _scenario(
+            "ft_engine_hangs",
+            "with fault tolerance, engine-0 hangs at step 2 (alive, answering nothing): its "
+            "/health_generate times out, it is killed and recovered, and the run completes",
+            (F("hang_engine", engine="engine-0", point="step_begin", step=2),),
+            **_FT,
+        ),
+        _scenario(
+            "ft_engine_dies_during_recovery",
+            "with fault tolerance, engine-1 dies at step 2 and its new process dies while "
+            "starting: the monitor recovers it again",
+            (
+                F("kill_engine", engine="engine-1", point="step_begin", step=2),
+                F("kill_engine", engine="engine-1", point="during_recovery"),
+            ),
+            **_FT,
+        ),
+        # -- miles' rollout flags ---------------------------------------------------------
+        _scenario(
+            "dynamic_filter_zero_std",
+            "--dynamic-sampling-filter-path check_reward_nonzero_std with 0/1 rewards: groups "
+            "whose rewards are all equal are dropped with their reason, never trained",
+            timing=TimeModel(reward_success_rate=0.5),
+            dynamic_sampling_filter="check_reward_nonzero_std",
+            unused_samples_handler=UnusedHandler.DROP,
+        ),
+        _scenario(
+            "max_concurrent_samples",
+            "--async-max-concurrent-samples 6 with 2 samples per prompt: at most 3 groups "
+            "generate at once (miles' max(1, 6 // 2))",
+            async_max_concurrent_samples=6,
         ),
     )
 }

@@ -83,11 +83,23 @@ class TimeModel:
     heartbeat_reply_seconds: float = 0.01
     router_failure_seconds: float = 0.5
     """How long a failing router takes to answer with an error."""
+    reward_success_rate: float | None = None
+    """Rewards are a verifier's 0 or 1, 1 with this probability (so a group can have equal
+    rewards, which miles' check_reward_nonzero_std filter drops); None: uniform in [0, 1)."""
 
     def __post_init__(self) -> None:
         may_be_zero = {"concurrency_slowdown", "train_jitter", "link_latency_seconds"}
+        rate = self.reward_success_rate
+        if rate is not None and not (
+            isinstance(rate, int | float) and not isinstance(rate, bool) and 0 < rate < 1
+        ):
+            raise ConfigError(
+                "reward_success_rate", f"got {rate!r}", "pass a probability strictly in (0, 1)"
+            )
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name == "reward_success_rate":
+                continue
             ok = isinstance(value, int | float) and not isinstance(value, bool)
             ok = (
                 ok

@@ -1,0 +1,247 @@
+"""Today's miles in the simulator: pause modes, engine fault tolerance, errors that surface,
+sorted batches, the dynamic filter, the in-flight cap and per-step metrics.
+
+Each test runs a named scenario (or one changed in one respect) and checks the
+behaviour it is about in the history, besides every oracle passing; where a
+behaviour is a safety property, a planted bug in test_planted_bugs.py shows that
+an oracle, not this file, catches its absence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from miles_core.events import (
+    EngineExited,
+    EngineHealthFailed,
+    EngineRecoveryAsked,
+    EnginesFlushed,
+    EngineStateChanged,
+    GroupDropped,
+    GroupGot,
+    GroupPut,
+    GroupRecycled,
+    GroupStarted,
+    GroupTrained,
+    History,
+    SampleGenerated,
+    StepCommitted,
+    StepMetrics,
+    UpdateBegan,
+)
+from miles_core.kinds import PauseMode, PutFate, RunStatus, SampleOutcome
+from miles_core.loop.producer import Producer
+from miles_core.oracles import bounded_staleness
+from miles_core.scenario import SCENARIOS, Expect
+from sim.run import SimResult, run_scenario
+
+
+def of(history: History, kind: type) -> list[Any]:
+    return [e for e in history if isinstance(e, kind)]
+
+
+def passed(name: str, expect: Expect | None = None, **loop: Any) -> SimResult:
+    """The named scenario (its loop flags and expectation changed as given) passed."""
+    scenario = SCENARIOS[name]
+    scenario = dataclasses.replace(
+        scenario,
+        loop=dataclasses.replace(scenario.loop, **loop),
+        expect=expect or scenario.expect,
+    )
+    result = run_scenario(scenario, 0)
+    assert result.ok, result.failures()
+    return result
+
+
+# -- pause modes ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["retract_long_generations", "in_place_long_generations"])
+def test_long_generations_span_updates_and_are_never_aborted_by_one(name: str) -> None:
+    result = passed(name)
+    samples = of(result.history, SampleGenerated)
+    spanning = [s for s in samples if len(set(s.all_versions)) > 1]
+    assert len(spanning) > len(samples) // 4  # most updates land mid-request
+    assert not any(s.outcome is SampleOutcome.ABORTED for s in samples)
+    in_place = result.scenario.loop.pause_generation_mode is PauseMode.IN_PLACE
+    # in_place keeps the frozen KV (so no flush); retract recomputes it after a flush
+    assert all(s.kept_kv is in_place for s in spanning)
+    flushes = of(result.history, EnginesFlushed)
+    assert (not flushes) if in_place else len(flushes) == len(of(result.history, UpdateBegan))
+
+
+def test_staleness_counts_from_the_oldest_version_a_response_spans() -> None:
+    result = passed("retract_long_generations")
+    oldest: dict[int, int] = {}
+    for s in of(result.history, SampleGenerated):
+        versions = [0 if v is None else v for v in s.all_versions]
+        if versions:
+            oldest[s.group_id] = min(oldest.get(s.group_id, versions[0]), *versions)
+    got = [g for g in of(result.history, GroupGot) if g.staleness is not None]
+    assert got and all(g.staleness == g.current_version - oldest[g.group_id] for g in got)
+    newest_would_say = [g for g in got if g.staleness > 0]
+    assert newest_would_say  # counting from the newest span would report fresher groups
+
+
+def test_in_place_reports_samples_on_mixed_weights_per_step() -> None:
+    result = passed("in_place_long_generations")
+    metrics = [dict(m.metrics) for m in of(result.history, StepMetrics)]
+    assert [m.step for m in of(result.history, StepMetrics)] == list(range(8))
+    mixed = [m["rollout/fully_async/samples_on_mixed_weights"] for m in metrics]
+    assert sum(mixed) > 0
+    kept = {(s.group_id, s.sample) for s in of(result.history, SampleGenerated) if s.kept_kv}
+    trained = {g.group_id for g in of(result.history, GroupTrained)}
+    trained_mixed = sum(1 for group, _ in kept if group in trained)
+    assert sum(mixed) == trained_mixed  # the metric counts the trained samples that kept KV
+    retract = passed("retract_long_generations")
+    assert all(
+        dict(m.metrics)["rollout/fully_async/samples_on_mixed_weights"] == 0
+        for m in of(retract.history, StepMetrics)
+    )
+
+
+def test_abort_mode_runs_one_step_off_and_is_refused_fully_async() -> None:
+    result = passed("abort_one_step_off")
+    assert result.scenario.loop.pause_generation_mode is PauseMode.ABORT
+    with pytest.raises(Exception, match="fully_async cannot use abort"):
+        dataclasses.replace(SCENARIOS["no_failure"].loop, pause_generation_mode=PauseMode.ABORT)
+
+
+# -- engine fault tolerance ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "engines"),
+    [
+        ("ft_engine_dies", {"engine-1"}),
+        ("ft_every_engine_dies", {"engine-0", "engine-1"}),
+        ("ft_engine_hangs", {"engine-0"}),
+        ("ft_engine_dies_during_recovery", {"engine-1"}),
+    ],
+)
+def test_fault_tolerance_recovers_engines_with_no_injected_restart(
+    name: str, engines: set[str]
+) -> None:
+    result = passed(name)
+    assert result.report.status is RunStatus.COMPLETED
+    asked = of(result.history, EngineRecoveryAsked)
+    assert {e.engine for e in asked} == engines
+    # each recovered engine serves again, on a new process, synced before it serves
+    for engine in engines:
+        serving = [
+            e
+            for e in of(result.history, EngineStateChanged)
+            if e.engine == engine and e.new.value == "serving"
+        ]
+        assert serving and serving[-1].incarnation > 0
+    if name == "ft_engine_hangs":  # alive but silent: found by /health_generate, not an exit
+        failed = of(result.history, EngineHealthFailed)
+        assert failed and "health" in failed[0].reason
+    if name == "ft_engine_dies_during_recovery":
+        assert len(asked) >= 2  # recovered again after the new process died starting
+        assert any("starting" in e.how for e in of(result.history, EngineExited))
+
+
+def test_without_fault_tolerance_losing_every_engine_fails_with_a_clear_error() -> None:
+    result = passed("every_engine_dies_without_ft")
+    assert result.report.status is RunStatus.FAILED
+    assert type(result.report.error).__name__ == "NoLiveEngineError"
+    assert "--use-fault-tolerance is off" in result.report.reason
+    assert not of(result.history, EngineRecoveryAsked)
+    # the same faults with fault tolerance on: recovered, completed
+    on = passed("every_engine_dies_without_ft", Expect(), use_fault_tolerance=True)
+    assert on.report.status is RunStatus.COMPLETED
+    assert {e.engine for e in of(on.history, EngineRecoveryAsked)} == {"engine-0", "engine-1"}
+
+
+def test_recovery_waits_for_the_health_checks_first_wait() -> None:
+    """The hang at ~13 s fails the next update's pause call at once (a call with fault
+    tolerance times out), but nothing is recovered before the monitor's first wait ends."""
+    result = passed("ft_engine_hangs", rollout_health_check_first_wait=30.0)
+    asked = of(result.history, EngineRecoveryAsked)
+    assert asked and asked[0].t >= 30.0
+    down = [e for e in of(result.history, EngineStateChanged) if e.new.value == "down"]
+    assert down and down[0].t < 30.0 and "no answer to pause" in down[0].reason
+
+
+# -- errors surface, batches sorted, miles' rollout flags ------------------------------------
+
+
+def test_a_dead_producer_fails_the_run_even_with_groups_queued(monkeypatch) -> None:
+    async def dies_after_one_put(self: Producer) -> None:
+        for _ in range(self.ctx.config.in_flight_groups):
+            self._start_group()
+        await self._arrived.wait()  # a group is queued for the trainer
+        raise RuntimeError("planted: the producer died")
+
+    monkeypatch.setattr(Producer, "run", dies_after_one_put)
+    result = run_scenario(SCENARIOS["no_failure"], 0)
+    assert result.report.status is RunStatus.CRASHED
+    assert "planted: the producer died" in result.report.reason
+    assert "producer" in result.report.reason  # where it happened
+    assert of(result.history, GroupPut)  # groups were queued, yet no step trained on them
+    assert not of(result.history, StepCommitted)
+    assert "the run crashed: RuntimeError" in str(result.verdicts["end_state"])
+
+
+def test_a_generation_error_ends_the_run_with_its_type_not_a_deadlock(monkeypatch) -> None:
+    from sim.cluster import SimRouter
+
+    generate = SimRouter.generate
+
+    async def broken(self: Any, engine: str, incarnation: int, request: Any) -> Any:
+        if request.group_id == 5:
+            raise ZeroDivisionError("planted: a reward function divided by zero")
+        return await generate(self, engine, incarnation, request)
+
+    monkeypatch.setattr(SimRouter, "generate", broken)
+    result = run_scenario(SCENARIOS["no_failure"], 0)
+    assert result.report.status is RunStatus.CRASHED
+    assert type(result.report.error) is ZeroDivisionError
+    assert "deadlock" not in result.report.reason
+
+
+def test_batches_are_sorted_by_sample_index() -> None:
+    result = passed("staleness_retry")
+    steps: dict[int, list[int]] = {}
+    for e in of(result.history, GroupTrained):
+        steps.setdefault(e.step, []).append(e.prompt_id)
+    assert steps and all(prompts == sorted(prompts) for prompts in steps.values())
+    arrival = [e.prompt_id for e in of(result.history, GroupPut)]
+    assert arrival != sorted(arrival)  # they did not arrive in order
+
+
+def test_the_dynamic_filter_drops_zero_std_groups_with_their_reason() -> None:
+    result = passed("dynamic_filter_zero_std")
+    dropped = of(result.history, GroupDropped)
+    reasons = {e.reason for e in dropped}
+    assert reasons == {"dynamic_filter:zero_std_0.0", "dynamic_filter:zero_std_1.0"}
+    trained = {e.group_id for e in of(result.history, GroupTrained)}
+    assert trained.isdisjoint(e.group_id for e in dropped)
+    metrics = [dict(m.metrics) for m in of(result.history, StepMetrics)]
+    drops = sum(v for m in metrics for k, v in m.items() if k.startswith("rollout/dynamic_filter"))
+    assert drops == len(dropped)
+
+
+def test_async_max_concurrent_samples_caps_groups_in_flight() -> None:
+    result = passed("max_concurrent_samples")
+    assert result.scenario.loop.in_flight_groups == 3
+    in_flight: set[int] = set()  # started, not yet queued (a blocked put still counts)
+    peak = 0
+    for e in result.history:
+        if isinstance(e, GroupStarted):
+            in_flight.add(e.group_id)
+            peak = max(peak, len(in_flight))
+        elif (isinstance(e, GroupPut) and e.fate is PutFate.QUEUED) or isinstance(
+            e, GroupDropped | GroupRecycled
+        ):
+            in_flight.discard(e.group_id)
+    assert peak == 3
+
+
+def test_staleness_bound_holds_from_the_oldest_span() -> None:
+    result = passed("in_place_long_generations", max_weight_staleness=1)
+    assert bounded_staleness(result.history) is None

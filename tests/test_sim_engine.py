@@ -1,0 +1,121 @@
+"""The simulated engine keeps the SGLang semantics test_cpu_engine.py checks on the real one.
+
+One request on one engine in virtual time, driven as miles does: paused with a
+mode one second in, version set, continued. Virtual time makes the costs exact:
+retract pays the prefill of the prompt and the tokens so far, in_place nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pytest
+
+from miles_core.backend import GenerateRequest, GenerateResult, RequestRefused
+from miles_core.kinds import PauseMode
+from miles_core.scenario import TimeModel, WorldShape
+from sim.cluster import SimCluster
+from sim.engine import EngineHandle
+from sim.runtime import SimRuntime
+
+TIMING = TimeModel(response_tokens_mean=400.0, response_tokens_sigma=0.01)
+PAUSED_AT, RESUMED_AT = 1.0, 3.0
+PER_TOKEN = TIMING.decode_seconds_per_token * (1 + TIMING.concurrency_slowdown)
+"""One request alone on the engine decodes at this many seconds per token."""
+
+
+def _world() -> tuple[SimRuntime, SimCluster, EngineHandle]:
+    rt = SimRuntime(0)
+    cluster = SimCluster(rt, WorldShape(num_engines=1), TIMING)
+    return rt, cluster, cluster.engine("engine-0", 0)
+
+
+def _with_request(
+    control: Callable[[SimRuntime, EngineHandle], Coroutine[Any, Any, None]],
+) -> tuple[GenerateResult, float]:
+    """A request, ``control`` run beside it; the result and the request's decode seconds."""
+    rt, _, engine = _world()
+
+    async def main() -> GenerateResult:
+        request = rt.spawn(engine.engine.generate(0, GenerateRequest(0, 0, 0)), "request")
+        await control(rt, engine)
+        return await request
+
+    return rt.run(main()), PER_TOKEN
+
+
+def _update(mode: PauseMode, abort_all_requests: bool = False):
+    async def control(rt: SimRuntime, engine: EngineHandle) -> None:
+        await rt.sleep(PAUSED_AT)
+        await engine.pause(mode)
+        await rt.sleep(RESUMED_AT - PAUSED_AT)
+        await engine.stamp(1, abort_all_requests)
+        await engine.resume()
+
+    return control
+
+
+def _total_tokens() -> float:
+    """The request's length: the engine's length stream, drawn the same in every run."""
+    rt, _, engine = _world()
+    result = rt.run(engine.engine.generate(0, GenerateRequest(0, 0, 0)))
+    assert result.engine_seconds is not None
+    return result.engine_seconds / PER_TOKEN
+
+
+@pytest.mark.parametrize("mode", [PauseMode.RETRACT, PauseMode.IN_PLACE])
+def test_a_paused_request_continues_and_retract_pays_the_prefill(mode: PauseMode) -> None:
+    total = _total_tokens()
+    result, per_token = _with_request(_update(mode))
+    assert not result.aborted
+    assert result.versions == (None, 1) and result.weight_version == 1
+    assert result.kept_kv is (mode is PauseMode.IN_PLACE)
+    done_at_pause = PAUSED_AT / per_token
+    prefill = (TIMING.prompt_tokens + done_at_pause) * TIMING.prefill_seconds_per_token
+    recompute = prefill if mode is PauseMode.RETRACT else 0.0
+    expected = total * per_token + (RESUMED_AT - PAUSED_AT) + recompute
+    assert result.engine_seconds == pytest.approx(expected, rel=1e-9)
+
+
+def test_abort_mode_ends_the_request() -> None:
+    result, _ = _with_request(_update(PauseMode.ABORT))
+    assert result.aborted and result.versions == (None,)
+
+
+@pytest.mark.parametrize("abort_all", [True, False])
+def test_the_version_update_aborts_unless_told_not_to(abort_all: bool) -> None:
+    result, _ = _with_request(_update(PauseMode.RETRACT, abort_all_requests=abort_all))
+    assert result.aborted is abort_all
+
+
+@pytest.mark.parametrize(
+    ("mode", "refused"), [(PauseMode.RETRACT, False), (PauseMode.IN_PLACE, True)]
+)
+def test_flush_is_refused_while_a_frozen_request_holds_kv(mode: PauseMode, refused: bool) -> None:
+    outcome: list[str] = []
+
+    async def control(rt: SimRuntime, engine: EngineHandle) -> None:
+        await rt.sleep(PAUSED_AT)
+        await engine.pause(mode)
+        try:
+            await engine.flush_cache()
+            outcome.append("flushed")
+        except RequestRefused as refusal:
+            outcome.append(str(refusal))
+        await engine.resume()
+
+    _with_request(control)
+    assert ("hold KV pages" in outcome[0]) is refused
+
+
+def test_a_hung_engine_never_answers_a_health_check() -> None:
+    rt, cluster, engine = _world()
+
+    async def main() -> str:
+        assert await rt.wait_any([rt.spawn(engine.health(), "h"), rt.timer(1.0)]) == 0
+        cluster.hang_engine("engine-0")
+        check = rt.spawn(engine.health(), "h2")
+        return "answered" if await rt.wait_any([check, rt.timer(60.0)]) == 0 else "silent"
+
+    assert rt.run(main()) == "silent"
