@@ -14,7 +14,8 @@ the order is total and explicit:
 A hostname the resolver resolves sorts as its address. Within a node, bundles
 go by GPU id; the bundle index breaks any remaining tie, so the result never
 depends on the input order. The resolver is injected because this module does
-no I/O: the Ray backend passes one backed by DNS, tests pass a dict.
+no I/O: the Ray backends pass one backed by DNS (backends/common/ray_session.py's
+dns_resolver), tests pass a dict.
 
 The layout follows miles' ``create_placement_groups`` modes; where miles
 resolved contradictory flags silently by precedence, this module refuses them.

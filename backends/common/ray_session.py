@@ -3,26 +3,31 @@
 ``ray_session`` starts a local Ray with virtual GPUs (``ray.init(num_gpus=N)``)
 in its own temporary directory on this machine, or joins ``address``; either
 way Ray is shut down on exit, errors and SIGTERM included, and a local
-session's directory is removed. ``placed_bundles`` asks Ray where each bundle of a placement group
-landed (node address and GPU id, from an actor inside the bundle, as miles'
-InfoActor does) and lets miles_core.placement order them.
+session's directory is removed. ``placed_bundles`` asks Ray where each bundle of a
+placement group landed (node address and GPU id, from an actor inside the bundle,
+as miles' InfoActor does) and lets miles_core.placement order them, resolving a
+node that Ray knows by hostname with ``dns_resolver`` (miles'
+placement_group.sort_key calls ``socket.gethostbyname``); the resolver is
+injectable, so tests give a table.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from miles_core.placement import Bundle, Layout, Placement, place
+from miles_core.placement import Bundle, Layout, Placement, Resolver, place
 
 LOOPBACK = "127.0.0.1"
 
@@ -88,8 +93,36 @@ def node_addresses() -> dict[str, str]:
     return {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
 
 
-def placed_bundles(layout: Layout) -> tuple[PlacementGroup, Placement]:
-    """One GPU bundle per layout GPU; ordered by (node address, GPU id) as miles does."""
+def dns_resolver(name: str) -> str | None:
+    """A hostname's address: IPv4 as miles resolves it (gethostbyname), else the first IPv6
+    address the system resolver knows; None when the name does not resolve."""
+    try:
+        return socket.gethostbyname(name)
+    except OSError:
+        pass
+    try:
+        infos = socket.getaddrinfo(name, None, socket.AF_INET6)
+    except OSError:
+        return None
+    return str(infos[0][4][0]) if infos else None
+
+
+def bundles_from_ray(
+    where: Sequence[tuple[str, int]], addresses: Mapping[str, str]
+) -> list[Bundle]:
+    """Bundle i is on node ``where[i][0]`` (a node id) at GPU ``where[i][1]``; a node goes by
+    the address Ray registered for it (an IPv4 or IPv6 literal, or a hostname)."""
+    return [
+        Bundle(index=i, node=addresses.get(node, node), gpu_id=gpu)
+        for i, (node, gpu) in enumerate(where)
+    ]
+
+
+def placed_bundles(
+    layout: Layout, resolver: Resolver = dns_resolver
+) -> tuple[PlacementGroup, Placement]:
+    """One GPU bundle per layout GPU; ordered by (node address, GPU id) as miles does, a
+    hostname by the address ``resolver`` gives it (each name looked up once)."""
     pg = placement_group([{"GPU": 1, "CPU": 0.001}] * layout.total_gpus, strategy="PACK")
     ray.get(pg.ready(), timeout=120)
     probes = [
@@ -104,12 +137,8 @@ def placed_bundles(layout: Layout) -> tuple[PlacementGroup, Placement]:
     where = ray.get([p.where.remote() for p in probes], timeout=120)
     for probe in probes:
         ray.kill(probe)
-    addresses = node_addresses()
-    bundles = [
-        Bundle(index=i, node=addresses.get(node, node), gpu_id=gpu)
-        for i, (node, gpu) in enumerate(where)
-    ]
-    return pg, place(layout, bundles)
+    bundles = bundles_from_ray(where, node_addresses())
+    return pg, place(layout, bundles, functools.cache(resolver))
 
 
 def _in_bundle_index(pg: PlacementGroup, index: int) -> PlacementGroupSchedulingStrategy:
@@ -122,6 +151,8 @@ def in_bundle(pg: PlacementGroup, bundle: Bundle) -> PlacementGroupSchedulingStr
 
 __all__ = [
     "LOOPBACK",
+    "bundles_from_ray",
+    "dns_resolver",
     "in_bundle",
     "node_addresses",
     "placed_bundles",
