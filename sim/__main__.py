@@ -33,6 +33,7 @@ from miles_core.loop.flags import add_loop_flags, flags_argv, given_flags, with_
 from miles_core.report import (
     check_writable,
     chrome_trace,
+    run_cli,
     step_metrics,
     summary,
     text_lines,
@@ -186,4 +187,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

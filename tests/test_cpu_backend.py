@@ -196,8 +196,8 @@ def test_real_pause_modes(ray_cluster, name: str, steps: int) -> None:
     [
         ("ft_every_engine_dies", None),  # generation waits for the recovered engines
         ("every_engine_dies_without_ft", None),
-        ("ft_engine_hangs", None),
-        # steps enough for two recoveries of seconds each (one engine serves meanwhile)
+        # steps enough for the recoveries, seconds each, while one engine serves
+        ("ft_engine_hangs", 40),
         ("ft_engine_dies_during_recovery", 60),
     ],
 )

@@ -31,6 +31,7 @@ from miles_core.loop.flags import add_loop_flags, flags_argv, given_flags, with_
 from miles_core.report import (
     check_writable,
     chrome_trace,
+    run_cli,
     step_metrics,
     text_lines,
     write_json,
@@ -170,4 +171,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

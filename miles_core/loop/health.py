@@ -8,7 +8,9 @@ weight update brings them the weights. Here:
 
 - checking waits ``rollout_health_check_first_wait``, then runs every
   ``rollout_health_check_interval``; it pauses while weights are updated, engines
-  synced or cells healed (a busy engine is not a dead one), as miles' does;
+  synced or cells healed (a busy engine is not a dead one), and waits the first
+  wait again after each pause, as miles' does (RolloutHealthMonitor.resume sets
+  _need_first_wait);
 - an engine that fails its check, or does not answer within
   ``rollout_health_check_timeout``, leaves rotation and its process is replaced;
 - an engine that is down (it failed a call, or the world saw it exit) is
@@ -69,13 +71,18 @@ class EngineHealthMonitor:
     async def run(self) -> None:
         ctx = self.ctx
         config = ctx.config
-        await ctx.rt.sleep(config.rollout_health_check_first_wait)
+        first_wait = True
         while not ctx.stopping:
+            if first_wait and not ctx.monitor_paused:
+                await ctx.rt.sleep(config.rollout_health_check_first_wait)
+                first_wait = False
             for engine in ctx.engines.ids:
                 if ctx.stopping:
                     return
                 if ctx.engines.state(engine) is EngineState.DOWN:
                     self._recover(engine, "down")
-                elif not ctx.monitor_paused:
+                elif ctx.monitor_paused:
+                    first_wait = True  # checks resume after the first wait again
+                elif not first_wait:
                     await self._check(engine)
             await ctx.rt.sleep(config.rollout_health_check_interval)

@@ -6,7 +6,7 @@ trace.py    Chrome trace JSON (opens in Perfetto)
 files.py    the output files a user asked for: checked before the run
 """
 
-from miles_core.report.files import check_writable, write_json, write_json_lines
+from miles_core.report.files import check_writable, run_cli, write_json, write_json_lines
 from miles_core.report.story import StepStory, step_stories, story_lines
 from miles_core.report.summary import (
     faults_report,
@@ -22,6 +22,7 @@ __all__ = [
     "check_writable",
     "chrome_trace",
     "faults_report",
+    "run_cli",
     "step_metrics",
     "step_stories",
     "story_lines",

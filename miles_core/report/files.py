@@ -1,10 +1,13 @@
-"""The output files a user asks a CLI for (a trace, metrics): checked before the run starts,
-written after. Besides scenario files, the only place in miles_core that touches files."""
+"""The output a user asks a CLI for: files (a trace, metrics) checked before the run starts
+and written after, and stdout, which may close early (``| head``). Besides scenario files,
+the only place in miles_core that touches files."""
 
 from __future__ import annotations
 
 import json
 import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,3 +48,20 @@ def write_json_lines(path: Path, rows: list[dict[str, Any]], flag: str) -> None:
         raise ConfigError(
             flag, f"cannot write {str(path)!r} ({error.strerror})", "pick a writable path"
         ) from None
+
+
+SIGPIPE_EXIT = 141
+"""What a shell reports for a process a closed pipe stopped (128 + SIGPIPE)."""
+
+
+def run_cli(main: Callable[[], int]) -> int:
+    """``main``'s exit code; a reader that went away early (``| head``) ends the output
+    quietly, as Unix tools do, instead of with a BrokenPipeError traceback."""
+    try:
+        code = main()
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)  # the interpreter's final flush goes here
+        os.dup2(devnull, sys.stdout.fileno())
+        return SIGPIPE_EXIT
