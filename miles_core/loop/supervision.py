@@ -47,8 +47,8 @@ class EngineSupervisor:
         """A call to that process failed: out of rotation, unless it was already replaced.
 
         Without fault tolerance nothing brings an engine back but an operator, so losing the
-        last live one ends the run with a clear error instead of a stall (miles' rollout fails
-        the same way when its engines are gone), once a restart had its chance."""
+        last live one ends the run with a clear error instead of a stall, once a restart had
+        its chance."""
         ctx = self.ctx
         if not ctx.engines.failed(engine, incarnation, reason):
             return
