@@ -9,7 +9,9 @@ points of the control plane's work:
   after bucket k of an update; a cell dies while it is being healed;
 - engines at points: one restarts right after bucket k of an update (k is
   often the last, the window between the last bucket and the stamp); one dies
-  halfway through a request;
+  halfway through a request; with fault tolerance, one dies or hangs as a step
+  begins and nothing restarts it but the health monitor, its new process
+  sometimes dying while it starts;
 - at times: kills and restarts;
 - impairments (a slow cell, a slow link, a delayed or failing router), each
   opening as a step begins and long enough to act on something its witness
@@ -17,16 +19,19 @@ points of the control plane's work:
 
 The budget keeps at least one cell and one engine alive: cell faults are
 spaced further apart than detection plus healing takes, and every killed
-component is restarted. ``total_loss=True`` instead kills every cell and
-expects the run to end with NoAliveCellError.
+component is restarted (by a fault, or by fault tolerance's recovery). A seed
+may also draw miles' dynamic filter with 0/1 rewards. ``total_loss=True``
+instead kills every cell and expects the run to end with NoAliveCellError.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 
 from miles_core.buffer import UnusedHandler
+from miles_core.filters import FILTERS
 from miles_core.kinds import PauseMode, RunStatus
 from miles_core.loop import LoopConfig
 from miles_core.scenario import Expect, Scenario, TimeModel, WorldShape, derive_seed
@@ -89,6 +94,8 @@ def _world_and_loop(rng: random.Random, steps: int) -> tuple[WorldShape, LoopCon
         rollout_health_check_interval=rng.choice([2.0, 5.0]),
         rollout_health_check_timeout=rng.choice([1.0, 3.0]),
     )
+    if n > 1 and rng.random() < 0.2:  # a group of one always has zero std
+        loop = dataclasses.replace(loop, dynamic_sampling_filter=rng.choice(list(FILTERS)))
     return world, loop
 
 
@@ -120,10 +127,22 @@ def _cells_at_points(d: _Draw, rate: float) -> None:
         d.killed_cells.add(cell)
 
 
+def _recovered_by_fault_tolerance(d: _Draw, engine: str, step: int) -> None:
+    """A death or a hang that only the health monitor undoes; a recovery may die starting."""
+    kind = d.rng.choice(["kill_engine", "hang_engine"])
+    d.faults.append(make_fault(kind, engine=engine, point="step_begin", step=step))
+    if kind == "kill_engine" and d.rng.random() < 0.5:
+        d.faults.append(
+            make_fault("kill_engine", engine=engine, point="during_recovery", after_step=step - 1)
+        )
+
+
 def _engines_at_points(d: _Draw, rate: float) -> None:
     for s in d.slots(d.rng.randint(0, round(2 * rate)), spacing=3):
         engine = f"engine-{d.rng.randrange(d.world.num_engines)}"
-        if d.world.num_engines > 1 and d.rng.random() < 0.4:
+        if d.fault_tolerance and d.rng.random() < 0.4:
+            _recovered_by_fault_tolerance(d, engine, s)
+        elif d.world.num_engines > 1 and d.rng.random() < 0.4:
             d.faults += [
                 make_fault("kill_engine", engine=engine, point="mid_generation", after_step=s - 1),
                 make_fault("restart_engine", engine=engine, point="step_begin", step=s + 2),
@@ -206,7 +225,10 @@ def swarm_scenario(seed: int, steps: int = 12, total_loss: bool = False) -> Scen
     """The scenario that ``seed`` draws (the run itself then uses the same seed)."""
     rng = random.Random(derive_seed(seed, "swarm"))
     world, loop = _world_and_loop(rng, steps)
-    timing = TimeModel()
+    # 0/1 rewards give the filter work: a group of 2 is all equal half the time, so a step
+    # may wait for twice the generation; the progress window makes room for that
+    filtered = loop.dynamic_sampling_filter is not None
+    timing = TimeModel(reward_success_rate=0.5 if filtered else None)
     step_seconds = timing.train_step_seconds + timing.allreduce_seconds + 1.0
     probe = Scenario(SWARM, world=world, loop=loop)
     phase = 0.6 * steps * step_seconds
@@ -234,5 +256,5 @@ def swarm_scenario(seed: int, steps: int = 12, total_loss: bool = False) -> Scen
         timing,
         loop,
         (*at_points, *timed),
-        progress_window=8 * step_seconds,
+        progress_window=(24 if filtered else 8) * step_seconds,
     )

@@ -51,6 +51,12 @@ _FT: dict[str, Any] = {
 """miles' health monitor, on the small preset's time scale (miles' defaults are 30 s)."""
 
 
+_BOTH_ENGINES_DIE_AT_STEP_3 = (
+    F("kill_engine", engine="engine-0", point="step_begin", step=3),
+    F("kill_engine", engine="engine-1", point="step_begin", step=3),
+)
+
+
 SCENARIOS: Mapping[str, Scenario] = {
     s.name: s
     for s in (
@@ -284,10 +290,7 @@ SCENARIOS: Mapping[str, Scenario] = {
             "ft_every_engine_dies",
             "with fault tolerance, both engines die at step 3: generation stops, the monitor "
             "recovers both, and the run completes",
-            (
-                F("kill_engine", engine="engine-0", point="step_begin", step=3),
-                F("kill_engine", engine="engine-1", point="step_begin", step=3),
-            ),
+            _BOTH_ENGINES_DIE_AT_STEP_3,
             **_FT,
         ),
         _scenario(
@@ -295,10 +298,7 @@ SCENARIOS: Mapping[str, Scenario] = {
             "without fault tolerance, both engines die at step 3 and nothing restarts them: "
             "the run ends with NoLiveEngineError once no engine came back within "
             "--rollout-health-check-timeout, not with a stall",
-            (
-                F("kill_engine", engine="engine-0", point="step_begin", step=3),
-                F("kill_engine", engine="engine-1", point="step_begin", step=3),
-            ),
+            _BOTH_ENGINES_DIE_AT_STEP_3,
             expect=Expect(RunStatus.FAILED, "NoLiveEngineError"),
             rollout_health_check_timeout=10.0,
         ),
