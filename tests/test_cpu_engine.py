@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -204,6 +205,14 @@ async def test_new_requests_wait_while_paused(engine: Engine) -> None:
     assert not request.done() and len(engine.server._jobs["r0"].tokens) == 0
     await engine.post("/continue_generation")
     assert (await request)["meta_info"]["completion_tokens"] == MAX_NEW
+
+
+@engine_test
+async def test_the_version_is_read_where_sglang_reports_it(engine: Engine) -> None:
+    await engine.set_version("7", abort_all_requests=False)
+    status, text = await engine.get("/model_info")
+    assert status == 200 and json.loads(text)["weight_version"] == "7"
+    assert (await engine.get("/get_weight_version"))[0] == 404  # not an SGLang route
 
 
 @engine_test

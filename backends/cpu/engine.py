@@ -7,7 +7,8 @@ in_place), /continue_generation, /abort_request, /flush_cache, /health,
 /health_generate, /begin_weight_update, /end_weight_update,
 /init_weights_update_group, /update_weights_from_distributed (load_format
 "flattened_bucket": one uint8 buffer laid out by miles_core's staging spans),
-/destroy_weights_update_group, /update_weight_version, /get_weight_version.
+/destroy_weights_update_group, /update_weight_version, /model_info (where SGLang
+reports weight_version; it has no /get_weight_version).
 meta_info also carries ``weight_versions`` (the version of each span of the
 response) and, named as the testbed's own, ``testbed_kept_kv``; so does
 /testbed/weights_checksum, so the oracles can compare weights bitwise.
@@ -93,7 +94,7 @@ class EngineServer:
                 web.post("/update_weights_from_distributed", self.update_weights_from_distributed),
                 web.post("/destroy_weights_update_group", self.destroy_weights_update_group),
                 web.post("/update_weight_version", self.update_weight_version),
-                web.get("/get_weight_version", self.get_weight_version),
+                web.get("/model_info", self.model_info),
                 web.get("/testbed/weights_checksum", self.weights_checksum),
             ]
         )
@@ -281,8 +282,15 @@ class EngineServer:
         self.weight_version = str(body["new_version"])
         return _ok()
 
-    async def get_weight_version(self, request: web.Request) -> web.Response:
-        return web.json_response({"weight_version": self.weight_version})
+    async def model_info(self, request: web.Request) -> web.Response:
+        """SGLang's /model_info, the fields a control plane reads."""
+        return web.json_response(
+            {
+                "model_path": self.engine_id,
+                "is_generation": True,
+                "weight_version": self.weight_version,
+            }
+        )
 
     async def weights_checksum(self, request: web.Request) -> web.Response:
         return web.json_response({"checksum": checksum(self.model)})
