@@ -515,8 +515,19 @@ def test_stamp_before_every_bucket_arrived_is_caught() -> None:
     assert violation is not None
     assert "e0 (process 0) was stamped after it received 1 of 2 buckets" in violation.message
     # the stamp does not make the half-received weights whole
-    served = published_weights(hist(*_specs(h), sample(0, 0, None)))
+    served = published_weights(hist(*_specs(h), resumed(0), sample(0, 0, None)))
     assert served is not None and "holding part of update 0" in served.message
+
+
+def test_a_response_arriving_while_its_engine_is_paused_is_judged_as_of_the_pause() -> None:
+    """Seen on the CPU backend: the last token came before the pause, the response after the
+    update's first bucket. A paused engine generates nothing, so its weights then were whole."""
+    late = hist(start(), *update(0, 1)[:1], *paused(0), bucket(0, 0), sample(0, 0, None))
+    assert published_weights(late) is None
+    # the same response after a resume with half the update is a mix of two versions
+    resumed_half = hist(*_specs(late)[:-1], resumed(0), sample(0, 0, None))
+    violation = published_weights(resumed_half)
+    assert violation is not None and "holding part of update 0" in violation.message
 
 
 def test_engine_left_out_of_an_update_serving_old_weights_is_caught() -> None:

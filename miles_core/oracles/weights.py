@@ -8,14 +8,21 @@ started (or was outdated by a resumed checkpoint) after a version was published
 has since been stamped; the version it reports is the one it was stamped with;
 and once an update has completed, nothing is served from an older version. A
 real world's weight checksums (WeightsChecked) must equal the trainer's.
+
+A response that arrives while its process is paused was generated before the
+pause (a paused engine generates nothing; EnginesPaused is recorded once the
+engine answered), so it is judged by what the process held when it was paused:
+on a real network it may arrive after the update's first bucket.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from miles_core.events import (
     BucketReceived,
+    EnginesPaused,
     EnginesResumed,
     EngineStamped,
     EngineStarted,
@@ -43,6 +50,9 @@ class _Held:
     buckets: set[int] = field(default_factory=set)
     unsynced: Indexed | None = None
     """Why it must be stamped before it serves: a start (or a resume) after a publication."""
+    at_pause: _Held | None = None
+    """What it held when it was paused, until it resumes (responses arriving meanwhile were
+    generated before the pause)."""
 
 
 def published_weights(history: History) -> Violation | None:
@@ -62,7 +72,8 @@ def published_weights(history: History) -> Violation | None:
         if isinstance(e, SampleGenerated):  # the commonest event: tested first
             if e.aborted:
                 continue
-            violation = _judge_sample(seq, e, of(e.engine, e.incarnation), published)
+            state = of(e.engine, e.incarnation)
+            violation = _judge_sample(seq, e, state.at_pause or state, published)
             if violation is not None:
                 return violation
             if completed is not None:
@@ -105,7 +116,14 @@ def published_weights(history: History) -> Violation | None:
             state.version, state.stamp = e.version, (seq, e)
             if complete:  # whole: the process now holds exactly this version
                 state.partial, state.buckets, state.unsynced = None, set(), None
+        elif isinstance(e, EnginesPaused):
+            for engine, incarnation in zip(e.engines, e.incarnations, strict=True):
+                state = of(engine, incarnation)
+                if state.at_pause is None:  # a second pause (a retried update) keeps the first
+                    state.at_pause = dataclasses.replace(state, buckets=set(state.buckets))
         elif isinstance(e, EnginesResumed):
+            for engine, incarnation in zip(e.engines, e.incarnations, strict=True):
+                of(engine, incarnation).at_pause = None
             began = updates.get(e.update_id)
             if began and began[1].publishes and began[1].version in published:  # type: ignore[union-attr]
                 completed = (seq, e)
