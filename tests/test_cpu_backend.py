@@ -33,8 +33,8 @@ from backends.common.ray_session import (
     ray_session,
     remove_placement_group,
 )
-from backends.cpu.run import TRAIN, RealResult, _layout, run_in_ray
-from backends.cpu.transport import RayRouter
+from backends.common.run import TRAIN, RealResult, _layout, run_in_ray
+from backends.common.transport import RayRouter
 from miles_core.conformance import decisions, rollout
 from miles_core.events import (
     EngineRecoveryAsked,

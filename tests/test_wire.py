@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from backends.cpu.wire import BucketViews, pack_bucket, pack_into, spans_of  # noqa: E402
+from backends.common.wire import BucketViews, pack_bucket, pack_into, spans_of  # noqa: E402
 from miles_core.transfer import ParamSpec, plan_buckets, units_of  # noqa: E402
 
 

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from backends.cpu.wire import (
+from backends.common.wire import (
     BucketViews,
     pack_bucket,
     pack_into,

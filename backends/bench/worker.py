@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from backends.bench.methods import BUCKETED, WRITES_WEIGHTS, Rank
 from backends.bench.state import bench_units
-from backends.cpu.wire import GLOO_TIMEOUT, gloo_group
+from backends.common.wire import GLOO_TIMEOUT, gloo_group
 from miles_core.transfer import ParamSpec, plan_buckets
 
 HOST = "127.0.0.1"

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from backends.cpu.run import TRAIN, RealResult, check_real, check_token_seconds, run_real
+from backends.common.run import TRAIN, RealResult, check_real, check_token_seconds, run_real
 from miles_core.errors import ConfigError
 from miles_core.events import Event, FaultInjected, StepCommitted
 from miles_core.loop.flags import add_loop_flags, flags_argv, given_flags, with_flags

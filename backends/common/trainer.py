@@ -28,7 +28,7 @@ import ray
 import torch
 import torch.distributed as dist
 
-from backends.cpu.policy import (
+from backends.common.policy import (
     PolicyConfig,
     Trajectory,
     bucket_tensors,
@@ -36,7 +36,7 @@ from backends.cpu.policy import (
     checksum,
     grpo_loss,
 )
-from backends.cpu.wire import GLOO_TIMEOUT, BucketViews, broadcast, gloo_group, pack_into
+from backends.common.wire import GLOO_TIMEOUT, BucketViews, broadcast, gloo_group, pack_into
 from miles_core.transfer import Bucket
 
 

@@ -28,11 +28,11 @@ import torch.distributed as dist
 from ray.exceptions import RayActorError
 from ray.util.placement_group import PlacementGroup
 
+from backends.common.engine import EngineActor
+from backends.common.policy import PolicyConfig, build_model, update_units
 from backends.common.ray_session import LOOPBACK, in_bundle
-from backends.cpu.engine import EngineActor
-from backends.cpu.policy import PolicyConfig, build_model, update_units
-from backends.cpu.trainer import TrainerActor
-from backends.cpu.transport import GlooTransport, RayRouter
+from backends.common.trainer import TrainerActor
+from backends.common.transport import GlooTransport, RayRouter
 from miles_core.backend import (
     CellFailure,
     EngineFailure,
@@ -303,7 +303,7 @@ class EngineHandle:
 
 
 class RayWorld:
-    """The Cluster protocol over Ray (the FaultActions are in backends.cpu.faults)."""
+    """The Cluster protocol over Ray (the FaultActions are in backends.common.faults)."""
 
     def __init__(
         self,

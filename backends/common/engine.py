@@ -39,10 +39,10 @@ from typing import Any
 import ray
 from aiohttp import web
 
+from backends.common.decoding import Decoding, health_token
+from backends.common.policy import PolicyConfig, build_model, checksum
 from backends.common.ray_session import LOOPBACK
-from backends.cpu.decoding import Decoding, health_token
-from backends.cpu.policy import PolicyConfig, build_model, checksum
-from backends.cpu.wire import BucketViews, broadcast, gloo_group
+from backends.common.wire import BucketViews, broadcast, gloo_group
 
 DIE_MIDWAY = "X-Testbed-Die-Midway"
 PAUSE_MODES = ("abort", "retract", "in_place")

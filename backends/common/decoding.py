@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from backends.cpu.policy import BOS, SEP
+from backends.common.policy import BOS, SEP
 
 
 @functools.cache

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from backends.cpu.policy import PolicyConfig
+from backends.common.policy import PolicyConfig
 from miles_core.errors import ConfigError
 from miles_core.versions import LedgerSnapshot, VersionLedger
 

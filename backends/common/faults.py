@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from backends.cpu.cluster import RayWorld
+from backends.common.cluster import RayWorld
 from miles_core.kinds import FaultPoint
 from miles_core.scenario.schedule import Impairment, impaired_part
 

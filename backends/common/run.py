@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from backends.common import checkpoint
 from backends.common.aio_runtime import AsyncioRuntime
+from backends.common.cluster import RayWorld, buffer_size_for
+from backends.common.faults import RayFaultActions
+from backends.common.policy import PolicyConfig
 from backends.common.ray_session import placed_bundles, ray_session, remove_placement_group
-from backends.cpu import checkpoint
-from backends.cpu.cluster import RayWorld, buffer_size_for
-from backends.cpu.faults import RayFaultActions
-from backends.cpu.policy import PolicyConfig
 from miles_core.backend import CellFailure
 from miles_core.errors import ConfigError
 from miles_core.events import (

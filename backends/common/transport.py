@@ -11,8 +11,8 @@ import asyncio
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from backends.cpu.engine import DIE_MIDWAY
-from backends.cpu.policy import RESPONSE_TOKENS, Trajectory, prompt_tokens, reward
+from backends.common.engine import DIE_MIDWAY
+from backends.common.policy import RESPONSE_TOKENS, Trajectory, prompt_tokens, reward
 from miles_core.backend import (
     CellFailure,
     Delivery,
@@ -26,7 +26,7 @@ from miles_core.scenario.seeds import derive_seed
 from miles_core.transfer import Bucket
 
 if TYPE_CHECKING:
-    from backends.cpu.cluster import RayCell, RayWorld
+    from backends.common.cluster import RayCell, RayWorld
 
 
 class RayRouter:

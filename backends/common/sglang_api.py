@@ -1,0 +1,215 @@
+"""The requests our client sends to an SGLang server, one frozen dataclass per request type.
+
+Each class is named after the SGLang request dataclass its route parses the body
+into (python/sglang/srt/managers/io_struct.py) and says its ``ROUTE`` and
+``METHOD`` (python/sglang/srt/entrypoints/http_server.py). Every body our client
+sends is built here by ``body``, so the contract test (tests/test_sglang_contract.py)
+can hold these field names against the pinned SGLang wheel: a field SGLang lacks,
+or a route it does not serve, fails there instead of on a GPU cluster.
+
+``OMIT`` leaves a field out of the body, so SGLang's default applies (miles sends
+``weight_version`` only when it has one, for instance).
+
+``MILES_SENDS`` lists, per route, the fields miles' own client sends
+(miles/backends/sglang_utils/sglang_engine.py): a client that misses one of them
+behaves differently from miles, and the contract test says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final
+
+
+class _Omit:
+    def __repr__(self) -> str:
+        return "OMIT"
+
+
+OMIT: Final[Any] = _Omit()
+"""Leave the field out of the body (SGLang's default applies)."""
+
+
+@dataclass(frozen=True)
+class SGLangRequest:
+    ROUTE: ClassVar[str]
+    METHOD: ClassVar[str] = "POST"
+
+
+def body(request: SGLangRequest) -> dict[str, Any]:
+    """The JSON body: every field not OMIT, by its SGLang name."""
+    return {
+        f.name: getattr(request, f.name)
+        for f in dataclasses.fields(request)
+        if getattr(request, f.name) is not OMIT
+    }
+
+
+@dataclass(frozen=True)
+class GenerateReqInput(SGLangRequest):
+    ROUTE: ClassVar[str] = "/generate"
+    rid: str
+    input_ids: list[int]
+    sampling_params: dict[str, Any]
+    return_logprob: bool = True
+
+
+@dataclass(frozen=True)
+class PauseGenerationReqInput(SGLangRequest):
+    ROUTE: ClassVar[str] = "/pause_generation"
+    mode: str
+
+
+@dataclass(frozen=True)
+class ContinueGenerationReqInput(SGLangRequest):
+    ROUTE: ClassVar[str] = "/continue_generation"
+
+
+@dataclass(frozen=True)
+class AbortReq(SGLangRequest):
+    ROUTE: ClassVar[str] = "/abort_request"
+    rid: Any = OMIT
+    abort_all: Any = OMIT
+
+
+@dataclass(frozen=True)
+class BeginWeightUpdateReqInput(SGLangRequest):
+    ROUTE: ClassVar[str] = "/begin_weight_update"
+    selector: str = "all"
+
+
+@dataclass(frozen=True)
+class EndWeightUpdateReqInput(SGLangRequest):
+    ROUTE: ClassVar[str] = "/end_weight_update"
+
+
+@dataclass(frozen=True)
+class UpdateWeightVersionReqInput(SGLangRequest):
+    """SGLang's abort_all_requests defaults to true; miles sends false."""
+
+    ROUTE: ClassVar[str] = "/update_weight_version"
+    new_version: str
+    abort_all_requests: Any = OMIT
+
+
+@dataclass(frozen=True)
+class InitWeightsUpdateGroupReqInput(SGLangRequest):
+    ROUTE: ClassVar[str] = "/init_weights_update_group"
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    group_name: str
+    backend: str
+
+
+@dataclass(frozen=True)
+class UpdateWeightsFromDistributedReqInput(SGLangRequest):
+    """One bucket, received by a broadcast in the named group. ``flattened_bucket``: the
+    tensors packed back to back as one uint8 buffer (no padding: SGLang's
+    FlattenedTensorBucket refuses a tensor whose offset is not a multiple of its item size)."""
+
+    ROUTE: ClassVar[str] = "/update_weights_from_distributed"
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str
+    flush_cache: bool = False
+    selector: str = "all"
+    load_format: Any = "flattened_bucket"
+    weight_version: Any = OMIT
+
+
+@dataclass(frozen=True)
+class UpdateWeightsFromTensorReqInput(SGLangRequest):
+    """One bucket by CUDA IPC (colocated): base64 of each TP rank's serialized handles."""
+
+    ROUTE: ClassVar[str] = "/update_weights_from_tensor"
+    serialized_named_tensors: list[str]
+    load_format: Any = "flattened_bucket"
+    flush_cache: bool = False
+    selector: str = "all"
+    weight_version: Any = OMIT
+
+
+@dataclass(frozen=True)
+class DestroyWeightsUpdateGroupReqInput(SGLangRequest):
+    ROUTE: ClassVar[str] = "/destroy_weights_update_group"
+    group_name: str
+
+
+@dataclass(frozen=True)
+class FlushCache(SGLangRequest):
+    """GET /flush_cache (no body; SGLang answers 400 while requests hold KV)."""
+
+    ROUTE: ClassVar[str] = "/flush_cache"
+    METHOD: ClassVar[str] = "GET"
+
+
+@dataclass(frozen=True)
+class HealthGenerate(SGLangRequest):
+    ROUTE: ClassVar[str] = "/health_generate"
+    METHOD: ClassVar[str] = "GET"
+
+
+@dataclass(frozen=True)
+class ModelInfo(SGLangRequest):
+    """GET /model_info: where SGLang reports weight_version."""
+
+    ROUTE: ClassVar[str] = "/model_info"
+    METHOD: ClassVar[str] = "GET"
+
+
+@dataclass(frozen=True)
+class Health(SGLangRequest):
+    ROUTE: ClassVar[str] = "/health"
+    METHOD: ClassVar[str] = "GET"
+
+
+REQUESTS: Final[tuple[type[SGLangRequest], ...]] = (
+    GenerateReqInput,
+    PauseGenerationReqInput,
+    ContinueGenerationReqInput,
+    AbortReq,
+    BeginWeightUpdateReqInput,
+    EndWeightUpdateReqInput,
+    UpdateWeightVersionReqInput,
+    InitWeightsUpdateGroupReqInput,
+    UpdateWeightsFromDistributedReqInput,
+    UpdateWeightsFromTensorReqInput,
+    DestroyWeightsUpdateGroupReqInput,
+    FlushCache,
+    HealthGenerate,
+    ModelInfo,
+    Health,
+)
+"""Every request type our client sends."""
+
+TESTBED_PREFIX: Final = "/testbed/"
+"""Routes of the testbed's own (the weights' checksum): never sent to a real SGLang."""
+
+MILES_SENDS: Final[dict[str, frozenset[str]]] = {
+    "/pause_generation": frozenset({"mode"}),
+    "/init_weights_update_group": frozenset(
+        {"master_address", "master_port", "rank_offset", "world_size", "group_name", "backend"}
+    ),
+    "/update_weights_from_distributed": frozenset(
+        {"names", "dtypes", "shapes", "group_name", "flush_cache", "selector", "weight_version"}
+    ),
+    "/update_weights_from_tensor": frozenset(
+        {"serialized_named_tensors", "load_format", "flush_cache", "selector", "weight_version"}
+    ),
+    "/update_weight_version": frozenset({"new_version", "abort_all_requests"}),
+    "/begin_weight_update": frozenset({"selector"}),
+}
+"""The fields miles' SGLangEngine sends per route (sglang_engine.py: pause_generation,
+init_weights_update_group, update_weights_from_distributed, update_weights_from_tensor,
+update_weight_version, begin_weight_update)."""
+
+
+def fields_of(request: type[SGLangRequest]) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(request))
+
+
+__all__ = ["MILES_SENDS", "OMIT", "REQUESTS", "TESTBED_PREFIX", "body", "fields_of"]
