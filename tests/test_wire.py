@@ -6,17 +6,24 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from backends.common.wire import BucketViews, pack_bucket, pack_into, spans_of  # noqa: E402
+from backends.common.wire import (  # noqa: E402
+    BucketViews,
+    UnalignedTensor,
+    pack_bucket,
+    pack_into,
+    wire_spans,
+)
 from miles_core.transfer import ParamSpec, plan_buckets, units_of  # noqa: E402
 
 
 class Tiny(torch.nn.Module):
-    """Mixed item sizes (so spans have padding) and a tied weight, like the engines' Llama."""
+    """Mixed item sizes, each tensor ending aligned for the next (SGLang's packed layout has
+    no padding), and a tied weight, like the engines' Llama."""
 
     def __init__(self, seed: int) -> None:
         super().__init__()
         g = torch.Generator().manual_seed(seed)
-        self.a = torch.nn.Parameter(torch.randn(3, generator=g).to(torch.bfloat16))
+        self.a = torch.nn.Parameter(torch.randn(4, generator=g).to(torch.bfloat16))
         self.b = torch.nn.Parameter(torch.randn(5, 2, generator=g))
         self.c = torch.nn.Parameter(torch.randint(0, 9, (7,), generator=g), requires_grad=False)
         self.head = torch.nn.Linear(2, 5, bias=False)
@@ -51,10 +58,20 @@ def deliver(sender: BucketViews, receiver: BucketViews, buckets) -> None:
 def test_pack_into_a_dirty_reused_buffer_gives_pack_buckets_bytes() -> None:
     model = Tiny(0)
     (bucket,) = plan(model, 1 << 20)
-    assert bucket.nbytes > bucket.payload_bytes  # there is padding to zero
-    buffer = torch.full((bucket.nbytes,), 0xAB, dtype=torch.uint8)
+    wire = pack_bucket(model, bucket)
+    assert wire.numel() == bucket.payload_bytes  # packed: no padding on the wire
+    buffer = torch.full((wire.numel(),), 0xAB, dtype=torch.uint8)
     pack_into(dict(model.named_parameters()), bucket, buffer)
-    assert torch.equal(buffer, pack_bucket(model, bucket))
+    assert torch.equal(buffer, wire)
+
+
+def test_the_wire_layout_is_sglangs_packed_one_and_refuses_an_unaligned_tensor() -> None:
+    """SGLang's FlattenedTensorBucket: tensors back to back; a float32 after 3 bfloat16s
+    would start at byte 6, which SGLang's receiver refuses, and so does ours."""
+    spans, nbytes = wire_spans(["a", "b"], ["bfloat16", "float32"], [[4], [2]])
+    assert [(s.start, s.end) for s in spans] == [(0, 8), (8, 16)] and nbytes == 16
+    with pytest.raises(UnalignedTensor, match="b: byte offset 6 .* float32 item size 4"):
+        wire_spans(["a", "b"], ["bfloat16", "float32"], [[3], [2]])
 
 
 @pytest.mark.parametrize("size", [1 << 20, 16])
@@ -89,7 +106,7 @@ def test_a_bucket_that_does_not_match_the_model_is_refused() -> None:
         receiver.buffer_for(["b"], ["float16"], [[5, 2]])
     with pytest.raises(ValueError, match="bucket shape"):
         receiver.buffer_for(["b"], ["float32"], [[2, 5]])
-    assert spans_of(["a"], ["bfloat16"], [[3]])[1] == 6
+    assert wire_spans(["a"], ["bfloat16"], [[3]])[1] == 6
 
 
 def test_a_trainer_whose_parameters_are_bucket_views_trains_bitwise_like_one_without() -> None:

@@ -45,8 +45,8 @@ from backends.common.wire import (
     BucketViews,
     pack_bucket,
     pack_into,
-    spans_of,
     unpack_into,
+    wire_spans,
 )
 from miles_core.transfer import Bucket
 
@@ -141,7 +141,7 @@ class Rank:
                         _bcast(group, self._pack(bucket)).wait()
             return
         for bucket in self.buckets:
-            spans, nbytes = spans_of(*_payload(bucket))
+            spans, nbytes = wire_spans(*_payload(bucket))
             buffer = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
             self.recv(mode, buffer).wait()
             unpack_into(self.model, spans, buffer)
@@ -162,7 +162,7 @@ class Rank:
                 self.send(mode, buffer)
             return
         for bucket in self.buckets:
-            spans, nbytes = spans_of(*_payload(bucket))
+            spans, nbytes = wire_spans(*_payload(bucket))
             buffer = self.staging[0][:nbytes]
             self.recv(mode, buffer).wait()
             unpack_into(self.model, spans, buffer)

@@ -28,11 +28,13 @@ import torch.distributed as dist
 from ray.exceptions import RayActorError
 from ray.util.placement_group import PlacementGroup
 
+from backends.common import sglang_api as api
 from backends.common.engine import EngineActor
 from backends.common.policy import PolicyConfig, build_model, update_units
 from backends.common.ray_session import LOOPBACK, in_bundle
+from backends.common.stack import CPU_STACK, Stack
 from backends.common.trainer import TrainerActor
-from backends.common.transport import GlooTransport, RayRouter
+from backends.common.transport import CollectiveTransport, RayRouter
 from miles_core.backend import (
     CellFailure,
     EngineFailure,
@@ -42,6 +44,7 @@ from miles_core.backend import (
 )
 from miles_core.buffer import Group, SampleStatus
 from miles_core.cells import Heal, Outcome
+from miles_core.events import Event, UpdateBegan
 from miles_core.kinds import FaultPoint, PauseMode
 from miles_core.placement import Placement
 from miles_core.runtime import Runtime
@@ -102,12 +105,19 @@ class RayCell:
         self.incarnation += 1
         bundles = self.world.placement.cell_bundles(self.index)
         world = f"cell{self.index}.{self.incarnation}"
+        actor = self.world.stack.trainer_actor or TrainerActor
         self.ranks = [
-            TrainerActor.options(
+            actor.options(
                 num_gpus=self.world.placement.layout.train_actor_gpu_fraction,
                 scheduling_strategy=in_bundle(self.world.pg, bundle),
             ).remote(
-                self.index, self.world.policy, rank, len(bundles), self.world.store_addr, world
+                self.index,
+                self.world.policy,
+                rank,
+                len(bundles),
+                self.world.store_addr,
+                world,
+                self.world.stack,
             )
             for rank, bundle in enumerate(bundles)
         ]
@@ -192,10 +202,15 @@ class RayEngine:
         self.incarnation += 1
         incarnation = self.incarnation
         bundle = self.world.placement.engine_bundles(self.position)[0]
-        actor = EngineActor.options(
-            num_gpus=self.world.placement.layout.engine_actor_gpu_fraction,
-            scheduling_strategy=in_bundle(self.world.pg, bundle),
-        ).remote(self.id, self.world.policy, self.world.engine_token_seconds)
+        stack = self.world.stack
+        actor = (
+            (stack.engine_actor or EngineActor)
+            .options(
+                num_gpus=self.world.placement.layout.engine_actor_gpu_fraction,
+                scheduling_strategy=in_bundle(self.world.pg, bundle),
+            )
+            .remote(self.id, self.world.policy, self.world.engine_token_seconds, stack.device)
+        )
         self.actor = actor
         if recovery:
             self.world.faults.fire(FaultPoint.DURING_RECOVERY, engine=self.id)
@@ -207,7 +222,7 @@ class RayEngine:
         if self.incarnation != incarnation:
             return None  # replaced while starting
         self.url = f"http://{LOOPBACK}:{port}"
-        await self.request(incarnation, "GET", "/health")
+        await self.request(incarnation, "GET", api.Health.ROUTE)
         self.world.spawn(self._watch(actor, incarnation), f"watch-{self.id}.{incarnation}")
         return incarnation
 
@@ -260,46 +275,47 @@ class RayEngine:
 
 
 class EngineHandle:
-    """The RolloutEngine protocol for one process of an engine."""
+    """The RolloutEngine protocol for one process of an engine, in SGLang's API (sglang_api)."""
 
     def __init__(self, engine: RayEngine, incarnation: int) -> None:
         self.engine = engine
         self.id = engine.id
         self.incarnation = incarnation
 
-    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        return await self.engine.request(self.incarnation, "POST", path, body)
+    async def send(self, request: api.SGLangRequest, refusable: bool = False) -> dict[str, Any]:
+        payload = api.body(request) if request.METHOD == "POST" else None
+        return await self.engine.request(
+            self.incarnation, request.METHOD, request.ROUTE, payload, refusable
+        )
 
     async def pause(self, mode: PauseMode) -> None:
-        await self._post("/pause_generation", {"mode": mode.value})
+        await self.send(api.PauseGenerationReqInput(mode=mode.value))
 
     async def resume(self) -> None:
-        await self._post("/continue_generation", {})
+        await self.send(api.ContinueGenerationReqInput())
 
     async def flush_cache(self) -> None:
-        await self.engine.request(self.incarnation, "GET", "/flush_cache", refusable=True)
+        await self.send(api.FlushCache(), refusable=True)
 
     async def begin_update(self) -> None:
-        await self._post("/begin_weight_update", {"selector": "all"})
+        await self.send(api.BeginWeightUpdateReqInput())
 
     async def end_update(self) -> None:
-        await self._post("/end_weight_update", {})
+        await self.send(api.EndWeightUpdateReqInput())
 
     async def stamp(self, version: int, abort_all_requests: bool = True) -> None:
         """Leaving ``abort_all_requests`` out of the body takes SGLang's default (true), so
         it is sent only when false, as miles sends it (a client that omits it is the bug)."""
-        body: dict[str, Any] = {"new_version": str(version)}
-        if not abort_all_requests:
-            body["abort_all_requests"] = False
-        await self._post("/update_weight_version", body)
+        flag = api.OMIT if abort_all_requests else False
+        await self.send(api.UpdateWeightVersionReqInput(str(version), flag))
         reply = await self.engine.request(self.incarnation, "GET", "/testbed/weights_checksum")
         self.engine.world.weights_checked(self.id, version, reply["checksum"])
 
     async def health(self) -> None:
-        await self.engine.request(self.incarnation, "GET", "/health_generate")
+        await self.send(api.HealthGenerate())
 
     async def unload_adapter(self, adapter: str) -> None:
-        raise EngineFailure(self.id, "the CPU backend trains full parameters, not LoRA")
+        raise EngineFailure(self.id, "the real backends train full parameters, not LoRA")
 
 
 class RayWorld:
@@ -318,8 +334,10 @@ class RayWorld:
         faults: FaultPoints,
         seed: int,
         engine_token_seconds: float = 0.0,
+        stack: Stack = CPU_STACK,
     ) -> None:
         self.rt = rt
+        self.stack = stack
         self.num_cells = num_cells
         self.gpus_per_cell = gpus_per_cell
         self.engine_ids = tuple(f"engine-{i}" for i in range(num_engines))
@@ -336,7 +354,7 @@ class RayWorld:
         self.cells = {i: RayCell(self, i) for i in range(num_cells)}
         self.engines = {e: RayEngine(self, e, i) for i, e in enumerate(self.engine_ids)}
         self.router = RayRouter(self)
-        self.transport = GlooTransport(self)
+        self.transport = (stack.transport or CollectiveTransport)(self)
         self.store = dist.TCPStore(LOOPBACK, 0, is_master=True, wait_for_workers=False)
         self.store_addr = (LOOPBACK, self.store.port)
         self.http = aiohttp.ClientSession(timeout=HTTP_TIMEOUT)
@@ -348,6 +366,7 @@ class RayWorld:
         self.failed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
         """Set by the first of the world's own tasks that raised (a crash of the world)."""
         self._impaired: dict[str, tuple[float, float]] = {}
+        self._versions: dict[int, int] = {}
 
     async def start(self) -> None:
         await asyncio.gather(
@@ -401,6 +420,16 @@ class RayWorld:
     def engine_exited(self, engine_id: str, incarnation: int, how: str) -> None:
         if self.observer is not None:
             self.observer.engine_exited(engine_id, incarnation, how)
+
+    def note(self, event: Event) -> None:
+        """What the world must know of the loop's decisions: each update's version (miles
+        sends it with every bucket)."""
+        if isinstance(event, UpdateBegan):
+            self._versions[event.update_id] = event.version
+
+    def version_of(self, update_id: int) -> Any:
+        version = self._versions.get(update_id)
+        return api.OMIT if version is None else str(version)
 
     def weights_checked(self, engine: str, version: int, engine_checksum: str) -> None:
         if self.observer is not None:

@@ -39,7 +39,8 @@ def _cache_keyword(model_type: type) -> str:
 def forward(model: torch.nn.Module, ids: list[int], cache: Any) -> tuple[torch.Tensor, Any]:
     """The logits after ``ids`` and the cache extended by them."""
     keyword = _cache_keyword(type(model))
-    out = model(input_ids=torch.tensor([ids]), use_cache=True, **{keyword: cache})
+    device = next(model.parameters()).device
+    out = model(input_ids=torch.tensor([ids], device=device), use_cache=True, **{keyword: cache})
     return out.logits, out[keyword]
 
 
@@ -86,7 +87,7 @@ class Decoding:
             if self.cache_version != version:
                 self.kept_kv = True
         logits, self.cache = forward(model, ids, self.cache)
-        probs = torch.softmax(logits[0, -1].float(), -1)
+        probs = torch.softmax(logits[0, -1].float(), -1).cpu()  # sampled on CPU, any device
         generator = torch.Generator().manual_seed(self.seed + len(self.tokens))
         token = int(torch.multinomial(probs, 1, generator=generator))
         self.tokens.append(token)
@@ -98,5 +99,6 @@ class Decoding:
 @torch.no_grad()
 def health_token(model: torch.nn.Module) -> int:
     """One token of a throwaway request (SGLang's /health_generate)."""
-    logits = model(input_ids=torch.tensor([[BOS, SEP]])).logits
+    device = next(model.parameters()).device
+    logits = model(input_ids=torch.tensor([[BOS, SEP]], device=device)).logits
     return int(logits[0, -1].argmax())

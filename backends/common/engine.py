@@ -6,9 +6,10 @@ weight_version and finish_reason), /pause_generation (mode abort, retract or
 in_place), /continue_generation, /abort_request, /flush_cache, /health,
 /health_generate, /begin_weight_update, /end_weight_update,
 /init_weights_update_group, /update_weights_from_distributed (load_format
-"flattened_bucket": one uint8 buffer laid out by miles_core's staging spans),
-/destroy_weights_update_group, /update_weight_version, /model_info (where SGLang
-reports weight_version; it has no /get_weight_version).
+"flattened_bucket": SGLang's packed uint8 buffer), /update_weights_from_tensor
+(tensor handles from a colocated trainer, loopback only),
+/destroy_weights_update_group, /update_weight_version, /model_info (where
+SGLang reports weight_version; it has no /get_weight_version).
 meta_info also carries ``weight_versions`` (the version of each span of the
 response) and, named as the testbed's own, ``testbed_kept_kv``; so does
 /testbed/weights_checksum, so the oracles can compare weights bitwise.
@@ -19,6 +20,11 @@ frees their KV and requeues them, ``in_place`` freezes them on their KV (see
 decoding.py); new requests wait while paused; /update_weight_version aborts
 every request in flight unless the body says ``abort_all_requests: false``;
 /flush_cache answers 400 while a request holds KV pages.
+
+Every body is checked field by field before the engine acts (engine_requests):
+a bad one gets a 4xx naming the field and changes nothing. Bound to loopback by
+default; bound elsewhere, it needs SGLang's ``api_key`` (``Authorization:
+Bearer KEY``) on every request, as SGLang's server does when given one.
 
 Generation runs the tiny policy token by token on the actor's event loop,
 yielding between tokens, so a pause or abort lands on a token boundary. A
@@ -40,12 +46,14 @@ import ray
 from aiohttp import web
 
 from backends.common.decoding import Decoding, health_token
+from backends.common.devices import prepare_process
+from backends.common.engine_requests import BadRequest, parse
+from backends.common.engine_weights import EngineWeights
 from backends.common.policy import PolicyConfig, build_model, checksum
 from backends.common.ray_session import LOOPBACK
-from backends.common.wire import BucketViews, broadcast, gloo_group
 
 DIE_MIDWAY = "X-Testbed-Die-Midway"
-PAUSE_MODES = ("abort", "retract", "in_place")
+LOOPBACK_HOSTS = frozenset({LOOPBACK, "localhost", "::1"})
 
 
 def _ok(**extra: Any) -> web.Response:
@@ -61,24 +69,39 @@ async def _forever() -> None:
 
 
 class EngineServer:
-    def __init__(self, engine_id: str, policy: PolicyConfig, token_seconds: float = 0.0) -> None:
+    def __init__(
+        self,
+        engine_id: str,
+        policy: PolicyConfig,
+        token_seconds: float = 0.0,
+        *,
+        device: str = "cpu",
+        host: str = LOOPBACK,
+        api_key: str | None = None,
+    ) -> None:
         """``token_seconds``: a floor on each token's time (a real engine's decode time; the
         tiny policy takes about a millisecond), so requests live long enough to be paused."""
+        if host not in LOOPBACK_HOSTS and not api_key:
+            raise ValueError(
+                f"host: binding {host!r} (not loopback) needs api_key, as SGLang's --api-key: "
+                "pass one, or bind 127.0.0.1"
+            )
         self.engine_id = engine_id
         self.token_seconds = token_seconds
-        self.model = build_model(policy)
-        self._views = BucketViews(self.model)
+        self.host, self.api_key = host, api_key
+        prepare_process(device)
+        self.model = build_model(policy).to(device)
+        self.weights = EngineWeights(self.model, device)
         self.weight_version = "default"  # SGLang's value before any update
         self.paused = False
         self.hung = False
         self._jobs: dict[str, Decoding] = {}
         self._changed = asyncio.Event()
         """Set (and replaced) whenever pause, abort or hang state changes: waiters re-check."""
-        self._groups: dict[str, Any] = {}
         self._runner: web.AppRunner | None = None
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._unless_hung])
+        app = web.Application(middlewares=[self._unless_hung, self._authorized, self._refusals])
         app.add_routes(
             [
                 web.get("/health", self.health),
@@ -92,6 +115,7 @@ class EngineServer:
                 web.post("/end_weight_update", self.end_weight_update),
                 web.post("/init_weights_update_group", self.init_weights_update_group),
                 web.post("/update_weights_from_distributed", self.update_weights_from_distributed),
+                web.post("/update_weights_from_tensor", self.update_weights_from_tensor),
                 web.post("/destroy_weights_update_group", self.destroy_weights_update_group),
                 web.post("/update_weight_version", self.update_weight_version),
                 web.get("/model_info", self.model_info),
@@ -109,11 +133,38 @@ class EngineServer:
             await _forever()
         return await handler(request)
 
+    @web.middleware
+    async def _authorized(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """SGLang's api_key: every request carries ``Authorization: Bearer KEY``."""
+        if self.api_key and request.headers.get("Authorization") != f"Bearer {self.api_key}":
+            return _refused("Authorization: missing or wrong api key", status=401)
+        return await handler(request)
+
+    @web.middleware
+    async def _refusals(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """A BadRequest from any handler is its 4xx, naming the field; nothing was changed."""
+        try:
+            return await handler(request)
+        except BadRequest as error:
+            return _refused(str(error), status=error.status)
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        return parse(request.path, await request.read())
+
+    def _require_paused(self) -> None:
+        """Weights change only while generation is paused (miles' sequence pauses first)."""
+        if not self.paused:
+            raise BadRequest("paused", "weights change only while paused: POST /pause_generation")
+
     async def start(self) -> int:
         # stopping waits at most a second for handlers still running (a hung engine's never end)
         self._runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, LOOPBACK, 0)
+        site = web.TCPSite(self._runner, self.host, 0)
         await site.start()
         return site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
@@ -150,13 +201,22 @@ class EngineServer:
         return not job.aborted
 
     async def generate(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        params = body.get("sampling_params", {})
+        body = await self._body(request)
+        params = body["sampling_params"]
+        vocab = self.model.config.vocab_size
+        if not body["input_ids"] or max(body["input_ids"]) >= vocab:
+            raise BadRequest("input_ids", f"one or more token ids, each below the vocab {vocab}")
+        new_tokens = params.get("max_new_tokens", 4)
+        if not isinstance(new_tokens, int) or not 0 <= new_tokens <= 64:
+            raise BadRequest("sampling_params.max_new_tokens", "an integer in [0, 64]")
+        seed = params.get("sampling_seed", 0)
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise BadRequest("sampling_params.sampling_seed", "an integer")
         job = Decoding(
-            rid=str(body.get("rid") or id(body)),
-            prompt=[int(t) for t in body["input_ids"]],
-            max_new_tokens=int(params.get("max_new_tokens", 4)),
-            seed=int(params.get("sampling_seed", 0)),
+            rid=body["rid"] or str(id(body)),
+            prompt=body["input_ids"],
+            max_new_tokens=new_tokens,
+            seed=seed,
         )
         die_midway = request.headers.get(DIE_MIDWAY) == "1"
         created = time.monotonic()
@@ -191,10 +251,7 @@ class EngineServer:
 
     async def pause_generation(self, request: web.Request) -> web.Response:
         """SGLang's default mode is abort; miles sends its --pause-generation-mode."""
-        body = await request.json() if request.can_read_body else {}
-        mode = body.get("mode", "abort")
-        if mode not in PAUSE_MODES:
-            return _refused(f"mode must be one of {list(PAUSE_MODES)}, got {mode!r}")
+        mode = (await self._body(request))["mode"]
         self.paused = True
         for job in self._jobs.values():
             if mode == "abort":
@@ -205,15 +262,16 @@ class EngineServer:
         return _ok()
 
     async def continue_generation(self, request: web.Request) -> web.Response:
+        await self._body(request)
         self.paused = False
         self._notify()
         return _ok()
 
     async def abort_request(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        if body.get("abort_all"):
+        body = await self._body(request)
+        if body["abort_all"]:
             self._abort_all()
-        elif body.get("rid") in self._jobs:
+        elif body["rid"] in self._jobs:
             self._jobs[body["rid"]].aborted = True
             self._notify()
         return _ok()
@@ -227,59 +285,53 @@ class EngineServer:
     # -- weights ---------------------------------------------------------------------
 
     async def init_weights_update_group(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        if body.get("backend", "gloo") != "gloo":
-            return web.json_response(
-                {"success": False, "message": "the CPU engine speaks gloo only"}, status=400
-            )
-        store = (body["master_address"], int(body["master_port"]))
-        rank, world = int(body["rank_offset"]), int(body["world_size"])
-        name = body.get("group_name", "weight_update_group")
-        loop = asyncio.get_running_loop()
-        self._groups[name] = await loop.run_in_executor(None, gloo_group, store, name, rank, world)
+        await self.weights.join(await self._body(request))
         return _ok()
 
     async def update_weights_from_distributed(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        name = body.get("group_name", "weight_update_group")
-        if body.get("load_format") != "flattened_bucket":
-            return web.json_response(
-                {"success": False, "message": "send load_format 'flattened_bucket'"}, status=400
-            )
+        """One packed bucket by broadcast; miles sends weight_version with each bucket."""
+        body = await self._body(request)
+        self._require_paused()
         try:
-            # the weights themselves are the receive buffer (wire.BucketViews): no unpack
-            buffer = self._views.buffer_for(body["names"], body["dtypes"], body["shapes"])
-        except ValueError as error:
-            return web.json_response({"success": False, "message": str(error)[:200]}, status=400)
-        loop = asyncio.get_running_loop()
-        try:
-            await loop.run_in_executor(None, broadcast, self._groups[name], buffer)
-        except (RuntimeError, KeyError) as error:
-            return web.json_response({"success": False, "message": str(error)[:200]}, status=500)
-        if body.get("weight_version") is not None:
-            self.weight_version = str(body["weight_version"])
+            await self.weights.receive(body)
+        except RuntimeError as error:  # the collective failed: a peer died
+            return _refused(str(error)[:200], status=500)
+        self._loaded(body)
         return _ok()
 
+    async def update_weights_from_tensor(self, request: web.Request) -> web.Response:
+        """One packed bucket by tensor handles from a colocated trainer (loopback only)."""
+        body = await self._body(request)
+        self._require_paused()
+        self.weights.load_handles(body, request.remote)
+        self._loaded(body)
+        return _ok()
+
+    def _loaded(self, body: dict[str, Any]) -> None:
+        if body["weight_version"] is not None:
+            self.weight_version = body["weight_version"]
+
     async def destroy_weights_update_group(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        self._groups.pop(body.get("group_name", "weight_update_group"), None)
+        self.weights.leave((await self._body(request))["group_name"])
         return _ok()
 
     async def begin_weight_update(self, request: web.Request) -> web.Response:
         """Opens the session (SGLang restores packed weights here); an unquantized fp32
         model has nothing to restore, so it only answers."""
+        await self._body(request)
         return _ok()
 
     async def end_weight_update(self, request: web.Request) -> web.Response:
         """Closes it (SGLang's post-load processing); nothing to post-process here."""
+        await self._body(request)
         return _ok()
 
     async def update_weight_version(self, request: web.Request) -> web.Response:
         """SGLang's UpdateWeightVersionReqInput: abort_all_requests defaults to true."""
-        body = await request.json()
-        if body.get("abort_all_requests", True):
+        body = await self._body(request)
+        if body["abort_all_requests"]:
             self._abort_all()
-        self.weight_version = str(body["new_version"])
+        self.weight_version = body["new_version"]
         return _ok()
 
     async def model_info(self, request: web.Request) -> web.Response:
@@ -300,8 +352,10 @@ class EngineServer:
 class EngineActor:
     """Hosts one EngineServer; ``start`` gives its port on loopback."""
 
-    def __init__(self, engine_id: str, policy: PolicyConfig, token_seconds: float = 0.0) -> None:
-        self.server = EngineServer(engine_id, policy, token_seconds)
+    def __init__(
+        self, engine_id: str, policy: PolicyConfig, token_seconds: float = 0.0, device: str = "cpu"
+    ) -> None:
+        self.server = EngineServer(engine_id, policy, token_seconds, device=device)
 
     async def start(self) -> int:
         return await self.server.start()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -105,10 +105,16 @@ def checksum(model: torch.nn.Module) -> str:
     """sha256 over every parameter's bytes in name order: bitwise equality, not closeness.
 
     On a sharded model it is a collective of the cell (see ``full``)."""
+    return checksum_of(model.named_parameters())
+
+
+def checksum_of(named: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """``checksum`` of (name, tensor) pairs: a trainer whose parameters are not the engines'
+    (Megatron's) sums what it converts to their names."""
     digest = hashlib.sha256()
-    for name, p in sorted(model.named_parameters()):
+    for name, p in sorted(named, key=lambda pair: pair[0]):
         digest.update(name.encode())
-        digest.update(full(p).contiguous().view(torch.uint8).numpy().tobytes())
+        digest.update(full(p).contiguous().view(torch.uint8).cpu().numpy().tobytes())
     return digest.hexdigest()[:16]
 
 

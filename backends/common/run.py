@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import os
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from backends.common.cluster import RayWorld, buffer_size_for
 from backends.common.faults import RayFaultActions
 from backends.common.policy import PolicyConfig
 from backends.common.ray_session import placed_bundles, ray_session, remove_placement_group
+from backends.common.stack import CPU_STACK, Stack
 from miles_core.backend import CellFailure
 from miles_core.errors import ConfigError
 from miles_core.events import (
@@ -100,6 +102,7 @@ class RealResult:
     step_rewards: dict[int, float] = field(default_factory=dict)
     checkpoint: Path | None = None
     """Where --save wrote the checkpoint (None: not asked, or no cell was left alive)."""
+    stack: Stack = CPU_STACK
 
     @property
     def ok(self) -> bool:
@@ -123,6 +126,7 @@ class RealResult:
                 "median_gbps": statistics.median(t.gbps for t in transfers) if transfers else None,
             },
             "checkpoint": None if self.checkpoint is None else str(self.checkpoint),
+            "stack": self.stack.describe(),
         }
         return info
 
@@ -239,6 +243,7 @@ class _Options:
     save_to: Path | None
     load_from: Path | None
     engine_token_seconds: float
+    stack: Stack
 
 
 async def _resume(world: RayWorld, load_from: Path | None, policy: PolicyConfig) -> Any:
@@ -287,8 +292,10 @@ async def _run(
         faults=schedule,
         seed=seed,
         engine_token_seconds=options.engine_token_seconds,
+        stack=options.stack,
     )
     history = History()
+    history.observe(world.note)
     metrics = _StepMetrics(world, options.on_line)
     try:
         loop = real_loop(scenario, seed, world.model_bytes)
@@ -319,7 +326,16 @@ async def _run(
     verdicts = check_all(history, scenario.progress_window)
     scenario = dataclasses.replace(scenario, loop=loop)
     return RealResult(
-        scenario, seed, history, report, verdicts, metrics.lines, wall, metrics.rewards, saved
+        scenario,
+        seed,
+        history,
+        report,
+        verdicts,
+        metrics.lines,
+        wall,
+        metrics.rewards,
+        saved,
+        options.stack,
     )
 
 
@@ -334,6 +350,10 @@ def run_real(
     """Start Ray (or join ``address``), run, and shut Ray down, errors included."""
     scenario = check_real(scenario.with_run(steps=steps, seed=seed))
     layout = _layout(scenario)
+    if options.get("stack", CPU_STACK).device == "cuda":
+        # Ray's GPUs here may be virtual (several per physical GPU): every actor keeps the
+        # host's CUDA devices instead of Ray's ids, which need not exist
+        os.environ.setdefault("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", "1")
     with ray_session(layout.total_gpus, address):
         return run_in_ray(scenario, seed, steps, **options)
 
@@ -365,6 +385,7 @@ def run_in_ray(
     save_to: Path | None = None,
     load_from: Path | None = None,
     engine_token_seconds: float = 0.0,
+    stack: Stack = CPU_STACK,
 ) -> RealResult:
     """One run on the Ray this process is connected to; its actors and placement group
     are gone when it returns. ``save_to`` / ``load_from``: checkpoint directories;
@@ -383,6 +404,7 @@ def run_in_ray(
         save_to,
         load_from,
         float(engine_token_seconds),
+        stack,
     )
     pg, placement = placed_bundles(_layout(scenario))
     try:

@@ -28,6 +28,8 @@ import ray
 import torch
 import torch.distributed as dist
 
+from backends.common.devices import prepare_process
+from backends.common.engine_weights import serialize_handle
 from backends.common.policy import (
     PolicyConfig,
     Trajectory,
@@ -36,7 +38,17 @@ from backends.common.policy import (
     checksum,
     grpo_loss,
 )
-from backends.common.wire import GLOO_TIMEOUT, BucketViews, broadcast, gloo_group, pack_into
+from backends.common.stack import CPU_STACK, Stack
+from backends.common.wire import (
+    GLOO_TIMEOUT,
+    BucketViews,
+    broadcast,
+    gloo_group,
+    nccl_group,
+    pack_into,
+    payload_of,
+    wire_layout,
+)
 from miles_core.transfer import Bucket
 
 
@@ -85,27 +97,46 @@ class TrainerRank:
         ranks: int = 1,
         store_addr: tuple[str, int] | None = None,
         world: str = "",
+        stack: Stack = CPU_STACK,
     ) -> None:
         torch.set_num_threads(1)
+        prepare_process(stack.device)
         self.cell, self.rank, self.ranks = cell, rank, ranks
-        self.model = build_model(policy)
-        if ranks > 1:  # this cell's ranks are one FSDP2 world
+        self.device = stack.device
+        if ranks > 1:  # this cell's ranks are one torch world
+            assert store_addr is not None
+            store = dist.PrefixStore(world, _store(store_addr))
+            backend = "nccl" if stack.device == "cuda" else "gloo"
+            dist.init_process_group(
+                backend, store=store, rank=rank, world_size=ranks, timeout=GLOO_TIMEOUT
+            )
+        self.model = self.build(policy, stack)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=policy.lr)
+        self._update_groups: dict[str, Any] = {}
+        self._shared: dict[int, list[torch.Tensor]] = {}
+        """Buffers whose handles went to engines, kept alive until the next update."""
+        # one rank: the weights are the buckets' wire buffers (a sharded cell gathers instead)
+        self._views = BucketViews(self.model) if ranks == 1 and self.views_ok else None
+
+    views_ok = True
+    """The model's parameters are the engines' (so buckets can be views of them)."""
+
+    def build(self, policy: PolicyConfig, stack: Stack) -> torch.nn.Module:
+        """The policy, sharded with FSDP2 (per decoder layer and at the root) over the cell."""
+        model = build_model(policy).to(stack.device)
+        if self.ranks > 1:
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import fully_shard
 
-            assert store_addr is not None
-            store = dist.PrefixStore(world, _store(store_addr))
-            dist.init_process_group(
-                "gloo", store=store, rank=rank, world_size=ranks, timeout=GLOO_TIMEOUT
-            )
-            mesh = init_device_mesh("cpu", (ranks,))
-            for layer in self.model.model.layers:
+            mesh = init_device_mesh(stack.device, (self.ranks,))
+            for layer in model.model.layers:
                 fully_shard(layer, mesh=mesh)
-            fully_shard(self.model, mesh=mesh)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=policy.lr)
-        self._update_groups: dict[str, Any] = {}
-        # one rank: the weights are the buckets' wire buffers (a sharded cell gathers instead)
-        self._views = BucketViews(self.model) if ranks == 1 else None
+            fully_shard(model, mesh=mesh)
+        return model
+
+    def hf_tensors(self, bucket: Bucket) -> dict[str, torch.Tensor]:
+        """The bucket's tensors, whole, by the engines' names (a collective of the cell)."""
+        return bucket_tensors(self.model, bucket)
 
     def ready(self) -> int:
         return os.getpid()
@@ -206,13 +237,32 @@ class TrainerRank:
         return checksum(self.model)
 
     def checksum(self) -> str:
+        """The checksum of the weights as the engines hold them (a collective of the cell)."""
         return checksum(self.model)
 
     # -- weight updates (rank 0 is the source, rank 0 of each update group) -------------
 
-    def init_update_group(self, store_addr: tuple[str, int], name: str, world: int) -> None:
+    def init_update_group(
+        self, store_addr: tuple[str, int], name: str, world: int, backend: str = "gloo"
+    ) -> None:
         if self.rank == 0:
-            self._update_groups[name] = gloo_group(store_addr, name, 0, world)
+            make = nccl_group if backend == "nccl" else gloo_group
+            self._update_groups[name] = make(store_addr, name, 0, world)
+
+    def share_bucket(self, update_id: int, bucket: Bucket) -> tuple[str | None, float]:
+        """The bucket packed into a fresh buffer on this device, its handle for
+        /update_weights_from_tensor (rank 0; the other ranks help gather). The buffer stays
+        alive until the next update: the engines copy from it."""
+        started = time.perf_counter()
+        tensors = self.hf_tensors(bucket)
+        if self.rank != 0:
+            return None, 0.0
+        for old in [u for u in self._shared if u != update_id]:
+            del self._shared[old]
+        buffer = torch.empty(wire_layout(bucket)[1], dtype=torch.uint8, device=self.device)
+        pack_into(tensors, bucket, buffer)
+        self._shared.setdefault(update_id, []).append(buffer)
+        return serialize_handle(buffer, *payload_of(bucket)), time.perf_counter() - started
 
     def send_bucket(self, name: str, bucket: Bucket) -> float:
         """Broadcast one bucket's wire buffer from rank 0; returns its seconds in the broadcast.
@@ -222,16 +272,13 @@ class TrainerRank:
         per bucket at well under half of the wire's rate). A sharded cell: every rank takes
         part in gathering the bucket's whole tensors, and rank 0 packs them."""
         if self._views is None:
-            tensors = bucket_tensors(self.model, bucket)
+            tensors = self.hf_tensors(bucket)
             if self.rank != 0:
                 return 0.0
-            buffer = torch.empty(bucket.nbytes, dtype=torch.uint8)
+            buffer = torch.empty(wire_layout(bucket)[1], dtype=torch.uint8, device=self.device)
             pack_into(tensors, bucket, buffer)
         else:
-            spans = bucket.spans
-            buffer = self._views.buffer_for(
-                [s.name for s in spans], [s.dtype for s in spans], [list(s.shape) for s in spans]
-            )
+            buffer = self._views.buffer_for(*payload_of(bucket))
         started = time.perf_counter()
         broadcast(self._update_groups[name], buffer)
         return time.perf_counter() - started

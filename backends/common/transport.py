@@ -1,4 +1,4 @@
-"""How requests and weights travel in the Ray world: the router and the gloo weight transport.
+"""How requests and weights travel in the Ray world: the router and the weight transports.
 
 Translation only: a request goes to the engine process the orchestration
 chose, a bucket to the engine processes it names; a process that was replaced
@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from backends.common import sglang_api as api
 from backends.common.engine import DIE_MIDWAY
 from backends.common.policy import RESPONSE_TOKENS, Trajectory, prompt_tokens, reward
 from miles_core.backend import (
@@ -50,17 +51,18 @@ class RayRouter:
         target.doomed = False
         prompt = prompt_tokens(world.seed, request.prompt_id)
         seed = derive_seed(world.seed, f"sample-{request.group_id}-{request.sample}") % 2**31
-        body = {
-            "rid": f"g{request.group_id}-s{request.sample}",
-            "input_ids": prompt,
-            "sampling_params": {
+        generate = api.GenerateReqInput(
+            rid=f"g{request.group_id}-s{request.sample}",
+            input_ids=prompt,
+            sampling_params={
                 "max_new_tokens": RESPONSE_TOKENS,
                 "temperature": 1.0,
                 "sampling_seed": seed,
             },
-            "return_logprob": True,
-        }
-        reply = await target.request(incarnation, "POST", "/generate", body, **headers)
+        )
+        reply = await target.request(
+            incarnation, generate.METHOD, generate.ROUTE, api.body(generate), **headers
+        )
         meta = reply["meta_info"]
         version = _version(meta["weight_version"])
         aborted = meta["finish_reason"]["type"] == "abort"
@@ -84,19 +86,11 @@ def _version(reported: str) -> int | None:
     return None if reported == "default" else int(reported)
 
 
-class GlooTransport:
-    """Buckets from the source cell's rank to engines over a gloo group per update.
-
-    SGLang's sequence: /init_weights_update_group on every engine while the
-    trainer joins as rank 0, then per bucket a broadcast from the trainer while
-    each engine serves /update_weights_from_distributed. Broadcast mode makes
-    one group of all engines; p2p one group per engine. A group is made for the
-    engine processes named, so a restarted process is never in an old group.
-    """
+class _Fanout:
+    """One bucket's calls to the source cell and its engines, at once, failures named."""
 
     def __init__(self, world: RayWorld) -> None:
         self.world = world
-        self._groups: dict[tuple[int, tuple[tuple[str, int], ...]], str] = {}
 
     async def _all(self, calls: dict[str, Any], source: int) -> list[Any]:
         """Run calls at once and name who failed.
@@ -125,6 +119,43 @@ class GlooTransport:
             for t in pending:
                 t.add_done_callback(lambda t: t.cancelled() or t.exception())
 
+    async def _checked(self, update_id: int, cell: RayCell) -> None:
+        """The trainer's checksum of what this update sends, for the engines' stamps."""
+        if update_id not in self.world.trainer_checksums:
+            self.world.trainer_checksums[update_id] = (await cell.call("checksum"))[0]
+        self.world.current_update = update_id
+
+    async def _delivered(
+        self, update_id: int, source_cell: int, bucket: Bucket, engines: Mapping[str, int], t: float
+    ) -> Delivery:
+        world = self.world
+        if world.impaired("link"):  # a slow link: the same bytes, this many times longer
+            await asyncio.sleep((world.rt.now() - t) * (world.slowdown("link") - 1))
+        wall = world.rt.now() - t
+        world.transfers.add(update_id, bucket.payload_bytes, self.seconds, wall)
+        # the bucket arrived; a fault here strikes before the updater's next step
+        world.faults.fire(FaultPoint.AFTER_BUCKET, cell=source_cell, bucket=bucket.index)
+        return Delivery(tuple(sorted(engines)), wall)
+
+    seconds: float = 0.0
+
+
+class CollectiveTransport(_Fanout):
+    """Buckets from the source cell's rank to engines over a group per update (gloo, or NCCL
+    on CUDA: the stack's collective backend).
+
+    SGLang's sequence: /init_weights_update_group on every engine while the
+    trainer joins as rank 0, then per bucket a broadcast from the trainer while
+    each engine serves /update_weights_from_distributed. Broadcast mode makes
+    one group of all engines; p2p one group per engine. A group is made for the
+    engine processes named, so a restarted process is never in an old group.
+    Each bucket carries the update's weight_version, as miles sends it.
+    """
+
+    def __init__(self, world: RayWorld) -> None:
+        super().__init__(world)
+        self._groups: dict[tuple[int, tuple[tuple[str, int], ...]], str] = {}
+
     async def _group(self, update_id: int, cell: RayCell, engines: Mapping[str, int]) -> str:
         key = (update_id, tuple(sorted(engines.items())))
         if key in self._groups:
@@ -134,23 +165,17 @@ class GlooTransport:
         name = f"update{update_id}-" + "+".join(f"{e}.{i}" for e, i in sorted(engines.items()))
         world = len(engines) + 1
         host, port = self.world.store_addr
-        calls: dict[str, Any] = {"cell": cell.call("init_update_group", (host, port), name, world)}
+        backend = self.world.stack.collective_backend
+        calls: dict[str, Any] = {
+            "cell": cell.call("init_update_group", (host, port), name, world, backend)
+        }
         for rank, (engine, incarnation) in enumerate(sorted(engines.items()), start=1):
-            body = {
-                "master_address": host,
-                "master_port": port,
-                "rank_offset": rank,
-                "world_size": world,
-                "group_name": name,
-                "backend": "gloo",
-            }
+            join = api.InitWeightsUpdateGroupReqInput(host, port, rank, world, name, backend)
             calls[engine] = self.world.engines[engine].request(
-                incarnation, "POST", "/init_weights_update_group", body
+                incarnation, join.METHOD, join.ROUTE, api.body(join)
             )
         await self._all(calls, cell.index)
-        if update_id not in self.world.trainer_checksums:
-            self.world.trainer_checksums[update_id] = (await cell.call("checksum"))[0]
-        self.world.current_update = update_id
+        await self._checked(update_id, cell)
         self._groups[key] = name
         return name
 
@@ -160,25 +185,47 @@ class GlooTransport:
         world = self.world
         cell = world.cells[source_cell]
         name = await self._group(update_id, cell, engines)
-        body = {
-            "names": [s.name for s in bucket.spans],
-            "dtypes": [s.dtype for s in bucket.spans],
-            "shapes": [list(s.shape) for s in bucket.spans],
-            "group_name": name,
-            "load_format": "flattened_bucket",
-            "flush_cache": True,
-        }
+        spans = bucket.spans
+        send = api.UpdateWeightsFromDistributedReqInput(
+            names=[s.name for s in spans],
+            dtypes=[s.dtype for s in spans],
+            shapes=[list(s.shape) for s in spans],
+            group_name=name,
+            weight_version=world.version_of(update_id),
+        )
         calls: dict[str, Any] = {"cell": cell.call("send_bucket", name, bucket)}
         for engine, incarnation in sorted(engines.items()):
             calls[engine] = world.engines[engine].request(
-                incarnation, "POST", "/update_weights_from_distributed", body
+                incarnation, send.METHOD, send.ROUTE, api.body(send)
             )
         started = world.rt.now()
-        seconds = (await self._all(calls, source_cell))[0][0]  # the cell's rank 0
-        if world.impaired("link"):  # a slow link: the same bytes, this many times longer
-            await asyncio.sleep((world.rt.now() - started) * (world.slowdown("link") - 1))
-        wall = world.rt.now() - started
-        world.transfers.add(update_id, bucket.nbytes, seconds, wall)
-        # the bucket arrived; a fault here strikes before the updater's next step
-        world.faults.fire(FaultPoint.AFTER_BUCKET, cell=source_cell, bucket=bucket.index)
-        return Delivery(tuple(sorted(engines)), wall)
+        self.seconds = (await self._all(calls, source_cell))[0][0]  # the cell's rank 0
+        return await self._delivered(update_id, source_cell, bucket, engines, started)
+
+
+class HandleTransport(_Fanout):
+    """Buckets by tensor handles to engines on the trainer's own device (SGLang's
+    /update_weights_from_tensor, miles' colocated path): the source rank packs each bucket
+    into a shared buffer and sends its handle; each engine copies from it. CUDA IPC on a
+    GPU; on CPU, a shared-memory file (torch's file_system strategy) stands in for it."""
+
+    async def send_bucket(
+        self, update_id: int, source_cell: int, bucket: Bucket, engines: Mapping[str, int]
+    ) -> Delivery:
+        world = self.world
+        cell = world.cells[source_cell]
+        await self._checked(update_id, cell)
+        started = world.rt.now()
+        shared = await self._all({"cell": cell.call("share_bucket", update_id, bucket)}, cell.index)
+        handle, self.seconds = shared[0][0]  # the cell's rank 0 packed it
+        send = api.UpdateWeightsFromTensorReqInput(
+            serialized_named_tensors=[handle], weight_version=world.version_of(update_id)
+        )
+        calls = {
+            engine: world.engines[engine].request(
+                incarnation, send.METHOD, send.ROUTE, api.body(send)
+            )
+            for engine, incarnation in sorted(engines.items())
+        }
+        await self._all(calls, source_cell)
+        return await self._delivered(update_id, source_cell, bucket, engines, started)

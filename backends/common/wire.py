@@ -1,5 +1,11 @@
 """The weight-transfer wire path, torch only: gloo groups, bucket packing and unpacking.
 
+A bucket on the wire is SGLang's ``flattened_bucket`` (sglang/srt/weight_sync/
+tensor_bucket.py, FlattenedTensorBucket): each tensor's bytes back to back, no
+padding. SGLang's receiver refuses a tensor whose byte offset is not a multiple
+of its item size, and so does ours (``wire_spans``). miles_core's aligned staging
+spans stay the plan's layout for RDT, where registered buffers need them.
+
 Kept apart from the policy (which imports transformers) and the actors (which
 import ray) so the transfer benchmark times exactly this code in processes that
 start in a couple of seconds.
@@ -14,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from miles_core.transfer import Bucket, ParamSpec, StagingSpan, staging_span
+from miles_core.transfer import Bucket, ParamSpec, StagingSpan, itemsize
 
 GLOO_TIMEOUT = datetime.timedelta(seconds=30)
 
@@ -26,33 +32,60 @@ def gloo_group(store_addr: tuple[str, int], prefix: str, rank: int, size: int) -
     return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, size, GLOO_TIMEOUT)
 
 
+def nccl_group(store_addr: tuple[str, int], prefix: str, rank: int, size: int) -> Any:
+    """The same on CUDA: an NCCL group of its own, made over the same store protocol."""
+    host, port = store_addr
+    store = dist.TCPStore(host, port, is_master=False, timeout=GLOO_TIMEOUT)
+    return dist.ProcessGroupNCCL(dist.PrefixStore(prefix, store), rank, size)
+
+
 def broadcast(group: Any, tensor: torch.Tensor, root: int = 0) -> None:
     options = dist.BroadcastOptions()
     options.rootRank = root
     group.broadcast([tensor], options).wait()
 
 
-def pack_bucket(model: torch.nn.Module, bucket: Bucket) -> torch.Tensor:
-    """The bucket's uint8 wire buffer, each tensor at its staging span."""
-    params = dict(model.named_parameters())
-    buffer = torch.zeros(bucket.nbytes, dtype=torch.uint8)
-    for span in bucket.spans:
-        src = params[span.name].detach().contiguous().view(torch.uint8).reshape(-1)
-        buffer[span.start : span.end].copy_(src)
-    return buffer
+class UnalignedTensor(ValueError):
+    """A tensor of the bucket would start at an offset its dtype cannot be viewed at."""
 
 
-def spans_of(
+def wire_spans(
     names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]]
 ) -> tuple[list[StagingSpan], int]:
-    """The receiver's view of a bucket from SGLang's (names, dtypes, shapes) payload."""
+    """The packed layout of a bucket from SGLang's (names, dtypes, shapes) payload, and its
+    bytes. Raises UnalignedTensor as SGLang's FlattenedTensorBucket.empty does."""
     spans, offset = [], 0
     for name, dtype, shape in zip(names, dtypes, shapes, strict=True):
         spec = ParamSpec.of(name, shape, dtype)
-        start, end = staging_span(offset, dtype, spec.nbytes)
-        spans.append(StagingSpan(name, dtype, tuple(shape), start, end))
-        offset = end
+        size = itemsize(dtype)
+        if offset % size:
+            raise UnalignedTensor(
+                f"{name}: byte offset {offset} in the packed bucket is not a multiple of its "
+                f"{dtype} item size {size} (SGLang's flattened_bucket refuses it too); "
+                "order the bucket's tensors so each starts aligned"
+            )
+        spans.append(StagingSpan(name, dtype, tuple(shape), offset, offset + spec.nbytes))
+        offset += spec.nbytes
     return spans, offset
+
+
+def payload_of(bucket: Bucket) -> tuple[list[str], list[str], list[list[int]]]:
+    """SGLang's (names, dtypes, shapes) for a planned bucket."""
+    spans = bucket.spans
+    return [s.name for s in spans], [s.dtype for s in spans], [list(s.shape) for s in spans]
+
+
+def wire_layout(bucket: Bucket) -> tuple[list[StagingSpan], int]:
+    return wire_spans(*payload_of(bucket))
+
+
+def pack_bucket(model: torch.nn.Module, bucket: Bucket) -> torch.Tensor:
+    """The bucket's uint8 wire buffer (packed)."""
+    params = dict(model.named_parameters())
+    spans, nbytes = wire_layout(bucket)
+    buffer = torch.empty(nbytes, dtype=torch.uint8)
+    pack_into({s.name: params[s.name] for s in spans}, bucket, buffer)
+    return buffer
 
 
 def unpack_into(model: torch.nn.Module, spans: Iterable[StagingSpan], buffer: torch.Tensor) -> None:
@@ -64,16 +97,11 @@ def unpack_into(model: torch.nn.Module, spans: Iterable[StagingSpan], buffer: to
 
 
 def pack_into(params: Mapping[str, torch.Tensor], bucket: Bucket, buffer: torch.Tensor) -> None:
-    """pack_bucket's bytes written into a reused ``buffer`` (padding zeroed, nothing allocated):
-    a fresh large buffer costs a page fault per 4 KiB on every bucket."""
-    offset = 0
-    for span in bucket.spans:
-        if span.start > offset:
-            buffer[offset : span.start].zero_()
-        buffer[span.start : span.end].copy_(
-            params[span.name].detach().view(torch.uint8).reshape(-1)
-        )
-        offset = span.end
+    """pack_bucket's bytes written into a reused ``buffer`` (nothing allocated: a fresh
+    large buffer costs a page fault per 4 KiB on every bucket)."""
+    for span in wire_layout(bucket)[0]:
+        src = params[span.name].detach()
+        buffer[span.start : span.end].copy_(src.contiguous().view(torch.uint8).reshape(-1))
 
 
 Layout = tuple[tuple[str, ...], tuple[str, ...], tuple[tuple[int, ...], ...]]
@@ -82,9 +110,9 @@ Layout = tuple[tuple[str, ...], tuple[str, ...], tuple[tuple[int, ...], ...]]
 class BucketViews:
     """Parameters as views into one persistent uint8 buffer per bucket layout (RDT-style
     staging), so the buffer *is* the bucket on the wire: the sender broadcasts it without
-    packing, the receiver receives straight into its weights without unpacking. The staging
-    spans are aligned to each dtype's item size, so a span views as its tensor without a
-    copy; padding stays zero. The wire bytes are pack_bucket's, unchanged.
+    packing, the receiver receives straight into its weights without unpacking. The layout
+    is the packed wire layout, whose spans are aligned (``wire_spans`` refuses others), so a
+    span views as its tensor without a copy. The wire bytes are pack_bucket's, unchanged.
 
     The first bucket of a layout binds its parameters (their values copied into the new
     buffer); a later layout that takes a parameter over retires the older layout, so a
@@ -105,7 +133,7 @@ class BucketViews:
         return buffer if buffer is not None else self._bind(layout)
 
     def _bind(self, layout: Layout) -> torch.Tensor:
-        spans, nbytes = spans_of(*layout)
+        spans, nbytes = wire_spans(*layout)
         params = dict(self.model.named_parameters())
         for span in spans:
             p = params.get(span.name)
