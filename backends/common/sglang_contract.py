@@ -439,8 +439,8 @@ def check_engine_fields(api: SGLangAPI, schemas: Mapping[str, Iterable[str]]) ->
     for that route lacks: a real client never sends it, so the engine would act on a
     default SGLang does not have."""
     problems: list[str] = []
-    for path, read in sorted(schemas.items()):
-        read = sorted(set(read))
+    for path, fields in sorted(schemas.items()):
+        read = sorted(set(fields))
         route = api.routes.get(path)
         if route is None:
             problems.append(f"{path}: the engine reads a body here, SGLang serves no such route")

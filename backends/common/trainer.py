@@ -121,6 +121,18 @@ class TrainerRank:
     views_ok = True
     """The model's parameters are the engines' (so buckets can be views of them)."""
 
+    @property
+    def data_rank(self) -> int:
+        """Which share of the cell's batch this rank computes (FSDP2: each rank its own)."""
+        return self.rank
+
+    @property
+    def data_ranks(self) -> int:
+        return self.ranks
+
+    def reduce_grads(self) -> None:
+        """Average gradients within the cell after backward (FSDP2 already has)."""
+
     def build(self, policy: PolicyConfig, stack: Stack) -> torch.nn.Module:
         """The policy, sharded with FSDP2 (per decoder layer and at the root) over the cell."""
         model = build_model(policy).to(stack.device)
@@ -158,7 +170,7 @@ class TrainerRank:
         among the members), split again among the cell's ranks."""
         started = time.perf_counter()
         position, cells = members.index(self.cell), len(members)
-        shard = list(batch)[position::cells][self.rank :: self.ranks]
+        shard = list(batch)[position::cells][self.data_rank :: self.data_ranks]
         failure, computed = "", 0.0
         try:
             if cells > 1:
@@ -167,6 +179,7 @@ class TrainerRank:
             self.optimizer.zero_grad(set_to_none=False)
             loss = grpo_loss(self.model, shard)
             loss.backward()  # FSDP2 reduce-scatters (averages) within the cell here
+            self.reduce_grads()
             if slowdown > 1:
                 time.sleep((time.perf_counter() - started) * (slowdown - 1))
             computed = time.perf_counter() - started  # forward/backward: what a slowdown slows

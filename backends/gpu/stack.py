@@ -1,0 +1,138 @@
+"""The GPU backend's flags, checked, to a Stack and the world shape it runs.
+
+Every check runs before Ray starts, and names the flag as the user wrote it:
+``--device cuda`` (the default) without a CUDA device names ``--device cpu`` and
+``python -m backends.cpu``; ``--engine sglang`` where SGLang is not installed (or
+on CPU, where it cannot run) names ``--engine local``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+
+from backends.common.stack import Stack, Wire
+from miles_core.errors import ConfigError
+from miles_core.scenario import Scenario
+
+TRAINERS = ("megatron", "fsdp")
+ENGINES = ("local", "sglang")
+TRANSPORTS = ("nccl", "ipc")
+DEVICES = ("cuda", "cpu")
+
+
+def add_gpu_flags(run: argparse.ArgumentParser) -> None:
+    run.add_argument(
+        "--trainer",
+        choices=TRAINERS,
+        default="megatron",
+        help="Megatron-core GPTModel with TP per cell (default), or torch FSDP2",
+    )
+    run.add_argument(
+        "--tp",
+        type=int,
+        default=2,
+        help="Megatron's tensor-parallel size (default 2); a cell gets at least this many "
+        "ranks, and TP must divide the scenario's ranks per cell",
+    )
+    run.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default=None,
+        help="real SGLang (the default on CUDA) or the SGLang-shaped local engine holding a "
+        "transformers model on the device (the default on CPU)",
+    )
+    run.add_argument(
+        "--transport",
+        choices=TRANSPORTS,
+        default="nccl",
+        help="nccl: a group per update through the engines' API (gloo stands in on CPU); "
+        "ipc: tensor handles to engines on the trainer's device (shared files on CPU)",
+    )
+    run.add_argument(
+        "--device",
+        choices=DEVICES,
+        default="cuda",
+        help="cuda (default), or cpu: this backend's own code end to end on CPU",
+    )
+
+
+def check_device(device: str) -> None:
+    if device != "cuda":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            "--device",
+            f"cuda asked, but this machine has no CUDA device (torch {torch.__version__}, "
+            "torch.cuda.is_available() is False)",
+            "pass --device cpu to run the GPU backend's code on CPU, or run "
+            "python -m backends.cpu run",
+        )
+
+
+def engine_of(args: argparse.Namespace) -> str:
+    engine = args.engine or ("sglang" if args.device == "cuda" else "local")
+    if engine == "sglang":
+        if args.device != "cuda":
+            raise ConfigError("--engine", "SGLang runs on CUDA only", "pass --engine local")
+        if importlib.util.find_spec("sglang") is None:
+            raise ConfigError(
+                "--engine",
+                "sglang is not installed here",
+                "install the gpu extra (pip install -e '.[gpu]'), or pass --engine local",
+            )
+    return engine
+
+
+def gpu_stack(args: argparse.Namespace, scenario: Scenario) -> tuple[Stack, Scenario]:
+    """The Stack the flags ask for, and the scenario with cells wide enough for its TP."""
+    check_device(args.device)
+    if args.tp < 1:
+        raise ConfigError("--tp", f"got {args.tp}", "pass an integer >= 1")
+    if args.trainer == "fsdp" and args.tp != 1:
+        raise ConfigError(
+            "--tp", "FSDP2 shards a cell's data, it has no tensor parallelism", "pass --tp 1"
+        )
+    engine = engine_of(args)
+    ranks = max(scenario.world.gpus_per_cell, args.tp)
+    if ranks % args.tp:
+        raise ConfigError(
+            "--tp",
+            f"the scenario's cells have {ranks} ranks, which TP {args.tp} does not divide",
+            "pass a --tp that divides the cell's ranks",
+        )
+    world = dataclasses.replace(scenario.world, gpus_per_cell=ranks)
+    wire = Wire.IPC if args.transport == "ipc" else Wire.NCCL
+    trainer_actor, engine_actor, transport = _parts(args.trainer, engine, wire)
+    stack = Stack(
+        device=args.device,
+        trainer=args.trainer,
+        tp=args.tp,
+        engine=engine,
+        wire=wire,
+        trainer_actor=trainer_actor,
+        engine_actor=engine_actor,
+        transport=transport,
+    )
+    return stack, dataclasses.replace(scenario, world=world)
+
+
+def _parts(trainer: str, engine: str, wire: Wire) -> tuple[object, object, object]:
+    """The actor classes and transport (imported here: Megatron and Ray are heavy)."""
+    from backends.common.transport import CollectiveTransport, HandleTransport
+
+    trainer_actor = None
+    if trainer == "megatron":
+        from backends.gpu.megatron.trainer import MegatronTrainerActor
+
+        trainer_actor = MegatronTrainerActor
+    engine_actor = None
+    if engine == "sglang":
+        from backends.gpu.sglang_engine import SGLangEngineActor
+
+        engine_actor = SGLangEngineActor
+    transport = HandleTransport if wire is Wire.IPC else CollectiveTransport
+    return trainer_actor, engine_actor, transport
