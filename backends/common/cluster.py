@@ -308,6 +308,8 @@ class EngineHandle:
         it is sent only when false, as miles sends it (a client that omits it is the bug)."""
         flag = api.OMIT if abort_all_requests else False
         await self.send(api.UpdateWeightVersionReqInput(str(version), flag))
+        if self.engine.world.stack.engine == "sglang":
+            return  # SGLang serves no /testbed/ route (see backends/gpu/sglang_engine.py)
         reply = await self.engine.request(self.incarnation, "GET", "/testbed/weights_checksum")
         self.engine.world.weights_checked(self.id, version, reply["checksum"])
 

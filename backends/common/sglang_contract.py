@@ -44,6 +44,8 @@ SGLANG_VERSION: Final = "0.5.23"
 
 HTTP_SERVER: Final = "sglang/srt/entrypoints/http_server.py"
 IO_STRUCT: Final = "sglang/srt/managers/io_struct.py"
+SERVER_ARGS: Final = "sglang/srt/server_args.py"
+SERVER_ARG_FIELDS: Final = "sglang/srt/arg_groups/fields/"
 
 _VERBS: Final = frozenset({"get", "post", "put", "delete", "patch", "head", "options"})
 _NOT_A_BODY: Final = frozenset(
@@ -281,6 +283,43 @@ def read_sglang_api(wheel: Path) -> SGLangAPI:
         http_server = archive.read(HTTP_SERVER).decode()
         io_struct = archive.read(IO_STRUCT).decode()
     return api_from_sources(http_server, io_struct)
+
+
+def parse_server_flags(*sources: str) -> frozenset[str]:
+    """``launch_server``'s flags: one ``--field-name`` per annotated field of the classes
+    its ServerArgs is assembled from (sglang/srt/arg_groups/fields/, from which SGLang
+    derives its CLI), plus every ``"--..."`` string literal (flags added by hand)."""
+    flags: set[str] = set()
+    for source in sources:
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                        flags.add("--" + item.target.id.replace("_", "-"))
+            elif (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and node.value.startswith("--")
+                and " " not in node.value
+            ):
+                flags.add(node.value)
+    return frozenset(flags)
+
+
+def read_server_flags(wheel: Path) -> frozenset[str]:
+    with zipfile.ZipFile(wheel) as archive:
+        names = [n for n in archive.namelist() if n.startswith(SERVER_ARG_FIELDS)]
+        names = [n for n in names if n.endswith(".py")] + [SERVER_ARGS]
+        return parse_server_flags(*(archive.read(n).decode() for n in names))
+
+
+def check_launch(flags: frozenset[str], command: Iterable[str]) -> list[str]:
+    """Each ``--flag`` of our launch command that ``launch_server`` does not take."""
+    return [
+        f"launch_server has no {arg}"
+        for arg in command
+        if arg.startswith("--") and arg not in flags
+    ]
 
 
 # -- getting the wheel ---------------------------------------------------------------------
