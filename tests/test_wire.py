@@ -70,7 +70,7 @@ def test_the_wire_layout_is_sglangs_packed_one_and_refuses_an_unaligned_tensor()
     would start at byte 6, which SGLang's receiver refuses, and so does ours."""
     spans, nbytes = wire_spans(["a", "b"], ["bfloat16", "float32"], [[4], [2]])
     assert [(s.start, s.end) for s in spans] == [(0, 8), (8, 16)] and nbytes == 16
-    with pytest.raises(UnalignedTensor, match="b: byte offset 6 .* float32 item size 4"):
+    with pytest.raises(UnalignedTensor, match=r"b: byte offset 6 .* float32 item size 4"):
         wire_spans(["a", "b"], ["bfloat16", "float32"], [[3], [2]])
 
 
