@@ -164,12 +164,13 @@ def grpo_loss(model: torch.nn.Module, groups: Sequence[Sequence[Trajectory]]) ->
         adv = (rewards - rewards.mean()) / (std + 1e-6)
         rows += list(group)
         advantages.append(adv)
+    device = next(model.parameters()).device
     if not rows:  # still run the model: a sharded cell's ranks all take part in its collectives
-        return model(input_ids=torch.tensor([[BOS]])).logits.sum() * 0.0
+        return model(input_ids=torch.tensor([[BOS]], device=device)).logits.sum() * 0.0
     prompt_len = len(rows[0].prompt)
-    ids = torch.tensor([[*t.prompt, *t.response] for t in rows])
+    ids = torch.tensor([[*t.prompt, *t.response] for t in rows], device=device)
     logits = model(input_ids=ids[:, :-1]).logits[:, prompt_len - 1 :, :].float()
     response = ids[:, prompt_len:]
     logp = torch.log_softmax(logits, -1).gather(-1, response[..., None]).squeeze(-1)
-    adv = torch.cat(advantages)
+    adv = torch.cat(advantages).to(device)
     return -(adv[:, None] * logp).mean()

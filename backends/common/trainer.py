@@ -201,7 +201,7 @@ class TrainerRank:
         flags (one collective on every path, so the ranks never fall out of step)."""
         if self.ranks == 1:
             return failure
-        flag = torch.tensor([0.0 if failure else 1.0])
+        flag = torch.tensor([0.0 if failure else 1.0], device=self.device)
         try:
             dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         except RuntimeError as error:  # a cell-mate died: the driver sees the cell errored

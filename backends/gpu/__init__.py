@@ -1,0 +1,1 @@
+"""The GPU backend: Megatron-core trainers and SGLang engines (runs on CPU for tests)."""
