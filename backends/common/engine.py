@@ -56,6 +56,16 @@ DIE_MIDWAY = "X-Testbed-Die-Midway"
 LOOPBACK_HOSTS = frozenset({LOOPBACK, "localhost", "::1"})
 
 
+MAX_NEW_TOKENS = 64
+MAX_SEED = 2**63 - 1 - MAX_NEW_TOKENS
+MAX_BODY_BYTES = 64 * 1024**2
+"""A bucket's metadata for a large MoE model runs to megabytes (aiohttp's default is 1 MiB)."""
+
+
+def _integer_in(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
 def _ok(**extra: Any) -> web.Response:
     return web.json_response({"success": True, "message": "", **extra})
 
@@ -101,7 +111,10 @@ class EngineServer:
         self._runner: web.AppRunner | None = None
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._unless_hung, self._authorized, self._refusals])
+        app = web.Application(
+            middlewares=[self._unless_hung, self._authorized, self._refusals],
+            client_max_size=MAX_BODY_BYTES,
+        )
         app.add_routes(
             [
                 web.get("/health", self.health),
@@ -151,6 +164,8 @@ class EngineServer:
             return await handler(request)
         except BadRequest as error:
             return _refused(str(error), status=error.status)
+        except web.HTTPRequestEntityTooLarge:
+            return _refused(f"body: larger than {MAX_BODY_BYTES} bytes", status=413)
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
         return parse(request.path, await request.read())
@@ -207,11 +222,13 @@ class EngineServer:
         if not body["input_ids"] or max(body["input_ids"]) >= vocab:
             raise BadRequest("input_ids", f"one or more token ids, each below the vocab {vocab}")
         new_tokens = params.get("max_new_tokens", 4)
-        if not isinstance(new_tokens, int) or not 0 <= new_tokens <= 64:
-            raise BadRequest("sampling_params.max_new_tokens", "an integer in [0, 64]")
+        if not _integer_in(new_tokens, 0, MAX_NEW_TOKENS):
+            raise BadRequest(
+                "sampling_params.max_new_tokens", f"an integer in [0, {MAX_NEW_TOKENS}]"
+            )
         seed = params.get("sampling_seed", 0)
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            raise BadRequest("sampling_params.sampling_seed", "an integer")
+        if not _integer_in(seed, 0, MAX_SEED):  # token i samples under seed + i (decoding.py)
+            raise BadRequest("sampling_params.sampling_seed", f"an integer in [0, {MAX_SEED}]")
         job = Decoding(
             rid=body["rid"] or str(id(body)),
             prompt=body["input_ids"],
