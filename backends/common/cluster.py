@@ -29,7 +29,7 @@ from ray.exceptions import RayActorError
 from ray.util.placement_group import PlacementGroup
 
 from backends.common import sglang_api as api
-from backends.common.engine import EngineActor
+from backends.common.engine_slot import EngineHandle, RayEngine
 from backends.common.policy import PolicyConfig, build_model, update_units
 from backends.common.ray_session import LOOPBACK, in_bundle
 from backends.common.stack import CPU_STACK, Stack
@@ -37,15 +37,13 @@ from backends.common.trainer import TrainerActor
 from backends.common.transport import CollectiveTransport, RayRouter
 from miles_core.backend import (
     CellFailure,
-    EngineFailure,
-    RequestRefused,
     TrainReport,
     WorldObserver,
 )
 from miles_core.buffer import Group, SampleStatus
 from miles_core.cells import Heal, Outcome
 from miles_core.events import Event, UpdateBegan
-from miles_core.kinds import FaultPoint, PauseMode
+from miles_core.kinds import FaultPoint
 from miles_core.placement import Placement
 from miles_core.runtime import Runtime
 from miles_core.scenario.schedule import FaultPoints
@@ -180,144 +178,6 @@ class RayCell:
 
     def stop(self) -> None:
         self.kill()
-
-
-class RayEngine:
-    """An engine slot: the actor of its current process and the HTTP client to it."""
-
-    def __init__(self, world: RayWorld, engine_id: str, position: int) -> None:
-        self.world = world
-        self.id = engine_id
-        self.position = position
-        self.actor: Any = None
-        self.url: str | None = None
-        self.incarnation = -1
-        self.doomed = False
-
-    async def start(self, recovery: bool = False) -> int | None:
-        """A new process (the old one killed first); its incarnation once its HTTP server
-        answers, or None if it died or was replaced while starting (the death reported).
-        ``recovery``: the control plane's own restart (the during_recovery fault point)."""
-        self.kill()
-        self.incarnation += 1
-        incarnation = self.incarnation
-        bundle = self.world.placement.engine_bundles(self.position)[0]
-        stack = self.world.stack
-        actor = (
-            (stack.engine_actor or EngineActor)
-            .options(
-                num_gpus=self.world.placement.layout.engine_actor_gpu_fraction,
-                scheduling_strategy=in_bundle(self.world.pg, bundle),
-            )
-            .remote(self.id, self.world.policy, self.world.engine_token_seconds, stack.device)
-        )
-        self.actor = actor
-        if recovery:
-            self.world.faults.fire(FaultPoint.DURING_RECOVERY, engine=self.id)
-        try:
-            port = await actor.start.remote()
-        except ACTOR_DIED:
-            self.world.engine_exited(self.id, incarnation, "died while starting")
-            return None
-        if self.incarnation != incarnation:
-            return None  # replaced while starting
-        self.url = f"http://{LOOPBACK}:{port}"
-        await self.request(incarnation, "GET", api.Health.ROUTE)
-        self.world.spawn(self._watch(actor, incarnation), f"watch-{self.id}.{incarnation}")
-        return incarnation
-
-    def hang(self) -> None:
-        """The process stops answering and stays alive (the hang_engine fault)."""
-        if self.actor is not None:
-            self.actor.hang.remote()
-
-    async def _watch(self, actor: Any, incarnation: int) -> None:
-        """Report the process's death when Ray sees the actor die."""
-        try:
-            await actor.wait_forever.remote()
-        except ACTOR_DIED:
-            self.world.engine_exited(self.id, incarnation, "its actor died")
-
-    def kill(self) -> None:
-        if self.actor is not None:
-            ray.kill(self.actor, no_restart=True)
-        self.actor, self.url = None, None
-
-    async def request(
-        self,
-        incarnation: int,
-        method: str,
-        path: str,
-        body: dict[str, Any] | None = None,
-        refusable: bool = False,
-        **headers: str,
-    ) -> dict[str, Any]:
-        """One HTTP call to that process. An answer >= 400 is an EngineFailure, or with
-        ``refusable`` a 400 is RequestRefused (the engine is fine, it said no)."""
-        if incarnation != self.incarnation:
-            raise EngineFailure(self.id, f"process {incarnation} was replaced")
-        if self.url is None:
-            raise EngineFailure(self.id, "not running")
-        try:
-            async with self.world.http.request(
-                method, self.url + path, json=body, headers=headers
-            ) as reply:
-                if reply.status >= 400:
-                    text = (await reply.text())[:200]
-                    if refusable and reply.status == 400:
-                        raise RequestRefused(self.id, f"{path}: {text}")
-                    raise EngineFailure(self.id, f"{path} answered {reply.status}: {text}")
-                if reply.content_type != "application/json":
-                    return {}
-                return await reply.json()
-        except (TimeoutError, aiohttp.ClientError, ConnectionError) as error:
-            raise EngineFailure(self.id, f"{path}: {type(error).__name__}") from None
-
-
-class EngineHandle:
-    """The RolloutEngine protocol for one process of an engine, in SGLang's API (sglang_api)."""
-
-    def __init__(self, engine: RayEngine, incarnation: int) -> None:
-        self.engine = engine
-        self.id = engine.id
-        self.incarnation = incarnation
-
-    async def send(self, request: api.SGLangRequest, refusable: bool = False) -> dict[str, Any]:
-        payload = api.body(request) if request.METHOD == "POST" else None
-        return await self.engine.request(
-            self.incarnation, request.METHOD, request.ROUTE, payload, refusable
-        )
-
-    async def pause(self, mode: PauseMode) -> None:
-        await self.send(api.PauseGenerationReqInput(mode=mode.value))
-
-    async def resume(self) -> None:
-        await self.send(api.ContinueGenerationReqInput())
-
-    async def flush_cache(self) -> None:
-        await self.send(api.FlushCache(), refusable=True)
-
-    async def begin_update(self) -> None:
-        await self.send(api.BeginWeightUpdateReqInput())
-
-    async def end_update(self) -> None:
-        await self.send(api.EndWeightUpdateReqInput())
-
-    async def stamp(self, version: int, abort_all_requests: bool = True) -> None:
-        """Leaving ``abort_all_requests`` out of the body takes SGLang's default (true), so
-        it is sent only when false, as miles sends it (a client that omits it is the bug)."""
-        flag = api.OMIT if abort_all_requests else False
-        await self.send(api.UpdateWeightVersionReqInput(str(version), flag))
-        if self.engine.world.stack.engine == "sglang":
-            return  # SGLang serves no /testbed/ route (see backends/gpu/sglang_engine.py)
-        reply = await self.engine.request(self.incarnation, "GET", "/testbed/weights_checksum")
-        self.engine.world.weights_checked(self.id, version, reply["checksum"])
-
-    async def health(self) -> None:
-        await self.send(api.HealthGenerate())
-
-    async def unload_adapter(self, adapter: str) -> None:
-        raise EngineFailure(self.id, "the real backends train full parameters, not LoRA")
 
 
 class RayWorld:
