@@ -145,6 +145,29 @@ def test_fault_tolerance_recovers_engines_with_no_injected_restart(
         assert any("starting" in e.how for e in of(result.history, EngineExited))
 
 
+def test_a_recovery_slower_than_the_monitors_patience_is_waited_for(monkeypatch) -> None:
+    """A new process that takes longer to start than --rollout-health-check-interval +
+    timeout (4 s here) is not replaced by a second recovery while it starts: asking again
+    would kill it, and every start after it, for ever (seen on the CPU backend under load).
+    Here each recovery takes 10 s; each engine is asked once and serves again."""
+    from sim.cluster import SimCluster
+
+    restart = SimCluster.restart_engine
+
+    def slow_restart(self: SimCluster, engine_id: str) -> None:
+        async def later() -> None:
+            await self.rt.sleep(10.0)
+            restart(self, engine_id)
+
+        self.rt.spawn(later(), f"slow-restart-{engine_id}")
+
+    monkeypatch.setattr(SimCluster, "restart_engine", slow_restart)
+    result = passed("ft_every_engine_dies")
+    asked = of(result.history, EngineRecoveryAsked)
+    assert sorted(e.engine for e in asked) == ["engine-0", "engine-1"]
+    assert not any("starting" in e.how for e in of(result.history, EngineExited))
+
+
 def test_without_fault_tolerance_losing_every_engine_fails_with_a_clear_error() -> None:
     result = passed("every_engine_dies_without_ft")
     assert result.report.status is RunStatus.FAILED

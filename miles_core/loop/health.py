@@ -17,7 +17,12 @@ weight update brings them the weights. Here:
   recovered: the world starts a new process, which serves once synced to the
   published weights. Recovery does not pause: an update may be waiting for an
   engine to come back. A recovery that did not produce a process (it died while
-  starting) is asked again after ``interval + timeout``.
+  starting) is asked again, no sooner than ``interval + timeout`` after the last
+  ask; a recovery still under way (no new process reported, nor its death) is
+  never asked again, since asking replaces the process being started: a start
+  slower than ``interval + timeout`` would otherwise be killed by the next ask,
+  for ever (seen on the CPU backend under load). miles' rollout manager likewise
+  waits for the engines it restarts (recover_updatable_engines).
 """
 
 from __future__ import annotations
@@ -35,6 +40,15 @@ class EngineHealthMonitor:
         self.engines = engines
         self._asked: dict[str, float] = {}
         """engine -> when its last recovery was asked."""
+        self._under_way: dict[str, int] = {}
+        """engine -> the incarnation it had when a recovery was asked that has not yet been
+        reported started or dead."""
+
+    def recovery_ended(self, engine: str, incarnation: int) -> None:
+        """The world reported a process of the engine starting or exiting: the recovery's if
+        it is newer than the process replaced (that one's exit ends nothing)."""
+        if incarnation > self._under_way.get(engine, incarnation):
+            del self._under_way[engine]
 
     async def _check(self, engine: str) -> None:
         ctx = self.ctx
@@ -62,9 +76,10 @@ class EngineHealthMonitor:
         patience = (
             ctx.config.rollout_health_check_interval + ctx.config.rollout_health_check_timeout
         )
-        if now - self._asked.get(engine, -patience) < patience:
+        if engine in self._under_way or now - self._asked.get(engine, -patience) < patience:
             return  # a recovery is under way
         self._asked[engine] = now
+        self._under_way[engine] = ctx.engines.incarnation(engine)
         ctx.emit(EngineRecoveryAsked, engine=engine, reason=reason)
         ctx.cluster.restart_engine(engine)
 

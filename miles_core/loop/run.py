@@ -120,10 +120,12 @@ class Orchestrator:
 
     def engine_started(self, engine: str, incarnation: int, how: str) -> None:
         if not self.ctx.stopping:
+            self.health.recovery_ended(engine, incarnation)
             self.engines.started(engine, incarnation, how)
 
     def engine_exited(self, engine: str, incarnation: int, how: str) -> None:
         if not self.ctx.stopping:
+            self.health.recovery_ended(engine, incarnation)
             self.engines.exited(engine, incarnation, how)
 
     def cell_started(self, cell: int, incarnation: int, how: str) -> None:
