@@ -104,12 +104,12 @@ def _conformance_cases() -> list[tuple[Scenario, int | None]]:
         (SCENARIOS["crash_mid_weight_update"], None),
         (SCENARIOS["all_cells_dead"], None),
         (SCENARIOS["engine_crash_mid_generation"], None),
-        # a real engine takes seconds to start again: give it steps to come back in
-        (SCENARIOS["engine_restart"], 80),
         (heal_twice, None),
         (sharded, None),
         # the restart lands between the last bucket and the stamp (instant in the simulator,
-        # seconds for real): in both worlds the update is retried and the engine synced
+        # seconds for real): in both worlds the update is retried and the engine synced (the
+        # plain engine_restart, 80 steps here, was left out to keep CI under 15 minutes: this
+        # one restarts an engine too, and the fault-tolerance tests restart engines)
         (SCENARIOS["restart_before_stamp"], 40),
         # miles' default pause mode, with updates landing mid-request in both worlds
         (SCENARIOS["retract_long_generations"], None),
