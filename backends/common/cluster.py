@@ -28,7 +28,6 @@ import torch.distributed as dist
 from ray.exceptions import RayActorError
 from ray.util.placement_group import PlacementGroup
 
-from backends.common import sglang_api as api
 from backends.common.engine_slot import EngineHandle, RayEngine
 from backends.common.policy import PolicyConfig, build_model, update_units
 from backends.common.ray_session import LOOPBACK, in_bundle
@@ -42,7 +41,6 @@ from miles_core.backend import (
 )
 from miles_core.buffer import Group, SampleStatus
 from miles_core.cells import Heal, Outcome
-from miles_core.events import Event, UpdateBegan
 from miles_core.kinds import FaultPoint
 from miles_core.placement import Placement
 from miles_core.runtime import Runtime
@@ -228,7 +226,6 @@ class RayWorld:
         self.failed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
         """Set by the first of the world's own tasks that raised (a crash of the world)."""
         self._impaired: dict[str, tuple[float, float]] = {}
-        self._versions: dict[int, int] = {}
 
     async def start(self) -> None:
         await asyncio.gather(
@@ -282,16 +279,6 @@ class RayWorld:
     def engine_exited(self, engine_id: str, incarnation: int, how: str) -> None:
         if self.observer is not None:
             self.observer.engine_exited(engine_id, incarnation, how)
-
-    def note(self, event: Event) -> None:
-        """What the world must know of the loop's decisions: each update's version (miles
-        sends it with every bucket)."""
-        if isinstance(event, UpdateBegan):
-            self._versions[event.update_id] = event.version
-
-    def version_of(self, update_id: int) -> Any:
-        version = self._versions.get(update_id)
-        return api.OMIT if version is None else str(version)
 
     def weights_checked(self, engine: str, version: int, engine_checksum: str) -> None:
         if self.observer is not None:

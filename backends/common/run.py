@@ -295,7 +295,6 @@ async def _run(
         stack=options.stack,
     )
     history = History()
-    history.observe(world.note)
     metrics = _StepMetrics(world, options.on_line)
     try:
         loop = real_loop(scenario, seed, world.model_bytes)

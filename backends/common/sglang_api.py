@@ -108,7 +108,13 @@ class InitWeightsUpdateGroupReqInput(SGLangRequest):
 class UpdateWeightsFromDistributedReqInput(SGLangRequest):
     """One bucket, received by a broadcast in the named group. ``flattened_bucket``: the
     tensors packed back to back as one uint8 buffer (no padding: SGLang's
-    FlattenedTensorBucket refuses a tensor whose offset is not a multiple of its item size)."""
+    FlattenedTensorBucket refuses a tensor whose offset is not a multiple of its item size).
+
+    miles sends ``weight_version`` with every bucket; SGLang sets its version when the
+    bucket loads, so a response that ends between the first bucket and the stamp reports
+    the new version for tokens of the old weights. Seen for real here (in_place, a request
+    finishing as the update's buckets arrived: reported 6, generated under 5, caught by the
+    published_weights oracle), so our client leaves it out and lets the stamp set it."""
 
     ROUTE: ClassVar[str] = "/update_weights_from_distributed"
     names: list[str]

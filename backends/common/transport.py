@@ -149,7 +149,8 @@ class CollectiveTransport(_Fanout):
     each engine serves /update_weights_from_distributed. Broadcast mode makes
     one group of all engines; p2p one group per engine. A group is made for the
     engine processes named, so a restarted process is never in an old group.
-    Each bucket carries the update's weight_version, as miles sends it.
+    Buckets leave out weight_version, which miles sends with each one: the stamp sets it
+    (see sglang_api.UpdateWeightsFromDistributedReqInput).
     """
 
     def __init__(self, world: RayWorld) -> None:
@@ -191,7 +192,6 @@ class CollectiveTransport(_Fanout):
             dtypes=[s.dtype for s in spans],
             shapes=[list(s.shape) for s in spans],
             group_name=name,
-            weight_version=world.version_of(update_id),
         )
         calls: dict[str, Any] = {"cell": cell.call("send_bucket", name, bucket)}
         for engine, incarnation in sorted(engines.items()):
@@ -218,9 +218,7 @@ class HandleTransport(_Fanout):
         started = world.rt.now()
         shared = await self._all({"cell": cell.call("share_bucket", update_id, bucket)}, cell.index)
         handle, self.seconds = shared[0][0]  # the cell's rank 0 packed it
-        send = api.UpdateWeightsFromTensorReqInput(
-            serialized_named_tensors=[handle], weight_version=world.version_of(update_id)
-        )
+        send = api.UpdateWeightsFromTensorReqInput(serialized_named_tensors=[handle])
         calls = {
             engine: world.engines[engine].request(
                 incarnation, send.METHOD, send.ROUTE, api.body(send)
