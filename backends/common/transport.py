@@ -89,6 +89,9 @@ def _version(reported: str) -> int | None:
 class _Fanout:
     """One bucket's calls to the source cell and its engines, at once, failures named."""
 
+    seconds: float = 0.0
+    """The source rank's own seconds on the last bucket (in the collective, or packing)."""
+
     def __init__(self, world: RayWorld) -> None:
         self.world = world
 
@@ -136,8 +139,6 @@ class _Fanout:
         # the bucket arrived; a fault here strikes before the updater's next step
         world.faults.fire(FaultPoint.AFTER_BUCKET, cell=source_cell, bucket=bucket.index)
         return Delivery(tuple(sorted(engines)), wall)
-
-    seconds: float = 0.0
 
 
 class CollectiveTransport(_Fanout):
