@@ -46,9 +46,10 @@ import torch.distributed as dist
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from backends.common.devices import use_file_system_sharing
 from backends.common.engine import MAX_BODY_BYTES, EngineServer
 from backends.common.engine_requests import SPECS, BadRequest, bucket_payload, parse
-from backends.common.engine_weights import serialize_handle, use_file_system_sharing
+from backends.common.engine_weights import serialize_handle
 from backends.common.policy import BOS, SEP, VOCAB, PolicyConfig
 from backends.common.wire import broadcast, wire_spans
 

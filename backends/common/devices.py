@@ -5,8 +5,13 @@ from __future__ import annotations
 import os
 
 import torch
+import torch.multiprocessing
 
-from backends.common.engine_weights import use_file_system_sharing
+
+def use_file_system_sharing() -> None:
+    """CPU tensors shared by file name (torch's ``file_system`` strategy): the CPU stand-in
+    for CUDA IPC, which works between any two processes of one host."""
+    torch.multiprocessing.set_sharing_strategy("file_system")
 
 
 def prepare_process(device: str) -> None:

@@ -50,10 +50,9 @@ from backends.common.devices import prepare_process
 from backends.common.engine_requests import BadRequest, parse
 from backends.common.engine_weights import EngineWeights
 from backends.common.policy import PolicyConfig, build_model, checksum
-from backends.common.ray_session import LOOPBACK
+from backends.common.ray_session import LOOPBACK, LOOPBACK_NAMES
 
 DIE_MIDWAY = "X-Testbed-Die-Midway"
-LOOPBACK_HOSTS = frozenset({LOOPBACK, "localhost", "::1"})
 
 
 MAX_NEW_TOKENS = 64
@@ -91,7 +90,7 @@ class EngineServer:
     ) -> None:
         """``token_seconds``: a floor on each token's time (a real engine's decode time; the
         tiny policy takes about a millisecond), so requests live long enough to be paused."""
-        if host not in LOOPBACK_HOSTS and not api_key:
+        if host not in LOOPBACK_NAMES and not api_key:
             raise ValueError(
                 f"host: binding {host!r} (not loopback) needs api_key, as SGLang's --api-key: "
                 "pass one, or bind 127.0.0.1"

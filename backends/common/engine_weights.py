@@ -24,9 +24,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.multiprocessing
 
+from backends.common import engine_requests as req
 from backends.common.engine_requests import BadRequest, bucket_payload
+from backends.common.ray_session import LOOPBACK_NAMES
 from backends.common.wire import (
     BucketViews,
     UnalignedTensor,
@@ -36,7 +37,6 @@ from backends.common.wire import (
     wire_spans,
 )
 
-LOOPBACK_PEERS = frozenset({"127.0.0.1", "::1", "localhost"})
 _HANDLE_GLOBALS = {
     "torch": {
         "Tensor",
@@ -91,12 +91,6 @@ def serialize_handle(
     return base64.b64encode(bytes(ForkingPickler.dumps(payload))).decode()
 
 
-def use_file_system_sharing() -> None:
-    """CPU tensors shared by file name (torch's ``file_system`` strategy): the CPU stand-in
-    for CUDA IPC, which works between any two processes of one host."""
-    torch.multiprocessing.set_sharing_strategy("file_system")
-
-
 class EngineWeights:
     def __init__(self, model: torch.nn.Module, device: str) -> None:
         self.model = model
@@ -149,7 +143,7 @@ class EngineWeights:
 
     def load_handles(self, body: dict[str, Any], peer: str | None) -> None:
         """One bucket from tensor handles (one per TP rank; this engine has one rank)."""
-        if peer not in LOOPBACK_PEERS:
+        if peer not in LOOPBACK_NAMES:
             raise BadRequest(
                 "serialized_named_tensors",
                 f"tensor handles are unpickled, so they are taken from loopback only, not {peer}",
@@ -180,17 +174,15 @@ class EngineWeights:
 def _handle_payload(
     payload: Any, field: str
 ) -> tuple[list[str], list[str], list[list[int]], torch.Tensor]:
-    from backends.common.engine_requests import dtype, list_of, shape, text
-
     if not isinstance(payload, dict):
         raise BadRequest(field, "expected a pickled dict")
     tensor = payload.get("flattened_tensor")
     if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8 or tensor.dim() != 1:
         raise BadRequest(f"{field}.flattened_tensor", "expected a 1-D uint8 tensor")
     body = {
-        "names": list_of(text)(f"{field}.names", payload.get("names")),
-        "dtypes": list_of(dtype)(f"{field}.dtypes", payload.get("dtypes")),
-        "shapes": list_of(shape)(f"{field}.shapes", payload.get("shapes")),
+        "names": req.list_of(req.text)(f"{field}.names", payload.get("names")),
+        "dtypes": req.list_of(req.dtype)(f"{field}.dtypes", payload.get("dtypes")),
+        "shapes": req.list_of(req.shape)(f"{field}.shapes", payload.get("shapes")),
     }
     names, dtypes, shapes = bucket_payload(body)
     return names, dtypes, shapes, tensor

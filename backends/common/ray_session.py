@@ -30,6 +30,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from miles_core.placement import Bundle, Layout, Placement, Resolver, place
 
 LOOPBACK = "127.0.0.1"
+LOOPBACK_NAMES = frozenset({LOOPBACK, "::1", "localhost"})
+"""What a server binds, or a peer is seen as, on this machine only."""
 
 
 @contextlib.contextmanager

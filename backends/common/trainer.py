@@ -43,6 +43,7 @@ from backends.common.wire import (
     GLOO_TIMEOUT,
     BucketViews,
     broadcast,
+    client_store,
     gloo_group,
     nccl_group,
     pack_into,
@@ -50,11 +51,6 @@ from backends.common.wire import (
     wire_layout,
 )
 from miles_core.transfer import Bucket
-
-
-def _store(store_addr: tuple[str, int]) -> Any:
-    host, port = store_addr
-    return dist.TCPStore(host, port, is_master=False, timeout=GLOO_TIMEOUT)
 
 
 def _local(tensor: Any) -> Any:
@@ -105,7 +101,7 @@ class TrainerRank:
         self.device = stack.device
         if ranks > 1:  # this cell's ranks are one torch world
             assert store_addr is not None
-            store = dist.PrefixStore(world, _store(store_addr))
+            store = dist.PrefixStore(world, client_store(store_addr))
             backend = "nccl" if stack.device == "cuda" else "gloo"
             dist.init_process_group(
                 backend, store=store, rank=rank, world_size=ranks, timeout=GLOO_TIMEOUT

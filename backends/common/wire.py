@@ -25,18 +25,21 @@ from miles_core.transfer import Bucket, ParamSpec, StagingSpan, itemsize
 GLOO_TIMEOUT = datetime.timedelta(seconds=30)
 
 
+def client_store(store_addr: tuple[str, int]) -> Any:
+    """A client of the world's TCPStore (every group here is made over it)."""
+    host, port = store_addr
+    return dist.TCPStore(host, port, is_master=False, timeout=GLOO_TIMEOUT)
+
+
 def gloo_group(store_addr: tuple[str, int], prefix: str, rank: int, size: int) -> Any:
     """A gloo process group of its own (not the default world), as torchft builds them."""
-    host, port = store_addr
-    store = dist.TCPStore(host, port, is_master=False, timeout=GLOO_TIMEOUT)
-    return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, size, GLOO_TIMEOUT)
+    store = dist.PrefixStore(prefix, client_store(store_addr))
+    return dist.ProcessGroupGloo(store, rank, size, GLOO_TIMEOUT)
 
 
 def nccl_group(store_addr: tuple[str, int], prefix: str, rank: int, size: int) -> Any:
     """The same on CUDA: an NCCL group of its own, made over the same store protocol."""
-    host, port = store_addr
-    store = dist.TCPStore(host, port, is_master=False, timeout=GLOO_TIMEOUT)
-    return dist.ProcessGroupNCCL(dist.PrefixStore(prefix, store), rank, size)
+    return dist.ProcessGroupNCCL(dist.PrefixStore(prefix, client_store(store_addr)), rank, size)
 
 
 def broadcast(group: Any, tensor: torch.Tensor, root: int = 0) -> None:
