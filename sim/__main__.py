@@ -4,6 +4,8 @@
     python -m sim run [NAME_OR_FILE] [--seed N] [--steps K] [--trace out.json] [--json]
                       [--metrics out.jsonl] [--check-every K] [--save-scenario FILE]
                       [miles' loop flags: --pause-generation-mode retract, ...]
+    python -m sim sweep [--seeds N] ...     (many seeds on Ray; see sim/sweep.py)
+    python -m sim shrink REPLAY_OR_SCENARIO (a failing run made small; see sim/shrink.py)
     python -m sim bench                     (simulator speed; see sim/bench.py)
     python -m sim calibrate bench.json      (fit the transfer model; see sim/calibrate.py)
     python -m sim predict PRESET            (a weight update's time by that model)
@@ -41,6 +43,8 @@ from miles_core.report import (
     write_json_lines,
 )
 from miles_core.scenario import SCENARIOS, Scenario, save_scenario_file
+from sim.aim import parse_aim
+from sim.plants import check_plant, planted
 from sim.run import run_scenario
 from sim.scenarios import find_scenario
 from sim.swarm import SWARM, SWARM_TOTAL_LOSS, swarm_scenario
@@ -54,8 +58,11 @@ def _scenario(args: argparse.Namespace) -> Scenario:
     """The scenario named on the command line; a swarm is drawn for the run's length."""
     if args.scenario in (SWARM, SWARM_TOTAL_LOSS):
         steps = args.steps if args.steps is not None else 12
-        scenario = swarm_scenario(args.seed, steps, total_loss=args.scenario == SWARM_TOTAL_LOSS)
+        total_loss = args.scenario == SWARM_TOTAL_LOSS
+        scenario = swarm_scenario(args.seed, steps, total_loss=total_loss, aim=args.aim)
     else:
+        if args.aim is not None:
+            raise ConfigError("--aim", f"{args.scenario} is no swarm", "aim a swarm's seeds only")
         scenario = find_scenario(args.scenario, args.seed)
     loop = with_flags(scenario.loop, given_flags(args, OWN_FLAGS))
     return dataclasses.replace(scenario, loop=loop)
@@ -66,6 +73,10 @@ def _replay(args: argparse.Namespace, steps: int) -> str:
     command += ["--steps", str(steps)]
     if args.check_every is not None:
         command += ["--check-every", str(args.check_every)]
+    if args.aim is not None:
+        command += ["--aim", args.aim.key()]
+    if args.plant is not None:
+        command += ["--plant", args.plant]
     return shlex.join(command + flags_argv(given_flags(args, OWN_FLAGS)))
 
 
@@ -73,6 +84,9 @@ def _run(args: argparse.Namespace) -> int:
     for flag, value in (("--steps", args.steps), ("--check-every", args.check_every)):
         if value is not None and value < 1:
             raise ConfigError(flag, f"got {value}", "pass an integer >= 1")
+    if args.plant is not None:
+        check_plant(args.plant)
+    args.aim = parse_aim(args.aim) if args.aim is not None else None
     trace = check_writable(args.trace, "--trace") if args.trace else None
     save = check_writable(args.save_scenario, "--save-scenario") if args.save_scenario else None
     metrics = check_writable(args.metrics, "--metrics") if args.metrics else None
@@ -83,12 +97,13 @@ def _run(args: argparse.Namespace) -> int:
         total=scenario.loop.steps, unit="step", disable=True if args.json else None, leave=False
     )
     started = time.perf_counter()
-    result = run_scenario(
-        scenario,
-        args.seed,
-        observers=[lambda e: bar.update(1) if isinstance(e, StepCommitted) else None],
-        check_every=args.check_every,
-    )
+    with planted(args.plant):
+        result = run_scenario(
+            scenario,
+            args.seed,
+            observers=[lambda e: bar.update(1) if isinstance(e, StepCommitted) else None],
+            check_every=args.check_every,
+        )
     bar.close()
     info = summary(result.scenario, args.seed, result.history, result.report, result.verdicts)
     info["wall_seconds"] = time.perf_counter() - started
@@ -154,8 +169,16 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="write the scenario (a swarm's drawing too) as a TOML file that replays without it",
     )
+    run.add_argument(
+        "--aim",
+        metavar="KIND@HOW:PHASE",
+        help="a swarm seed that puts one fault in this cell of the coverage map (sim/aim.py)",
+    )
+    run.add_argument("--plant", metavar="NAME", help="run with a planted bug (sim/plants.py)")
     add_loop_flags(run, skip=OWN_FLAGS)
     for name, text in (
+        ("sweep", "many seeds on Ray: verdicts, failing seeds, fault coverage"),
+        ("shrink", "make a failing run small: a TOML scenario that still fails"),
         ("bench", "simulator speed"),
         ("calibrate", "fit the transfer model to a transfer-bench JSON"),
         ("predict", "a preset's weight-update time by the model"),
@@ -171,6 +194,14 @@ def main(argv: list[str] | None = None) -> int:
         from sim.calibrate import main as calibrate
 
         return calibrate(argv)
+    if argv[:1] == ["sweep"]:
+        from sim.sweep_cli import main as sweep
+
+        return sweep(argv[1:])
+    if argv[:1] == ["shrink"]:
+        from sim.shrink_cli import main as shrink
+
+        return shrink(argv[1:])
     if argv[:1] == ["bench"]:
         from sim.bench import main as bench
 

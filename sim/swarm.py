@@ -31,12 +31,14 @@ import random
 from dataclasses import dataclass
 
 from miles_core.buffer import UnusedHandler
+from miles_core.coverage import CoverageCell
 from miles_core.filters import FILTERS
 from miles_core.kinds import PauseMode, RunStatus
 from miles_core.loop import LoopConfig
 from miles_core.scenario import Expect, Scenario, TimeModel, WorldShape, derive_seed
 from miles_core.scenario.faults import AnyFault, make_fault, target_engine
 from miles_core.transfer import TransferMode
+from sim.aim import CELL, ENGINE, IMPAIRMENT, adjust, aimed_faults, family, probe_with
 
 SWARM = "swarm"
 SWARM_TOTAL_LOSS = "swarm_total_loss"
@@ -195,7 +197,7 @@ def _engines_at_times(d: _Draw, rate: float) -> None:
             ]
 
 
-def _impairments(d: _Draw, rate: float) -> None:
+def _impairments(d: _Draw, rate: float, forced: str | None = None) -> None:
     """At most one window of each kind, each opening as a step begins (so that it has a
     step, an update or requests to act on) on a step of its own, long enough for them."""
     rng, step = d.rng, d.step_seconds
@@ -203,37 +205,48 @@ def _impairments(d: _Draw, rate: float) -> None:
     rng.shuffle(starts)
     spared = [c for c in range(d.world.num_cells) if c not in d.killed_cells]
     kinds: list[tuple[str, dict[str, object]]] = []
-    if spared and rng.random() < 0.35 * rate:
+    if spared and (rng.random() < 0.35 * rate or forced == "slow_cell"):
         slow = {"cell": rng.choice(spared), "factor": rng.uniform(1.5, 5)}
         kinds.append(("slow_cell", slow | {"duration": rng.uniform(1.5, 3) * step}))
-    if rng.random() < 0.35 * rate:
+    if rng.random() < 0.35 * rate or forced == "slow_link":
         # open long enough for the step's training (even retried) and the update after it
         slow = {"factor": rng.uniform(1.5, 100), "duration": rng.uniform(4, 6) * step}
         kinds.append(("slow_link", slow))
     # a lone engine that a fault takes away leaves the router nothing to act on
     lone = d.world.num_engines == 1 and any(target_engine(f) for f in d.faults)
-    if not lone and rng.random() < 0.35 * rate:
+    if not lone and (rng.random() < 0.35 * rate or forced == "delay_router"):
         delay = {"seconds": rng.uniform(0.5, 3), "duration": rng.uniform(1, 2) * step}
         kinds.append(("delay_router", delay))
-    if not lone and rng.random() < 0.25 * rate:
+    if not lone and (rng.random() < 0.25 * rate or forced == "fail_router"):
         kinds.append(("fail_router", {"duration": rng.uniform(1, 2) * step}))
     for (kind, keys), s in zip(kinds, starts, strict=False):
         d.faults.append(make_fault(kind, point="step_begin", step=s, **keys))
 
 
-def swarm_scenario(seed: int, steps: int = 12, total_loss: bool = False) -> Scenario:
-    """The scenario that ``seed`` draws (the run itself then uses the same seed)."""
+def _ordered(faults: list[AnyFault]) -> tuple[AnyFault, ...]:
+    """Faults at points in the order drawn (step order), then faults at times by time."""
+    timed = sorted((f for f in faults if f.point is None), key=lambda f: f.when.at)  # type: ignore[union-attr]
+    return (*(f for f in faults if f.point is not None), *timed)
+
+
+def swarm_scenario(
+    seed: int, steps: int = 12, total_loss: bool = False, aim: CoverageCell | None = None
+) -> Scenario:
+    """The scenario that ``seed`` draws (the run itself then uses the same seed); ``aim``
+    puts one fault in that cell of the coverage map (sim/aim.py)."""
     rng = random.Random(derive_seed(seed, "swarm"))
     world, loop = _world_and_loop(rng, steps)
+    if aim is not None:
+        world, loop = adjust(aim, world, loop)
     # 0/1 rewards give the filter work: a group of 2 is all equal half the time, so a step
     # may wait for twice the generation; the progress window makes room for that
     filtered = loop.dynamic_sampling_filter is not None
     timing = TimeModel(reward_success_rate=0.5 if filtered else None)
     step_seconds = timing.train_step_seconds + timing.allreduce_seconds + 1.0
-    probe = Scenario(SWARM, world=world, loop=loop)
+    shape = Scenario(SWARM, world=world, loop=loop)
     phase = 0.6 * steps * step_seconds
     d = _Draw(
-        rng, world, steps, probe.n_buckets, step_seconds, phase, [], set(), loop.use_fault_tolerance
+        rng, world, steps, shape.n_buckets, step_seconds, phase, [], set(), loop.use_fault_tolerance
     )
     if total_loss:
         t = rng.uniform(0.1, 0.5) * d.fault_phase
@@ -243,11 +256,17 @@ def swarm_scenario(seed: int, steps: int = 12, total_loss: bool = False) -> Scen
             SWARM_TOTAL_LOSS, "every cell dies", world, timing, loop, tuple(faults), expect
         )
     rate = rng.choice([0.5, 1.0, 2.0])  # faults per kind in the fault phase, on average
-    (_cells_at_points if rng.random() < 0.5 else _cells_at_times)(d, rate)
-    (_engines_at_points if rng.random() < 0.5 else _engines_at_times)(d, rate)
-    _impairments(d, rate)
-    timed = sorted((f for f in d.faults if f.point is None), key=lambda f: f.when.at)  # type: ignore[union-attr]
-    at_points = [f for f in d.faults if f.point is not None]  # drawn in step order already
+    aimed = family(aim)
+    cells = _cells_at_points if rng.random() < 0.5 else _cells_at_times
+    if aimed != CELL:
+        cells(d, rate)
+    engines = _engines_at_points if rng.random() < 0.5 else _engines_at_times
+    if aimed != ENGINE:
+        engines(d, rate)
+    _impairments(d, rate, forced=aim.kind if aim is not None and aimed == IMPAIRMENT else None)
+    if aim is not None and aimed in (CELL, ENGINE):  # last: a probe sees every other fault
+        run = probe_with(dataclasses.replace(shape, timing=timing), seed)
+        d.faults += aimed_faults(d, aim, lambda faults: run(_ordered(faults)))
     description = f"{len(d.faults)} faults drawn by seed {seed}"
     return Scenario(
         SWARM,
@@ -255,6 +274,6 @@ def swarm_scenario(seed: int, steps: int = 12, total_loss: bool = False) -> Scen
         world,
         timing,
         loop,
-        (*at_points, *timed),
+        _ordered(d.faults),
         progress_window=(24 if filtered else 8) * step_seconds,
     )

@@ -1,0 +1,181 @@
+"""Aimed swarm draws: a seed that must put one fault in a named cell of the coverage map.
+
+A sweep aims some of its seeds at the map's cells still empty (``--aim
+KIND@HOW:PHASE`` on the replay line, so an aimed seed replays exactly). The
+aimed fault replaces the swarm's own draws of its family (cell faults, engine
+faults, or one impairment), so the budget that keeps a cell and an engine alive
+still holds:
+
+- at a point, the point is forced, and for ``after_bucket`` the bucket that
+  lands in the phase (the last one for ``stamping``);
+- at a time, the scenario without the fault is run once first (a probe; the
+  simulator is deterministic) and the time is drawn inside a span where the
+  phase was under way; the run with the fault is the same up to that moment.
+
+Aims the swarm cannot draw are refused with the list of those it can.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from miles_core.coverage import AT_TIME, PHASES, CoverageCell, phase_windows
+from miles_core.errors import ConfigError
+from miles_core.loop import LoopConfig
+from miles_core.scenario import Scenario, WorldShape
+from miles_core.scenario.faults import AnyFault, make_fault
+
+if TYPE_CHECKING:
+    from sim.swarm import _Draw
+
+CELL, ENGINE, IMPAIRMENT = "cell", "engine", "impairment"
+AIMABLE: dict[tuple[str, str], str] = {
+    ("kill_cell", AT_TIME): CELL,
+    ("kill_cell", "before_allreduce"): CELL,
+    ("kill_cell", "after_bucket"): CELL,
+    ("kill_cell", "during_heal"): CELL,
+    ("kill_engine", AT_TIME): ENGINE,
+    ("restart_engine", AT_TIME): ENGINE,
+    ("restart_engine", "after_bucket"): ENGINE,
+    ("kill_engine", "mid_generation"): ENGINE,
+    ("kill_engine", "step_begin"): ENGINE,
+    ("hang_engine", "step_begin"): ENGINE,
+    ("kill_engine", "during_recovery"): ENGINE,
+    ("slow_cell", "step_begin"): IMPAIRMENT,
+    ("slow_link", "step_begin"): IMPAIRMENT,
+    ("delay_router", "step_begin"): IMPAIRMENT,
+    ("fail_router", "step_begin"): IMPAIRMENT,
+}
+"""(fault kind, how) -> the family of the swarm's draws an aim of that row replaces."""
+
+Probe = Callable[[list[AnyFault]], Any]
+"""Runs the drawn scenario with these faults; returns its history."""
+
+
+def parse_aim(text: str, flag: str = "--aim") -> CoverageCell:
+    """``KIND@HOW:PHASE`` as a map cell the swarm can aim at; ConfigError otherwise."""
+    kind, _, rest = text.partition("@")
+    how, _, phase = rest.partition(":")
+    if (kind, how) not in AIMABLE or phase not in PHASES:
+        rows = ", ".join(f"{k}@{h}" for k, h in AIMABLE)
+        raise ConfigError(
+            flag,
+            f"cannot aim at {text!r}",
+            f"write KIND@HOW:PHASE with KIND@HOW one of {rows} and PHASE one of {list(PHASES)}",
+        )
+    return CoverageCell(kind, how, phase)
+
+
+def family(aim: CoverageCell | None) -> str | None:
+    return None if aim is None else AIMABLE[(aim.kind, aim.how)]
+
+
+def adjust(aim: CoverageCell, world: WorldShape, loop: LoopConfig) -> tuple[WorldShape, LoopConfig]:
+    """What the aimed fault needs of the world and flags (the rest of the draw is kept)."""
+    needs_two = aim.kind in ("kill_engine", "hang_engine") or aim.how == "mid_generation"
+    if needs_two and world.num_engines < 2:
+        world = dataclasses.replace(world, num_engines=2)
+    if aim.how in ("step_begin", "during_recovery") and aim.kind in ("kill_engine", "hang_engine"):
+        loop = dataclasses.replace(loop, use_fault_tolerance=True)  # only recovery undoes it
+    return world, loop
+
+
+def _bucket(d: _Draw, phase: str) -> int:
+    last = d.n_buckets - 1
+    if phase == "stamping" or last == 0:
+        return last
+    if phase == "bucket_middle" and last >= 2:
+        return d.rng.randrange(1, last)
+    return 0
+
+
+def _slot(d: _Draw, spacing: int) -> int:
+    slots = d.slots(1, spacing=spacing)
+    return slots[0] if slots else 1
+
+
+def _at_time(d: _Draw, aim: CoverageCell, probe: Probe) -> float:
+    """A time inside a span of the aimed phase (any time in the fault phase if none)."""
+    spans = [(a, min(b, d.fault_phase)) for a, b in phase_windows(probe(list(d.faults)), aim.phase)]
+    spans = [(a, b) for a, b in spans if b > a]
+    if not spans:
+        return d.rng.uniform(0.0, d.fault_phase)
+    start, end = d.rng.choice(spans)
+    return d.rng.uniform(start, end)
+
+
+def _cell_faults(d: _Draw, aim: CoverageCell, probe: Probe) -> list[AnyFault]:
+    F, s = make_fault, _slot(d, 4)
+    slowed = {f.cell for f in d.faults if f.kind.value == "slow_cell"}  # type: ignore[attr-defined]
+    cells = [c for c in range(d.world.num_cells) if c not in slowed] or [0]
+    cell = d.rng.choice(cells)
+    if aim.how == AT_TIME:
+        t = _at_time(d, aim, probe)
+        restart = F("start_cell", cell=cell, at=t + d.rng.uniform(0.5, d.step_seconds))
+        return [F("kill_cell", cell=cell, at=t), restart]
+    if aim.how == "before_allreduce":
+        kill = F("kill_cell", cell=cell, point="before_allreduce", step=s)
+    elif aim.how == "after_bucket":  # cell 0 is the updater while it is alive
+        cell = 0
+        bucket = _bucket(d, aim.phase)
+        kill = F("kill_cell", cell=0, point="after_bucket", bucket=bucket, after_step=s - 1)
+    else:  # during_heal: a cell killed, started, and killed again while it is healed
+        cell = d.rng.choice([c for c in cells if c > 0] or [1])
+        return [
+            F("kill_cell", cell=cell, point="before_allreduce", step=s),
+            F("start_cell", cell=cell, point="step_begin", step=s + 1),
+            F("kill_cell", cell=cell, point="during_heal", after_step=s),
+            F("start_cell", cell=cell, point="step_begin", step=s + 3),
+        ]
+    return [kill, F("start_cell", cell=cell, point="step_begin", step=s + 2)]
+
+
+def _engine_faults(d: _Draw, aim: CoverageCell, probe: Probe) -> list[AnyFault]:
+    F, s = make_fault, _slot(d, 3)
+    engine = f"engine-{d.rng.randrange(d.world.num_engines)}"
+    if aim.how == AT_TIME:
+        t = _at_time(d, aim, probe)
+        if aim.kind == "restart_engine":
+            return [F("restart_engine", engine=engine, at=t)]
+        later = t + d.rng.uniform(1.0, d.step_seconds)
+        return [F("kill_engine", engine=engine, at=t), F("restart_engine", engine=engine, at=later)]
+    if aim.how == "after_bucket":
+        bucket = _bucket(d, aim.phase)
+        keys = {"point": "after_bucket", "bucket": bucket, "after_step": s - 1}
+        return [F("restart_engine", engine=engine, **keys)]
+    if aim.how == "mid_generation":
+        return [
+            F("kill_engine", engine=engine, point="mid_generation", after_step=s - 1),
+            F("restart_engine", engine=engine, point="step_begin", step=s + 2),
+        ]
+    faults = [F(aim.kind, engine=engine, point="step_begin", step=s)]  # fault tolerance undoes it
+    if aim.how == "during_recovery":
+        faults[0] = F("kill_engine", engine=engine, point="step_begin", step=s)
+        faults.append(F("kill_engine", engine=engine, point="during_recovery", after_step=s - 1))
+    return faults
+
+
+def aimed_faults(d: _Draw, aim: CoverageCell, probe: Probe) -> list[AnyFault]:
+    """The faults that put ``aim`` in its cell (impairments are forced in the swarm's own
+    impairment draw instead)."""
+    if family(aim) == CELL:
+        return _cell_faults(d, aim, probe)
+    return _engine_faults(d, aim, probe)
+
+
+def probe_with(base: Scenario, seed: int) -> Probe:
+    """A probe that runs ``base`` with the faults drawn so far (imported late: the
+    simulator's run module is not needed unless a seed aims at a time)."""
+
+    def probe(faults: list[AnyFault]) -> Any:
+        from sim.run import run_scenario
+
+        scenario = dataclasses.replace(base, faults=tuple(faults))
+        return run_scenario(scenario, seed).history
+
+    return probe
+
+
+__all__ = ["AIMABLE", "adjust", "aimed_faults", "family", "parse_aim", "probe_with"]

@@ -1,0 +1,110 @@
+"""One seed judged where it runs: the scenario in, a small outcome out (never the history).
+
+A sweep's worker keeps a history only while it judges it: what travels back to
+the driver is the verdict per oracle, the history's hash, the coverage cells the
+faults hit and, for a failing seed only, what is needed to replay and read it
+(the scenario as TOML, the violations, the replay line).
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass
+
+from miles_core.coverage import CoverageCell, coverage_cells
+from miles_core.scenario import Scenario
+from miles_core.scenario.dump import scenario_to_toml
+from sim.plants import planted
+from sim.run import run_scenario
+from sim.swarm import SWARM, SWARM_TOTAL_LOSS, swarm_scenario
+
+DEFAULT_SWARM_STEPS = 12
+
+
+@dataclass(frozen=True)
+class SeedTask:
+    """What one seed runs: ``source`` as the user wrote it (swarm, a name, a file's path);
+    ``scenario`` is the loaded one for a name or a file (a swarm is drawn by the seed)."""
+
+    source: str
+    seed: int
+    scenario: Scenario | None = None
+    steps: int | None = None
+    aim: CoverageCell | None = None
+    plant: str | None = None
+
+    def drawn(self) -> Scenario:
+        if self.source in (SWARM, SWARM_TOTAL_LOSS):
+            steps = self.steps if self.steps is not None else DEFAULT_SWARM_STEPS
+            total_loss = self.source == SWARM_TOTAL_LOSS
+            return swarm_scenario(self.seed, steps, total_loss=total_loss, aim=self.aim)
+        assert self.scenario is not None, "a named or file scenario is loaded by the driver"
+        return self.scenario
+
+    def replay(self) -> str:
+        """The command that replays this seed's run exactly."""
+        command = ["python", "-m", "sim", "run", self.source, "--seed", str(self.seed)]
+        if self.steps is not None:
+            command += ["--steps", str(self.steps)]
+        if self.aim is not None:
+            command += ["--aim", self.aim.key()]
+        if self.plant is not None:
+            command += ["--plant", self.plant]
+        return shlex.join(command)
+
+
+@dataclass(frozen=True)
+class SeedOutcome:
+    source: str
+    seed: int
+    failed: tuple[str, ...]
+    """The oracles that failed (empty: the seed passed)."""
+    oracles: tuple[str, ...]
+    status: str
+    hash: str
+    cells: tuple[CoverageCell, ...]
+    replay: str
+    seconds: float
+    aim: CoverageCell | None = None
+    failure: str = ""
+    """The violations, for a failing seed."""
+    scenario_toml: str = ""
+    """The scenario as run (a swarm's drawing too), for a failing seed."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+def judge(task: SeedTask) -> SeedOutcome:
+    """Run and judge one seed (in a Ray worker, or here)."""
+    started = time.perf_counter()
+    with planted(task.plant):
+        scenario = task.drawn()
+        result = run_scenario(scenario, task.seed, task.steps)
+    buckets = [getattr(f.when, "bucket", None) for f in scenario.faults]
+    failed = tuple(name for name, v in result.verdicts.items() if v is not None)
+    return SeedOutcome(
+        source=task.source,
+        seed=task.seed,
+        failed=failed,
+        oracles=tuple(result.verdicts),
+        status=result.report.status.value,
+        hash=result.hash,
+        cells=tuple(coverage_cells(result.history, buckets)),
+        replay=task.replay(),
+        seconds=time.perf_counter() - started,
+        aim=task.aim,
+        failure=result.failures() if failed else "",
+        scenario_toml=scenario_to_toml(result.scenario) if failed else "",
+    )
+
+
+def judge_many(tasks: list[SeedTask]) -> list[SeedOutcome]:
+    """A chunk of seeds in one worker call (a seed takes tens of milliseconds; a Ray task
+    per seed would spend as long on scheduling)."""
+    return [judge(task) for task in tasks]
+
+
+__all__ = ["SeedOutcome", "SeedTask", "judge", "judge_many"]

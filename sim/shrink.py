@@ -1,0 +1,117 @@
+"""Shrinking a failing run: fewer faults, steps, cells and engines, the same oracle failing.
+
+Delta debugging (Zeller's ddmin) over the scenario's faults first: a fault
+whose removal keeps the failure goes. Then the steps (halving while it still
+fails, then one at a time), the cells and the engines (the fewest that still
+fail). Every candidate is a whole run under the same seed, judged by the same
+oracles; a candidate the scenario checks refuse (a fault at a step the shorter
+run never reaches, a cell the smaller world lacks) is simply not taken. What
+fails is the oracle the original run failed, not any oracle: a shrunk scenario
+that fails something else is another bug.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from miles_core.errors import ConfigError
+from miles_core.scenario import Scenario
+from sim.plants import planted
+from sim.run import run_scenario
+
+T = TypeVar("T")
+
+
+def ddmin(items: Sequence[T], fails: Callable[[list[T]], bool]) -> list[T]:
+    """A 1-minimal subsequence of ``items`` that still ``fails`` (which it must at first)."""
+    current = list(items)
+    if fails([]):
+        return []
+    n = 2
+    while len(current) >= 2:
+        size = math.ceil(len(current) / n)
+        parts = [current[i : i + size] for i in range(0, len(current), size)]
+        for i, part in enumerate(parts):
+            if fails(part):
+                current, n = part, 2
+                break
+            rest = [x for j, p in enumerate(parts) if j != i for x in p]
+            if len(parts) > 2 and fails(rest):
+                current, n = rest, max(n - 1, 2)
+                break
+        else:
+            if n >= len(current):
+                break
+            n = min(len(current), 2 * n)
+    return current
+
+
+@dataclass
+class Shrinker:
+    """The runs a shrink makes, counted, for one seed, oracle and planted bug."""
+
+    seed: int
+    oracle: str
+    plant: str | None = None
+    runs: int = 0
+
+    def fails(self, scenario: Scenario) -> bool:
+        self.runs += 1
+        with planted(self.plant):
+            result = run_scenario(scenario, self.seed)
+        return result.verdicts.get(self.oracle) is not None
+
+    def candidate(self, scenario: Scenario, **changes: object) -> Scenario | None:
+        """``scenario`` with ``changes`` (``steps`` goes to the loop), or None if refused."""
+        try:
+            if "steps" in changes:
+                loop = dataclasses.replace(scenario.loop, steps=changes.pop("steps"))
+                scenario = dataclasses.replace(scenario, loop=loop)
+            if "num_cells" in changes or "num_engines" in changes:
+                world = dataclasses.replace(scenario.world, **changes)  # type: ignore[arg-type]
+                return dataclasses.replace(scenario, world=world)
+            return dataclasses.replace(scenario, **changes)  # type: ignore[arg-type]
+        except ConfigError:
+            return None
+
+    def still_fails(self, scenario: Scenario | None) -> bool:
+        return scenario is not None and self.fails(scenario)
+
+
+def _faults(s: Shrinker, scenario: Scenario) -> Scenario:
+    def fails(faults: list) -> bool:
+        return s.still_fails(s.candidate(scenario, faults=tuple(faults)))
+
+    return dataclasses.replace(scenario, faults=tuple(ddmin(scenario.faults, fails)))
+
+
+def _steps(s: Shrinker, scenario: Scenario) -> Scenario:
+    steps = scenario.loop.steps
+    while steps > 1 and s.still_fails(smaller := s.candidate(scenario, steps=steps // 2)):
+        scenario, steps = smaller, steps // 2  # type: ignore[assignment]
+    while steps > 1 and s.still_fails(smaller := s.candidate(scenario, steps=steps - 1)):
+        scenario, steps = smaller, steps - 1  # type: ignore[assignment]
+    return scenario
+
+
+def _world(s: Shrinker, scenario: Scenario, key: str, least: int) -> Scenario:
+    for count in range(least, getattr(scenario.world, key)):
+        if s.still_fails(smaller := s.candidate(scenario, **{key: count})):
+            return smaller  # type: ignore[return-value]
+    return scenario
+
+
+def shrink(scenario: Scenario, shrinker: Shrinker) -> Scenario:
+    """The smallest scenario found that still fails ``shrinker.oracle`` under its seed."""
+    scenario = _faults(shrinker, scenario)
+    scenario = _steps(shrinker, scenario)
+    scenario = _world(shrinker, scenario, "num_cells", 1)
+    scenario = _world(shrinker, scenario, "num_engines", 1)
+    return _faults(shrinker, scenario)  # a smaller world may need fewer faults still
+
+
+__all__ = ["Shrinker", "ddmin", "shrink"]

@@ -1,0 +1,134 @@
+"""``python -m sim sweep``: many seeds on Ray, judged by every oracle (see sim/sweep.py).
+
+Exit codes: 0 when every seed passed and the re-checked seeds gave the same
+hashes; 1 when a seed failed or a hash differed; 2 when the command is wrong
+(nothing ran); 130 after Ctrl-C (what finished is still reported).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+from miles_core.errors import ConfigError
+from sim.plants import check_plant
+from sim.scenarios import find_scenario
+from sim.swarm import SWARM, SWARM_TOTAL_LOSS
+from sim.sweep import Source, sweep
+from sim.sweep_report import summary, text_lines, write_out
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m sim sweep",
+        description="judge many seeds on Ray: verdicts, failing seeds, fault coverage",
+        allow_abbrev=False,
+    )
+    seeds = p.add_mutually_exclusive_group()
+    seeds.add_argument("--seeds", type=int, metavar="N", help="seeds 0..N-1 (default 1000)")
+    seeds.add_argument("--seed-range", metavar="A:B", help="seeds A..B-1")
+    p.add_argument(
+        "--scenario",
+        action="append",
+        metavar="swarm|NAME|FILE",
+        help="what each seed runs; repeat for several (default: swarm)",
+    )
+    p.add_argument("--steps", type=int, help="steps per run (default: the scenario's; swarm 12)")
+    p.add_argument("--address", help="an existing Ray cluster (default: a local Ray)")
+    p.add_argument("--workers", type=int, help="tasks at once (default: the CPUs Ray has)")
+    p.add_argument("--json", action="store_true", help="print one JSON summary")
+    p.add_argument("--out", metavar="DIR", help="write sweep.json, coverage.png, failing seeds")
+    p.add_argument("--plant", metavar="NAME", help="a planted bug in every worker (sim/plants)")
+    p.add_argument("--recheck", type=int, default=20, metavar="N", help="seeds run twice")
+    p.add_argument("--no-aim", action="store_true", help="never aim seeds at empty map cells")
+    return p
+
+
+def _seeds(args: argparse.Namespace) -> range:
+    if args.seed_range is None:
+        n = 1000 if args.seeds is None else args.seeds
+        if n < 1:
+            raise ConfigError("--seeds", f"got {n}", "pass an integer >= 1")
+        return range(n)
+    a, sep, b = args.seed_range.partition(":")
+    try:
+        first, end = int(a), int(b)
+    except ValueError:
+        first, end = 0, -1
+    if not sep or end <= first:
+        raise ConfigError(
+            "--seed-range", f"got {args.seed_range!r}", "write A:B with integers A < B"
+        )
+    return range(first, end)
+
+
+def _sources(args: argparse.Namespace) -> list[Source]:
+    sources = []
+    for text in args.scenario or [SWARM]:
+        if text in (SWARM, SWARM_TOTAL_LOSS):
+            sources.append(Source(text))
+        else:  # loaded here: a wrong name or file is refused before any seed runs
+            sources.append(Source(text, find_scenario(text)))
+    return sources
+
+
+def _check(args: argparse.Namespace) -> None:
+    for flag, value, least in (("--steps", args.steps, 1), ("--workers", args.workers, 1)):
+        if value is not None and value < least:
+            raise ConfigError(flag, f"got {value}", f"pass an integer >= {least}")
+    if args.recheck < 0:
+        raise ConfigError("--recheck", f"got {args.recheck}", "pass an integer >= 0")
+    if args.plant is not None:
+        check_plant(args.plant)
+    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ConfigError("--out", f"{args.out} is a file", "pass a directory (made if missing)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        _check(args)
+        seeds, sources = _seeds(args), _sources(args)
+    except ConfigError as error:
+        parser.error(str(error))
+    import ray
+
+    from backends.common.ray_session import ray_session  # Ray only once the input is good
+
+    local_workers = args.workers or os.cpu_count() or 1
+    with ray_session(num_gpus=0, address=args.address, num_cpus=local_workers):
+        workers = args.workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        nodes = sum(1 for n in ray.nodes() if n["Alive"])
+        bar = tqdm(
+            total=len(seeds) * len(sources), unit="seed", disable=True if args.json else None
+        )
+        run = sweep(
+            sources,
+            seeds,
+            workers=workers,
+            steps=args.steps,
+            plant=args.plant,
+            recheck=args.recheck,
+            aim=not args.no_aim,
+            on_outcome=lambda outcome: bar.update(1),
+        )
+        bar.close()
+    info = summary(run, workers, nodes, args.plant)
+    written = write_out(Path(args.out), info, run.tally) if args.out is not None else []
+    if args.json:
+        print(json.dumps(info, sort_keys=True))
+    else:
+        print("\n".join(text_lines(info, run.tally) + written))
+    if run.interrupted:
+        return 130
+    return 0 if run.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

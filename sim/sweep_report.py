@@ -1,0 +1,182 @@
+"""What a sweep prints and writes: the verdict table, failing seeds, the coverage map.
+
+The JSON holds everything the text shows; ``--out DIR`` writes it as
+``sweep.json``, the map as ``coverage.png`` and, for each failing seed only, a
+folder with the scenario as TOML (it replays without the swarm) and the
+violations with the replay line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from miles_core.coverage import PHASES, CoverageCell, reachable
+from sim.aim import AIMABLE
+from sim.judge import SeedOutcome
+from sim.sweep import SweepRun, Tally
+
+SHOWN_FAILURES = 20
+"""Failing seeds printed; the JSON and --out hold all of them."""
+
+
+def map_rows(tally: Tally) -> list[tuple[str, str]]:
+    """The map's rows: every (kind, how) the swarm can aim at, and any other that struck."""
+    rows = dict.fromkeys(AIMABLE)
+    rows |= dict.fromkeys(sorted({(c.kind, c.how) for c in tally.coverage}))
+    return list(rows)
+
+
+def coverage_json(tally: Tally) -> dict[str, Any]:
+    cells = {c.key(): n for c, n in sorted(tally.coverage.items())}
+    wanted = [
+        CoverageCell(kind, how, phase)
+        for kind, how in map_rows(tally)
+        for phase in PHASES
+        if phase in reachable(kind, how)
+    ]
+    empty = [c.key() for c in wanted if c not in tally.coverage]
+    return {
+        "phases": list(PHASES),
+        "cells": cells,
+        "reachable": len(wanted),
+        "hit": len(wanted) - len(empty),
+        "empty": empty,
+        "aimed_seeds": tally.aimed,
+        "aimed_seeds_that_hit_their_cell": tally.aimed_hit,
+    }
+
+
+def _failure(outcome: SeedOutcome) -> dict[str, Any]:
+    aim = None if outcome.aim is None else outcome.aim.key()
+    return {
+        "source": outcome.source,
+        "seed": outcome.seed,
+        "aim": aim,
+        "oracles": list(outcome.failed),
+        "status": outcome.status,
+        "replay": outcome.replay,
+    }
+
+
+def summary(run: SweepRun, workers: int, nodes: int, plant: str | None) -> dict[str, Any]:
+    tally = run.tally
+    return {
+        "seeds": tally.seeds,
+        "workers": workers,
+        "nodes": nodes,
+        "plant": plant,
+        "wall_seconds": run.wall_seconds,
+        "seeds_per_second": tally.seeds / run.wall_seconds if run.wall_seconds else 0.0,
+        "interrupted": run.interrupted,
+        "ok": run.ok,
+        "oracles": {k: {"passed": p, "failed": f} for k, (p, f) in sorted(tally.oracles.items())},
+        "failures": [_failure(o) for o in tally.failures],
+        "determinism": {"rechecked": run.rechecked, "differed": run.nondeterministic},
+        "coverage": coverage_json(tally),
+    }
+
+
+def text_lines(info: dict[str, Any], tally: Tally) -> list[str]:
+    lines = [
+        f"{info['seeds']} seeds in {info['wall_seconds']:.1f} s on {info['workers']} workers "
+        f"({info['nodes']} node{'s' if info['nodes'] != 1 else ''}): "
+        f"{info['seeds_per_second']:.1f} seeds/s"
+        + (" (interrupted)" if info["interrupted"] else ""),
+        "",
+        f"  {'oracle':22s} {'passed':>8s} {'failed':>8s}",
+    ]
+    for name, counts in info["oracles"].items():
+        lines.append(f"  {name:22s} {counts['passed']:8d} {counts['failed']:8d}")
+    failures = info["failures"]
+    lines += ["", f"failing seeds: {len(failures)}"]
+    for f in failures[:SHOWN_FAILURES]:
+        lines.append(f"  {', '.join(f['oracles'])}: {f['replay']}")
+    if len(failures) > SHOWN_FAILURES:
+        lines.append(f"  ... {len(failures) - SHOWN_FAILURES} more in the JSON")
+    d = info["determinism"]
+    lines += ["", f"determinism: {d['rechecked']} seeds run twice, {len(d['differed'])} differed"]
+    lines += [f"  {line}" for line in d["differed"]]
+    return [*lines, "", *map_lines(info["coverage"], tally)]
+
+
+def map_lines(coverage: dict[str, Any], tally: Tally) -> list[str]:
+    """The map as a table: seeds per cell; '.' where the trigger cannot reach the phase."""
+    short = [p.replace("bucket_", "b_") for p in PHASES]
+    width = max(len(f"{k}@{h}") for k, h in map_rows(tally))
+    lines = [
+        f"fault coverage: {coverage['hit']}/{coverage['reachable']} reachable cells hit; "
+        f"{coverage['aimed_seeds']} seeds aimed at empty cells, "
+        f"{coverage['aimed_seeds_that_hit_their_cell']} hit theirs",
+        f"  {'kind@how':{width}s} " + " ".join(f"{p:>10s}" for p in short),
+    ]
+    for kind, how in map_rows(tally):
+        cells = []
+        for phase in PHASES:
+            n = tally.coverage.get(CoverageCell(kind, how, phase), 0)
+            cells.append(f"{n:10d}" if phase in reachable(kind, how) or n else f"{'.':>10s}")
+        lines.append(f"  {kind + '@' + how:{width}s} " + " ".join(cells))
+    return lines
+
+
+def write_out(out: Path, info: dict[str, Any], tally: Tally) -> list[str]:
+    """sweep.json, coverage.png and a folder per failing seed; the lines saying so."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.json").write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
+    written = [f"wrote {out / 'sweep.json'}"]
+    for outcome in tally.failures:
+        folder = out / "failures" / _folder_name(outcome)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "scenario.toml").write_text(outcome.scenario_toml)
+        replay = f"python -m sim run {folder / 'scenario.toml'} --seed {outcome.seed}"
+        text = f"{outcome.failure}\n\nreplay: {outcome.replay}\nor: {replay}\n"
+        (folder / "failure.txt").write_text(text)
+    if tally.failures:
+        written.append(f"wrote {len(tally.failures)} failing seeds under {out / 'failures'}")
+    written.append(heat_map(out / "coverage.png", tally))
+    return written
+
+
+def _folder_name(outcome: SeedOutcome) -> str:
+    name = f"{Path(outcome.source).stem}-seed{outcome.seed}"
+    if outcome.aim is not None:
+        name += "-" + re.sub(r"[^A-Za-z0-9_]+", "-", outcome.aim.key())
+    return name
+
+
+def heat_map(path: Path, tally: Tally) -> str:
+    """The map as a PNG (matplotlib): log-scaled seeds per cell, unreachable cells hatched."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import numpy as np
+    except ImportError:
+        return f"{path} not written: pip install matplotlib (the 'sweep' extra)"
+    rows = map_rows(tally)
+    grid = np.full((len(rows), len(PHASES)), np.nan)
+    for i, (kind, how) in enumerate(rows):
+        for j, phase in enumerate(PHASES):
+            n = tally.coverage.get(CoverageCell(kind, how, phase), 0)
+            if n or phase in reachable(kind, how):
+                grid[i, j] = np.log10(1 + n)
+    fig, ax = plt.subplots(figsize=(11, 0.4 * len(rows) + 2))
+    image = ax.imshow(grid, cmap="viridis", aspect="auto")
+    ax.set_xticks(range(len(PHASES)), PHASES, rotation=30, ha="right")
+    ax.set_yticks(range(len(rows)), [f"{k}@{h}" for k, h in rows])
+    for i, j in zip(*np.where(np.isnan(grid)), strict=True):
+        ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="//", lw=0))
+    for i, j in zip(*np.where(grid == 0), strict=True):
+        ax.text(j, i, "0", ha="center", va="center", color="red")
+    fig.colorbar(image, ax=ax, label="log10(1 + seeds)")
+    ax.set_title(f"fault coverage over {tally.seeds} seeds (hatched: unreachable)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return f"wrote {path}"
+
+
+__all__ = ["heat_map", "map_lines", "summary", "text_lines", "write_out"]
