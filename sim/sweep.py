@@ -52,6 +52,8 @@ class Tally:
     hashes: dict[tuple[str, int, str], str] = field(default_factory=dict)
     """(source, seed, aim) -> history hash, for the determinism re-check."""
     seeds: int = 0
+    per_node: dict[str, int] = field(default_factory=dict)
+    """Ray node id -> seeds judged there."""
     aimed: int = 0
     aimed_hit: int = 0
 
@@ -132,15 +134,23 @@ class SweepRun:
         return not self.tally.failures and not self.nondeterministic and not self.interrupted
 
 
+def _judged_on_node(tasks: list[SeedTask]) -> tuple[str, list[SeedOutcome]]:
+    """A chunk judged in a Ray worker, with the node it ran on."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id(), judge_many(tasks)
+
+
 def run_chunks(
     pending: Iterator[list[SeedTask]],
     workers: int,
-    on_outcome: Callable[[SeedOutcome], None],
+    on_outcome: Callable[[SeedOutcome, str], None],
 ) -> None:
-    """Keep ``2 * workers`` chunks in flight on Ray; each outcome as its chunk returns."""
+    """Keep ``2 * workers`` chunks in flight on Ray; each outcome (and the node that judged
+    it) as its chunk returns."""
     import ray
 
-    remote = ray.remote(num_cpus=1, max_retries=0)(judge_many)
+    remote = ray.remote(num_cpus=1, max_retries=0)(_judged_on_node)
     in_flight: list[ray.ObjectRef] = []
     try:
         while True:
@@ -149,8 +159,9 @@ def run_chunks(
             if not in_flight:
                 return
             done, in_flight = ray.wait(in_flight, num_returns=1)
-            for outcome in ray.get(done[0]):
-                on_outcome(outcome)
+            node, outcomes = ray.get(done[0])
+            for outcome in outcomes:
+                on_outcome(outcome, node)
     except BaseException:  # Ctrl-C, or a worker's error: nothing left running
         for ref in in_flight:
             ray.cancel(ref, force=True)
@@ -182,14 +193,15 @@ def sweep(
                 sample.append(task)
             yield task
 
-    def judged(outcome: SeedOutcome) -> None:
+    def judged(outcome: SeedOutcome, node: str) -> None:
         run.tally.add(outcome)
+        run.tally.per_node[node] = run.tally.per_node.get(node, 0) + 1
         on_outcome(outcome)
 
     started = time.perf_counter()
     try:
         run_chunks(chunks(handed_out()), workers, judged)
-        run_chunks(chunks(iter(sample[::-1]), 1), workers, lambda o: _compare(run, o))
+        run_chunks(chunks(iter(sample[::-1]), 1), workers, lambda o, node: _compare(run, o))
     except KeyboardInterrupt:
         run.interrupted = True
     run.wall_seconds = time.perf_counter() - started

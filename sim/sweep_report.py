@@ -61,19 +61,24 @@ def _failure(outcome: SeedOutcome) -> dict[str, Any]:
     }
 
 
+def _order(outcome: SeedOutcome) -> tuple[str, int, str]:
+    return (outcome.source, outcome.seed, "" if outcome.aim is None else outcome.aim.key())
+
+
 def summary(run: SweepRun, workers: int, nodes: int, plant: str | None) -> dict[str, Any]:
     tally = run.tally
     return {
         "seeds": tally.seeds,
         "workers": workers,
         "nodes": nodes,
+        "seeds_per_node": dict(sorted(tally.per_node.items())),
         "plant": plant,
         "wall_seconds": run.wall_seconds,
         "seeds_per_second": tally.seeds / run.wall_seconds if run.wall_seconds else 0.0,
         "interrupted": run.interrupted,
         "ok": run.ok,
         "oracles": {k: {"passed": p, "failed": f} for k, (p, f) in sorted(tally.oracles.items())},
-        "failures": [_failure(o) for o in tally.failures],
+        "failures": [_failure(o) for o in sorted(tally.failures, key=_order)],
         "determinism": {"rechecked": run.rechecked, "differed": run.nondeterministic},
         "coverage": coverage_json(tally),
     }
@@ -82,7 +87,7 @@ def summary(run: SweepRun, workers: int, nodes: int, plant: str | None) -> dict[
 def text_lines(info: dict[str, Any], tally: Tally) -> list[str]:
     lines = [
         f"{info['seeds']} seeds in {info['wall_seconds']:.1f} s on {info['workers']} workers "
-        f"({info['nodes']} node{'s' if info['nodes'] != 1 else ''}): "
+        f"({len(info['seeds_per_node'])} of {info['nodes']} nodes): "
         f"{info['seeds_per_second']:.1f} seeds/s"
         + (" (interrupted)" if info["interrupted"] else ""),
         "",
@@ -131,6 +136,8 @@ def write_out(out: Path, info: dict[str, Any], tally: Tally) -> list[str]:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "scenario.toml").write_text(outcome.scenario_toml)
         replay = f"python -m sim run {folder / 'scenario.toml'} --seed {outcome.seed}"
+        if info["plant"] is not None:
+            replay += f" --plant {info['plant']}"
         text = f"{outcome.failure}\n\nreplay: {outcome.replay}\nor: {replay}\n"
         (folder / "failure.txt").write_text(text)
     if tally.failures:
@@ -142,7 +149,7 @@ def write_out(out: Path, info: dict[str, Any], tally: Tally) -> list[str]:
 def _folder_name(outcome: SeedOutcome) -> str:
     name = f"{Path(outcome.source).stem}-seed{outcome.seed}"
     if outcome.aim is not None:
-        name += "-" + re.sub(r"[^A-Za-z0-9_]+", "-", outcome.aim.key())
+        name += "-aim-" + re.sub(r"[^A-Za-z0-9_]+", "-", outcome.aim.key())
     return name
 
 

@@ -143,6 +143,12 @@ def placed_bundles(
     return pg, place(layout, bundles, functools.cache(resolver))
 
 
+def bundle_nodes(pg: PlacementGroup) -> tuple[str, ...]:
+    """The Ray node id each bundle of ``pg`` was reserved on, by bundle index."""
+    table = ray.util.placement_group_table(pg)["bundles_to_node_id"]
+    return tuple(table[i] for i in sorted(table))
+
+
 def _in_bundle_index(pg: PlacementGroup, index: int) -> PlacementGroupSchedulingStrategy:
     return PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index)
 
@@ -153,6 +159,7 @@ def in_bundle(pg: PlacementGroup, bundle: Bundle) -> PlacementGroupSchedulingStr
 
 __all__ = [
     "LOOPBACK",
+    "bundle_nodes",
     "bundles_from_ray",
     "dns_resolver",
     "in_bundle",

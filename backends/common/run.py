@@ -12,6 +12,7 @@ seconds (a busy 2-core machine answers a Ray call slower than a simulated second
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import math
 import os
@@ -26,7 +27,12 @@ from backends.common.aio_runtime import AsyncioRuntime
 from backends.common.cluster import RayWorld, buffer_size_for
 from backends.common.faults import RayFaultActions
 from backends.common.policy import PolicyConfig
-from backends.common.ray_session import placed_bundles, ray_session, remove_placement_group
+from backends.common.ray_session import (
+    bundle_nodes,
+    placed_bundles,
+    ray_session,
+    remove_placement_group,
+)
 from backends.common.stack import CPU_STACK, Stack
 from miles_core.backend import CellFailure
 from miles_core.errors import ConfigError
@@ -103,6 +109,8 @@ class RealResult:
     checkpoint: Path | None = None
     """Where --save wrote the checkpoint (None: not asked, or no cell was left alive)."""
     stack: Stack = CPU_STACK
+    bundle_nodes: tuple[str, ...] = ()
+    """The Ray node each GPU bundle (so each trainer rank and engine) landed on, by index."""
 
     @property
     def ok(self) -> bool:
@@ -127,6 +135,7 @@ class RealResult:
             },
             "checkpoint": None if self.checkpoint is None else str(self.checkpoint),
             "stack": self.stack.describe(),
+            "ray_nodes": dict(collections.Counter(self.bundle_nodes)),
         }
         return info
 
@@ -407,6 +416,7 @@ def run_in_ray(
     )
     pg, placement = placed_bundles(_layout(scenario))
     try:
-        return asyncio.run(_run(scenario, seed, pg, placement, options))
+        result = asyncio.run(_run(scenario, seed, pg, placement, options))
+        return dataclasses.replace(result, bundle_nodes=bundle_nodes(pg))
     finally:
         remove_placement_group(pg)

@@ -1,0 +1,137 @@
+"""`python -m sim sweep` on a local Ray, and `python -m sim shrink` on what it finds.
+
+What CI's sweep must show: every oracle passes on a few hundred swarm seeds over 2
+workers, the re-checked seeds give the same hash, the coverage map's JSON has the
+cells these seeds must hit, and no Ray process is left. A planted control bug is
+found by a sweep and shrunk to a scenario of a few faults that still fails the
+oracle named for it, and passes without the bug.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from miles_core.scenario import load_scenario_file
+from sim.plants import PLANTS, planted
+from sim.run import run_scenario
+from sim.shrink_cli import main as shrink_main
+from sim.sweep_cli import main as sweep_main
+from tests.ray_cluster import leftovers
+
+MUST_HIT = {
+    "kill_cell@before_allreduce:allreduce",
+    "kill_cell@during_heal:healing",
+    "kill_cell@after_bucket:stamping",
+    "restart_engine@after_bucket:stamping",  # the window of the restart-before-stamp bug
+    "restart_engine@at_time:training",
+    "kill_engine@mid_generation:generating",
+    "slow_link@step_begin:generating",
+}
+"""Cells CI's 300 seeds hit (the swarm draws each of them on most seeds' way)."""
+
+
+@pytest.fixture
+def ray_tmp() -> Iterator[Path]:
+    """A short temp dir for the sweep's local Ray (its socket paths must stay short)."""
+    path = Path(tempfile.mkdtemp(prefix="rsw-", dir="/tmp"))
+    yield path
+    assert leftovers(str(path)) == []  # the sweep shut its Ray down
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _sweep(ray_tmp: Path, *argv: str) -> subprocess.CompletedProcess:
+    env = os.environ | {"RAY_TMPDIR": str(ray_tmp)}
+    command = [sys.executable, "-m", "sim", "sweep", "--workers", "2", *argv]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+
+
+def test_a_few_hundred_seeds_pass_every_oracle_and_cover_the_map(
+    ray_tmp: Path, tmp_path: Path
+) -> None:
+    done = _sweep(ray_tmp, "--seeds", "300", "--json", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    info = json.loads(done.stdout.strip().splitlines()[-1])
+    assert info == json.loads((tmp_path / "sweep.json").read_text())
+    assert info["seeds"] == 300 and info["ok"] and info["failures"] == []
+    assert all(c == {"passed": 300, "failed": 0} for c in info["oracles"].values())
+    assert len(info["oracles"]) == 11
+    assert info["determinism"] == {"rechecked": 20, "differed": []}
+    coverage = info["coverage"]
+    assert set(coverage["cells"]) >= MUST_HIT, MUST_HIT - set(coverage["cells"])
+    assert coverage["aimed_seeds"] > 0 and coverage["aimed_seeds_that_hit_their_cell"] > 0
+    assert set(coverage["empty"]).isdisjoint(coverage["cells"])
+    assert (tmp_path / "coverage.png").stat().st_size > 10_000
+    assert not (tmp_path / "failures").exists()
+
+
+def test_a_planted_bug_is_found_and_shrunk_to_a_few_faults(
+    ray_tmp: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bug = "stamp_by_engine_id"
+    oracle = PLANTS[bug][1]
+    done = _sweep(ray_tmp, "--seeds", "120", "--plant", bug, "--json", "--out", str(tmp_path))
+    assert done.returncode == 1, done.stderr[-3000:]
+    info = json.loads(done.stdout.strip().splitlines()[-1])
+    assert info["failures"] and all(oracle in f["oracles"] for f in info["failures"])
+    first = info["failures"][0]
+    name = f"swarm-seed{first['seed']}"
+    (folder,) = [p for p in (tmp_path / "failures").iterdir() if p.name.split("-aim")[0] == name]
+    assert first["replay"] in (folder / "failure.txt").read_text()
+    assert (folder / "scenario.toml").exists()
+
+    monkeypatch.chdir(tmp_path)
+    assert shrink_main([first["replay"], "--out", "small.toml"]) == 0
+    small = load_scenario_file(tmp_path / "small.toml")
+    assert 1 <= len(small.faults) <= 3, small.faults
+    with planted(bug):
+        assert run_scenario(small, first["seed"]).verdicts[oracle] is not None
+    assert run_scenario(small, first["seed"]).ok  # without the bug the scenario passes
+
+
+def test_ctrl_c_reports_what_finished_and_leaves_no_ray(ray_tmp: Path) -> None:
+    env = os.environ | {"RAY_TMPDIR": str(ray_tmp)}
+    command = [sys.executable, "-m", "sim", "sweep", "--seeds", "1000000", "--workers", "2"]
+    sweep = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not any(ray_tmp.glob("*/session_*/logs/worker-*")) and time.monotonic() < deadline:
+        time.sleep(0.5)  # Ray is up and its workers are judging seeds
+    time.sleep(3)
+    sweep.send_signal(signal.SIGINT)
+    out, err = sweep.communicate(timeout=120)
+    assert sweep.returncode == 130, err[-2000:]
+    assert b"(interrupted)" in out and b"oracle" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--seed-range", "5:2"], "--seed-range"),
+        (["--seeds", "0"], "--seeds"),
+        (["--scenario", "no_such_scenario"], "no_such_scenario"),
+        (["--plant", "no_such_bug"], "--plant"),
+        (["--workers", "0"], "--workers"),
+    ],
+)
+def test_bad_input_is_refused_before_ray_starts(
+    argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stop:
+        sweep_main(argv)
+    assert stop.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_shrink_refuses_a_run_that_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert shrink_main(["python -m sim run swarm --seed 1", "--out", os.devnull]) == 2
+    assert "nothing to shrink" in capsys.readouterr().out
