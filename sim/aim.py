@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from miles_core.coverage import AT_TIME, PHASES, CoverageCell, phase_windows
 from miles_core.errors import ConfigError
+from miles_core.kinds import FaultKind
 from miles_core.loop import LoopConfig
 from miles_core.scenario import Scenario, WorldShape
 from miles_core.scenario.faults import AnyFault, make_fault
@@ -108,27 +109,32 @@ def _at_time(d: _Draw, aim: CoverageCell, probe: Probe) -> float:
 
 def _cell_faults(d: _Draw, aim: CoverageCell, probe: Probe) -> list[AnyFault]:
     F, s = make_fault, _slot(d, 4)
-    slowed = {f.cell for f in d.faults if f.kind.value == "slow_cell"}  # type: ignore[attr-defined]
-    cells = [c for c in range(d.world.num_cells) if c not in slowed] or [0]
-    cell = d.rng.choice(cells)
+    slowed = {f.cell for f in d.faults if f.kind is FaultKind.SLOW_CELL}  # type: ignore[attr-defined]
+    spared = [c for c in range(d.world.num_cells) if c not in slowed]
+    if aim.how == "after_bucket":
+        cell = 0  # the updater while it is alive
+    elif aim.how == "during_heal":  # cell 0 stays: a heal needs a source
+        cell = d.rng.choice([c for c in spared if c > 0] or [1])
+    else:
+        cell = d.rng.choice(spared or [0])
+    # a slow window on a cell that dies would have nothing to slow: the kill wins
+    d.faults[:] = [f for f in d.faults if not (f.kind is FaultKind.SLOW_CELL and f.cell == cell)]  # type: ignore[attr-defined]
     if aim.how == AT_TIME:
         t = _at_time(d, aim, probe)
         restart = F("start_cell", cell=cell, at=t + d.rng.uniform(0.5, d.step_seconds))
         return [F("kill_cell", cell=cell, at=t), restart]
-    if aim.how == "before_allreduce":
-        kill = F("kill_cell", cell=cell, point="before_allreduce", step=s)
-    elif aim.how == "after_bucket":  # cell 0 is the updater while it is alive
-        cell = 0
-        bucket = _bucket(d, aim.phase)
-        kill = F("kill_cell", cell=0, point="after_bucket", bucket=bucket, after_step=s - 1)
-    else:  # during_heal: a cell killed, started, and killed again while it is healed
-        cell = d.rng.choice([c for c in cells if c > 0] or [1])
+    if aim.how == "during_heal":  # killed, started, and killed again while it is healed
         return [
             F("kill_cell", cell=cell, point="before_allreduce", step=s),
             F("start_cell", cell=cell, point="step_begin", step=s + 1),
             F("kill_cell", cell=cell, point="during_heal", after_step=s),
             F("start_cell", cell=cell, point="step_begin", step=s + 3),
         ]
+    if aim.how == "before_allreduce":
+        kill = F("kill_cell", cell=cell, point="before_allreduce", step=s)
+    else:
+        bucket = _bucket(d, aim.phase)
+        kill = F("kill_cell", cell=cell, point="after_bucket", bucket=bucket, after_step=s - 1)
     return [kill, F("start_cell", cell=cell, point="step_begin", step=s + 2)]
 
 

@@ -1,0 +1,153 @@
+"""The fault-coverage map: the phase each fault struck in, read from the history alone,
+and aimed swarm seeds that put a fault in the cell they name."""
+
+from __future__ import annotations
+
+import pytest
+
+from miles_core.cells import Outcome
+from miles_core.coverage import CoverageCell, coverage_cells, phase_windows, reachable
+from miles_core.errors import ConfigError
+from miles_core.events import (
+    AttemptBegan,
+    AttemptEnded,
+    BucketReceived,
+    CellTrained,
+    EnginesResumed,
+    Event,
+    FaultInjected,
+    HealBegan,
+    HealEnded,
+    UpdateBegan,
+    UpdateSessionOpened,
+)
+from miles_core.kinds import FaultKind, FaultPoint
+from miles_core.scenario import SCENARIOS
+from miles_core.weight_update import UpdateKind
+from sim.aim import AIMABLE, parse_aim
+from sim.run import run_scenario
+from sim.swarm import swarm_scenario
+
+ENGINES = ("engine-0",)
+
+
+def _fault(t: float, point: FaultPoint | None = None, index: int = 0) -> FaultInjected:
+    return FaultInjected(
+        t=t, index=index, fault=FaultKind.KILL_ENGINE, engine="engine-0", point=point
+    )
+
+
+def _bucket(t: float, bucket: int, n: int = 3) -> BucketReceived:
+    return BucketReceived(
+        t=t,
+        update_id=1,
+        bucket=bucket,
+        n_buckets=n,
+        engines=ENGINES,
+        incarnations=(0,),
+        nbytes=1,
+        seconds=0.1,
+    )
+
+
+def _phases(events: list[Event], buckets: tuple[int | None, ...] = ()) -> list[str]:
+    return [c.phase for c in coverage_cells(events, buckets)]
+
+
+def test_the_phase_is_what_was_under_way_when_the_fault_struck() -> None:
+    attempt = AttemptBegan(t=1, step=0, attempt=0, quorum_id=0, cells=(0, 1))
+    trained = CellTrained(
+        t=2, cell=0, step=0, attempt=0, outcome=Outcome.NORMAL, exchange=(0, 1), seconds=1.0
+    )
+    ended = AttemptEnded(
+        t=3, step=0, attempt=0, decision=attempt_decision(), normal=(0, 1), discarded=(), errored=()
+    )
+    update = UpdateBegan(
+        t=4, update_id=1, version=1, updater=0, kind=UpdateKind.FULL, n_buckets=3, engines=ENGINES
+    )
+    session = UpdateSessionOpened(t=5, update_id=1, engines=ENGINES, incarnations=(0,))
+    resumed = EnginesResumed(t=9, update_id=1, engines=ENGINES, incarnations=(0,))
+    heal = HealBegan(t=10, quorum_id=1, src_cell=0, dst_cell=1, src_ranks=(0,), dst_ranks=(1,))
+    healed = HealEnded(t=11, dst_cell=1, ok=True)
+    history = [
+        _fault(0.5), attempt, _fault(1.5), trained, _fault(2.5), ended, update, _fault(4.5),
+        session, _fault(5.5), _bucket(6, 0), _fault(6.5), _bucket(7, 1), _fault(7.5),
+        _bucket(8, 2), _fault(8.5), resumed, heal, _fault(10.5), healed, _fault(11.5),
+    ]  # fmt: skip
+    assert _phases(history) == [
+        "generating", "training", "allreduce", "paused", "bucket_first", "bucket_middle",
+        "bucket_last", "stamping", "healing", "generating",
+    ]  # fmt: skip
+    assert phase_windows(history, "bucket_middle") == [(6, 7)]
+    assert phase_windows(history, "healing") == [(10, 11)]
+
+
+def attempt_decision():
+    from miles_core.cells import Decision
+
+    return Decision.COMMIT
+
+
+def test_a_point_names_its_phase() -> None:
+    """after_bucket k strikes as bucket k arrives (before it is recorded): the last bucket is
+    the window before the stamp; before_allreduce and during_heal are their phases."""
+    update = UpdateBegan(t=1, update_id=1, version=1, updater=0, kind=UpdateKind.FULL,
+                         n_buckets=3, engines=ENGINES)  # fmt: skip
+    last = _fault(2, FaultPoint.AFTER_BUCKET, index=0)
+    first = _fault(2, FaultPoint.AFTER_BUCKET, index=1)
+    assert _phases([update, last, first], buckets=(2, 0)) == ["stamping", "bucket_first"]
+    assert _phases([_fault(1, FaultPoint.BEFORE_ALLREDUCE)]) == ["allreduce"]
+    assert _phases([_fault(1, FaultPoint.DURING_HEAL)]) == ["healing"]
+
+
+@pytest.mark.parametrize(
+    ("name", "cell"),
+    [
+        ("cell_crash_before_allreduce", "kill_cell@before_allreduce:allreduce"),
+        ("restart_before_stamp", "restart_engine@after_bucket:stamping"),
+    ],
+)
+def test_named_scenarios_land_in_their_cells(name: str, cell: str) -> None:
+    scenario = SCENARIOS[name]
+    result = run_scenario(scenario, 0)
+    buckets = [getattr(f.when, "bucket", None) for f in scenario.faults]
+    assert cell in {c.key() for c in coverage_cells(result.history, buckets)}
+
+
+POINT_AIMS = [
+    f"{kind}@{how}:{phase}"
+    for (kind, how) in AIMABLE
+    if how in ("before_allreduce", "after_bucket", "during_heal")
+    for phase in sorted(reachable(kind, how))
+] + [
+    "kill_cell@at_time:bucket_last",
+    "restart_engine@at_time:bucket_middle",
+    "kill_engine@at_time:allreduce",
+    "hang_engine@step_begin:generating",
+    "kill_engine@during_recovery:training",
+    "fail_router@step_begin:generating",
+]
+
+
+@pytest.mark.parametrize("aim", POINT_AIMS)
+def test_an_aimed_seed_hits_its_cell_and_passes(aim: str) -> None:
+    """Within a few seeds the aimed cell is hit, and every aimed run passes every oracle
+    (the aimed fault replaces its family's draws, so the budget still holds)."""
+    cell = parse_aim(aim)
+    hits = 0
+    for seed in range(6):
+        scenario = swarm_scenario(seed, aim=cell)
+        result = run_scenario(scenario, seed)
+        replay = f"python -m sim run swarm --seed {seed} --aim {aim}"
+        assert result.ok, f"{result.failures()}\nreplay: {replay}"
+        buckets = [getattr(f.when, "bucket", None) for f in scenario.faults]
+        hits += cell in coverage_cells(result.history, buckets)
+    assert hits > 0
+
+
+def test_aims_the_swarm_cannot_draw_are_refused_naming_the_flag() -> None:
+    with pytest.raises(ConfigError, match=r"--aim.*KIND@HOW:PHASE"):
+        parse_aim("start_cell@during_heal:healing")
+    with pytest.raises(ConfigError, match="--aim"):
+        parse_aim("kill_cell@at_time:lunch")
+    assert parse_aim("kill_cell@at_time:healing") == CoverageCell("kill_cell", "at_time", "healing")
