@@ -89,12 +89,22 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError("--out", f"{args.out} is a file", "pass a directory (made if missing)")
 
 
+def _needs_ray() -> None:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            "sweep", "needs Ray, which is not installed", "pip install -e '.[sweep]'"
+        ) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
         _check(args)
         seeds, sources = _seeds(args), _sources(args)
+        _needs_ray()
     except ConfigError as error:
         parser.error(str(error))
     import ray
