@@ -97,12 +97,16 @@ def run(cfg: Any) -> dict[str, Any]:
     store = dist.TCPStore(
         HOST, 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
     )
-    with tempfile.TemporaryDirectory(prefix="transfer-bench-") as tmp:
+    shm = "/dev/shm" if Path("/dev/shm").is_dir() else None  # the shm ceilings' segment
+    with (
+        tempfile.TemporaryDirectory(prefix="transfer-bench-") as tmp,
+        tempfile.TemporaryDirectory(prefix="transfer-bench-", dir=shm) as shared,
+    ):
         out = str(Path(tmp) / "raw.json")
         # join=True: an error in one rank terminates the others; daemon: none outlives us
         mp.spawn(
             rank_main,
-            args=(cfg, store.port, out),
+            args=(cfg, store.port, out, str(Path(shared) / "segment")),
             nprocs=cfg.receivers + 1,
             join=True,
             daemon=True,
@@ -115,7 +119,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     t = sub.add_parser(
         "transfer",
-        help="bucketed weight transfer vs flat ceiling, naive and memcpy",
+        help="bucketed weight transfer vs its ceiling, naive and memcpy",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     t.add_argument("--size-mib", type=int, default=256, help="state-dict budget")

@@ -20,16 +20,21 @@ The bucketed ones form a ladder, each adding one technique:
 - ``pipeline``: ``inplace``, and the sender packs bucket k+1 while bucket k is
   on the wire (double buffer, async gloo work; p2p sends to all receivers at
   once). Not in the backend: the orchestration sends one bucket per call;
-- ``backend``: the CPU backend now, call for call: ``BucketViews`` on both
-  sides, so the sender packs nothing either; one blocking send per bucket
-  (p2p: per engine, in turn), as one ``send_bucket`` call does;
+- ``backend``: the CPU backend now, its own code (``backend_path``): the
+  trainer's ``send_bucket`` from its ``BucketViews`` (nothing packed) and the
+  engine's ``EngineWeights.receive`` straight into its weights; p2p sends each
+  bucket to every engine's pair group at once (``trainer.send_to_groups``);
+- ``in-turn`` (p2p only): the same code, with the bucket sent to one engine after
+  another, as miles_core's update loop calls the transport today (one
+  ``send_bucket`` per engine);
 - ``inflight``: ``backend`` with every bucket (and p2p receiver) in flight at
   once: what one call per bucket leaves on the table;
-- ``flat``: one preallocated flat tensor of the same bytes, sent once (the
-  ceiling of the backend for this message size);
+- the ceiling's ways (``ceiling.py``): flat gloo broadcast, pair broadcasts,
+  send/recv, shared-memory copies; the report divides by the fastest;
 - ``naive``: one collective per tensor; the receiver gets a fresh tensor and
   copies it into the parameter (SGLang's per-tensor update path);
-- ``memcpy``: one copy of the same bytes inside the source (memory bandwidth).
+- ``memcpy``: one copy of the same bytes inside the source (a bound, moving nothing
+  between processes).
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from backends.bench.backend_path import EngineSide, TrainerSide, group_names, pair_name
+from backends.bench.ceiling import CEILINGS, run_ceiling
 from backends.common.wire import (
     BucketViews,
     pack_bucket,
@@ -51,10 +58,11 @@ from backends.common.wire import (
 from miles_core.transfer import Bucket
 
 MODES = ("broadcast", "p2p")
-BUCKETED = ("v0", "reuse", "inplace", "pipeline", "backend", "inflight")
+BUCKETED = ("v0", "reuse", "inplace", "pipeline", "backend", "in-turn", "inflight")
 """The bucketed ladder: each step keeps the techniques of the one before it."""
-REFERENCES = ("flat", "naive", "memcpy")
-METHODS = BUCKETED + REFERENCES
+P2P_ONLY = frozenset(("in-turn",))
+REFERENCES = ("naive", "memcpy")
+METHODS = BUCKETED + CEILINGS + REFERENCES
 WRITES_WEIGHTS = frozenset((*BUCKETED, "naive"))
 """Methods whose receivers end with the weights in their model: checked bitwise."""
 
@@ -84,6 +92,11 @@ class Rank:
     views: BucketViews | None = None
     """Parameters as views into bucket buffers, as the CPU backend keeps them (both sides)."""
     copy_target: torch.Tensor | None = None
+    shared: torch.Tensor | None = None
+    """The shared-memory segment of the shm ceilings (CPU only)."""
+    token: torch.Tensor = field(default_factory=lambda: torch.zeros(1))
+    backend: TrainerSide | EngineSide | None = None
+    """The backend's own sender (source) or receiver (engines), for ``backend``/``in-turn``."""
 
     @property
     def is_source(self) -> bool:
@@ -124,11 +137,17 @@ class Rank:
             self.views = BucketViews(self.model)
         for bucket in buckets:
             self.views.buffer_for(*_payload(bucket))
+        if isinstance(self.backend, EngineSide):
+            names = [*group_names("broadcast", 1), pair_name(self.rank)]
+            self.backend.prepare(buckets, names)
 
     # -- one trial ---------------------------------------------------------------------
 
     def run(self, method: str, mode: str) -> None:
-        getattr(self, "_" + method)(mode)
+        if method in CEILINGS:
+            run_ceiling(self, method)
+        else:
+            getattr(self, "_" + method.replace("-", "_"))(mode)
         self.sync()
 
     def _v0(self, mode: str) -> None:
@@ -197,16 +216,24 @@ class Rank:
         for work in pending:
             work.wait()
 
-    def _backend(self, mode: str) -> None:
-        if not self.is_source:
-            self._receive_in_place(mode)
+    def _backend(self, mode: str, in_turn: bool = False) -> None:
+        """The backend's own send_bucket / receive, bucket after bucket."""
+        side = self.backend
+        if isinstance(side, EngineSide):
+            name = group_names(mode, 1)[0] if mode == "broadcast" else pair_name(self.rank)
+            side.receive_all(name, self.buckets)
             return
+        assert isinstance(side, TrainerSide)
+        names = group_names(mode, self.receivers)
         for bucket in self.buckets:
-            if mode == "broadcast":
-                self.send(mode, self._wire(bucket))
-            else:  # one send_bucket call per engine
-                for group in self.pairs.values():
-                    _bcast(group, self._wire(bucket)).wait()
+            if in_turn:  # one send_bucket call per engine, as the update loop makes them
+                for name in names:
+                    side.send([name], bucket)
+            else:
+                side.send(names, bucket)
+
+    def _in_turn(self, mode: str) -> None:
+        self._backend(mode, in_turn=True)
 
     def _inflight(self, mode: str) -> None:
         if not self.is_source:
@@ -215,13 +242,6 @@ class Rank:
         works = [w for b in self.buckets for w in self.send(mode, self._wire(b), concurrent=True)]
         for work in works:
             work.wait()
-
-    def _flat(self, mode: str) -> None:
-        if self.is_source:
-            for work in self.send(mode, self.flat, concurrent=True):
-                work.wait()
-        else:
-            self.recv(mode, self.flat).wait()
 
     def _naive(self, mode: str) -> None:
         params = self.params()

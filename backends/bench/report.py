@@ -2,25 +2,35 @@
 
 GB/s is state-dict bytes (the payload, padding excluded) over seconds until
 every receiver holds them, so all methods and modes share one numerator. The
-ceiling is the ``flat`` method (one flat tensor, sent once), measured in every
-block of trials (one mode, one bucket size) interleaved with the other methods.
-A figure's ratio to the ceiling is the median over repeats of flat's time over
-the figure's time in the same repeat of the same block: side by side, so load
-that drifts between blocks (this is a shared 2-core machine) cancels out.
-Methods that do not depend on the bucket size (naive, memcpy) were measured in
-the default bucket's block and are paired with its flat trials.
+ceiling of a repeat is the fastest of the ceiling's ways (ceiling.py) in that
+repeat of that block (one mode, one bucket size), measured interleaved with the
+other methods. A figure's ratio to the ceiling is the median over repeats of the
+ceiling's time over the figure's time in the same repeat of the same block: side
+by side, so load that drifts between blocks (this is a shared 2-core machine)
+cancels out. The ratio to the wire is the same against the fastest way over the
+backend's collective alone (gloo here). Methods that do not depend on the bucket
+size (naive, memcpy) were measured in the default bucket's block.
+
+A ratio above 1.0 means a way faster than the ceiling exists that the ceiling
+did not measure: a bug in the ceiling, listed under ``above_ceiling`` and
+flagged in every table. ``memcpy`` moves nothing between processes: a bound,
+never flagged.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from backends.bench.ceiling import CEILINGS, WIRE_CEILINGS
 from miles_core.errors import ConfigError
 
-SCHEMA = "miles-testbed/transfer-bench/1"
+SCHEMA = "miles-testbed/transfer-bench/2"
+BOUNDS = frozenset(("memcpy",))
+Key = tuple[str, str, int | None]
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
@@ -37,35 +47,49 @@ def gbps(payload_bytes: int, seconds: Mapping[str, float]) -> dict[str, float]:
     }
 
 
-def summarize(raw: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-    """The JSON written by --out and printed by --json."""
-    payload = int(raw["payload_bytes"])
-    pooled: dict[tuple[str, str, int | None], list[float]] = {}
-    checks: dict[tuple[str, str, int | None], bool | None] = {}
-    for trial in raw["trials"]:
-        key = (trial["mode"], trial["method"], trial["bucket_bytes"])
-        pooled.setdefault(key, []).extend(trial["seconds"])
-        checks[key] = trial.get("weights_bitwise_equal")
-    default = config["default_bucket"]
-    ceilings = {}
-    for mode in {k[0] for k in pooled}:
-        flat = [t for k, v in pooled.items() if k[:2] == (mode, "flat") for t in v]
-        if not flat:
-            raise ConfigError("trials", f"mode {mode} has no flat trials", "measure the ceiling")
-        ceilings[mode] = statistics.median(flat)
+class Ceilings:
+    """Per block and repeat, the fastest of the ceiling's ways, and which way it was."""
 
-    def paired(mode: str, bucket: int | None, values: Sequence[float]) -> float:
-        flat = pooled.get((mode, "flat", bucket if bucket is not None else default))
-        if not flat or len(flat) != len(values):
+    def __init__(self, pooled: Mapping[Key, list[float]], default: int) -> None:
+        self.pooled = pooled
+        self.default = default
+
+    def block(self, mode: str, bucket: int | None, ways: Sequence[str] = CEILINGS) -> list[float]:
+        bucket = self.default if bucket is None else bucket
+        found = [self.pooled[(mode, w, bucket)] for w in ways if (mode, w, bucket) in self.pooled]
+        if not found or len({len(v) for v in found}) != 1:
             raise ConfigError(
-                "trials", f"{mode} bucket {bucket} has no flat trial per repeat", "rerun the bench"
+                "trials",
+                f"{mode} bucket {bucket} has no ceiling trial per repeat",
+                "measure the ceiling's ways in every block",
             )
-        return statistics.median(f / t for f, t in zip(flat, values, strict=True))
+        return [min(times) for times in zip(*found, strict=True)]
 
-    results = []
-    for (mode, method, bucket), values in pooled.items():
+    def ratio(self, key: Key, values: Sequence[float], ways: Sequence[str] = CEILINGS) -> float:
+        ceiling = self.block(key[0], key[2], ways)
+        if len(ceiling) != len(values):
+            raise ConfigError("trials", f"{key} has no ceiling trial per repeat", "rerun the bench")
+        return statistics.median(c / t for c, t in zip(ceiling, values, strict=True))
+
+    def set_by(self, mode: str) -> dict[str, int]:
+        """How many repeats each way was the ceiling of, over the mode's blocks."""
+        wins: Counter[str] = Counter()
+        for bucket in sorted({k[2] for k in self.pooled if k[0] == mode and k[1] in CEILINGS}):
+            ways = [w for w in CEILINGS if (mode, w, bucket) in self.pooled]
+            for times in zip(*(self.pooled[(mode, w, bucket)] for w in ways), strict=True):
+                wins[ways[times.index(min(times))]] += 1
+        return dict(wins.most_common())
+
+
+def _rows(raw: Mapping[str, Any], pooled: Mapping[Key, list[float]], ceilings: Ceilings, checks):
+    payload = int(raw["payload_bytes"])
+    wire = any(k[1] in WIRE_CEILINGS for k in pooled)
+    rows = []
+    for key, values in pooled.items():
+        mode, method, bucket = key
         seconds = spread(values)
-        results.append(
+        ratio = ceilings.ratio(key, values)
+        rows.append(
             {
                 "mode": mode,
                 "method": method,
@@ -74,74 +98,119 @@ def summarize(raw: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, An
                 "repeats": len(values),
                 "seconds": seconds,
                 "gbps": gbps(payload, seconds),
-                "ratio_to_flat": paired(mode, bucket, values),
-                "weights_bitwise_equal": checks[(mode, method, bucket)],
+                "ratio_to_ceiling": ratio,
+                "ratio_to_wire": ceilings.ratio(key, values, WIRE_CEILINGS) if wire else None,
+                "above_ceiling": ratio > 1.0 and method not in BOUNDS,
+                "weights_bitwise_equal": checks[key],
             }
         )
+    return rows
 
-    def ratio(mode: str, method: str) -> float | None:
+
+def summarize(raw: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON written by --out and printed by --json."""
+    payload = int(raw["payload_bytes"])
+    pooled: dict[Key, list[float]] = {}
+    checks: dict[Key, bool | None] = {}
+    for trial in raw["trials"]:
+        key = (trial["mode"], trial["method"], trial["bucket_bytes"])
+        pooled.setdefault(key, []).extend(trial["seconds"])
+        checks[key] = trial.get("weights_bitwise_equal")
+    default = config["default_bucket"]
+    ceilings = Ceilings(pooled, default)
+    modes = sorted({k[0] for k in pooled})
+    per_mode = {}
+    for mode in modes:
+        blocks = sorted({k[2] for k in pooled if k[0] == mode and k[1] in CEILINGS})
+        if not blocks:
+            raise ConfigError("trials", f"mode {mode} has no ceiling trials", "measure it")
+        per_mode[mode] = statistics.median(t for b in blocks for t in ceilings.block(mode, b))
+    results = _rows(raw, pooled, ceilings, checks)
+
+    def at_default(mode: str, method: str, field: str = "ratio_to_ceiling") -> float | None:
         found = [
-            r["ratio_to_flat"]
+            r[field]
             for r in results
             if (r["mode"], r["method"], r["bucket_bytes"]) == (mode, method, default)
         ]
         return found[0] if found else None
 
-    methods = sorted(
-        {r["method"] for r in results if r["bucket_bytes"] == default and r["method"] != "flat"}
-    )
+    methods = sorted({r["method"] for r in results if r["bucket_bytes"] == default})
+    above = [
+        {k: r[k] for k in ("mode", "method", "bucket_bytes", "ratio_to_ceiling")}
+        for r in results
+        if r["above_ceiling"]
+    ]
     return {
         "schema": SCHEMA,
         "config": dict(config),
         "payload_bytes": payload,
         "tensors": raw["tensors"],
-        "ceiling_gbps": {m: payload / 1e9 / s for m, s in sorted(ceilings.items())},
+        "ceiling_gbps": {m: payload / 1e9 / s for m, s in per_mode.items()},
+        "ceiling_set_by": {m: ceilings.set_by(m) for m in modes},
+        "above_ceiling": above,
         "default_bucket": {
             "bucket_bytes": default,
-            "real_backend_ratio_to_flat": {m: ratio(m, "backend") for m in sorted(ceilings)},
-            "v0_ratio_to_flat": {m: ratio(m, "v0") for m in sorted(ceilings)},
-            "ratio_to_flat": {m: {k: ratio(m, k) for k in methods} for m in sorted(ceilings)},
+            "real_backend_ratio_to_ceiling": {m: at_default(m, "backend") for m in modes},
+            "real_backend_ratio_to_wire": {
+                m: at_default(m, "backend", "ratio_to_wire") for m in modes
+            },
+            "v0_ratio_to_ceiling": {m: at_default(m, "v0") for m in modes},
+            "ratio_to_ceiling": {m: {k: at_default(m, k) for k in methods} for m in modes},
         },
         "all_weights_bitwise_equal": all(c for c in checks.values() if c is not None),
         "results": results,
     }
 
 
+def _flag(r: Mapping[str, Any]) -> str:
+    if r["above_ceiling"]:
+        return "ABOVE CEILING (a bug in the ceiling)"
+    return "bound" if r["method"] in BOUNDS else ""
+
+
+def _x(ratio: float | None) -> str:
+    return "not measured" if ratio is None else f"{ratio:.2f}x"
+
+
 def table(summary: Mapping[str, Any]) -> str:
-    """The side-by-side table: one line per mode, method and bucket size."""
+    """The side-by-side table: one line per mode, method and bucket size, then the verdict."""
     lines = [
         f"{summary['payload_bytes'] / 1024**2:.0f} MiB in {summary['tensors']} tensors, "
         f"{summary['config']['receivers']} receiver(s), {summary['config']['backend']}",
-        f"{'mode':9s} {'method':10s} {'bucket':>8s} {'n':>4s}  "
-        f"{'GB/s median [min-max]':>24s}  {'x flat':>6s}  bitwise",
+        f"{'mode':9s} {'method':13s} {'bucket':>8s} {'n':>4s}  "
+        f"{'GB/s median [min-max]':>24s}  {'x ceil':>6s}  {'x wire':>6s}  bitwise",
     ]
     for r in summary["results"]:
         bucket = f"{r['bucket_bytes'] / 1024**2:g} MiB" if r["bucket_bytes"] else "-"
         g = r["gbps"]
         check = {True: "equal", False: "DIFFER", None: "-"}[r["weights_bitwise_equal"]]
+        wire = "" if r["ratio_to_wire"] is None else f"{r['ratio_to_wire']:6.2f}"
         lines.append(
-            f"{r['mode']:9s} {r['method']:10s} {bucket:>8s} {r['buckets'] or '':>4}  "
+            f"{r['mode']:9s} {r['method']:13s} {bucket:>8s} {r['buckets'] or '':>4}  "
             f"{g['median']:7.2f} [{g['min']:6.2f}-{g['max']:6.2f}]  "
-            f"{r['ratio_to_flat']:6.2f}  {check}"
+            f"{r['ratio_to_ceiling']:6.2f}  {wire:>6s}  {check:7s} {_flag(r)}".rstrip()
         )
     d = summary["default_bucket"]
-
-    def x(ratio: float | None) -> str:
-        return "not measured" if ratio is None else f"{ratio:.2f}x"
-
-    for mode, value in d["real_backend_ratio_to_flat"].items():
-        best = max(d["ratio_to_flat"][mode].items(), key=lambda kv: kv[1] or 0)
+    for mode, value in d["real_backend_ratio_to_ceiling"].items():
+        set_by = ", ".join(f"{w} {n}" for w, n in summary["ceiling_set_by"][mode].items())
         lines.append(
             f"default bucket {d['bucket_bytes'] / 1024**2:g} MiB, {mode}: CPU backend "
-            f"{x(value)} flat (v0, before: {x(d['v0_ratio_to_flat'][mode])}); "
-            f"best {best[0]} {x(best[1])}"
+            f"{_x(value)} of the ceiling, {_x(d['real_backend_ratio_to_wire'][mode])} of the "
+            f"wire (v0: {_x(d['v0_ratio_to_ceiling'][mode])}); ceiling set by {set_by}"
         )
+    above = summary["above_ceiling"]
+    lines.append(
+        f"{len(above)} figure(s) ABOVE THE CEILING: a bug in the ceiling"
+        if above
+        else "no figure above its ceiling"
+    )
     return "\n".join(lines)
 
 
 def markdown(summary: Mapping[str, Any]) -> str:
     """The table for a README: one row per mode and method, one column per bucket size;
-    a cell is GB/s median [min-max] and the side-by-side ratio to flat."""
+    a cell is GB/s median [min-max], the ratio to the ceiling and the ratio to the wire."""
     results = summary["results"]
     sizes = sorted({r["bucket_bytes"] for r in results if r["bucket_bytes"]})
     head = " | ".join(f"{s / 1024**2:g} MiB buckets" for s in sizes)
@@ -150,7 +219,11 @@ def markdown(summary: Mapping[str, Any]) -> str:
 
     def fmt(r: Mapping[str, Any]) -> str:
         g = r["gbps"]
-        return f"{g['median']:.2f} [{g['min']:.2f}-{g['max']:.2f}] **{r['ratio_to_flat']:.2f}x**"
+        text = f"{g['median']:.2f} [{g['min']:.2f}-{g['max']:.2f}] **{r['ratio_to_ceiling']:.2f}x**"
+        if r["ratio_to_wire"] is not None:
+            text += f" ({r['ratio_to_wire']:.2f}x wire)"
+        flag = _flag(r)
+        return f"{text} **{flag}**" if r["above_ceiling"] else f"{text} {flag}".rstrip()
 
     for mode in sorted({r["mode"] for r in results}):
         for method in dict.fromkeys(r["method"] for r in results if r["mode"] == mode):
@@ -181,7 +254,7 @@ def plot(summary: Mapping[str, Any], path: Path) -> None:
     for ax, mode in zip(axes[0], modes, strict=True):
         rows = [r for r in summary["results"] if r["mode"] == mode]
         for method in dict.fromkeys(r["method"] for r in rows if r["bucket_bytes"]):
-            color = {"flat": "k"}.get(method)
+            style = ":" if method in CEILINGS else "-"
             line = sorted(
                 (r for r in rows if r["method"] == method), key=lambda r: r["bucket_bytes"]
             )
@@ -191,7 +264,7 @@ def plot(summary: Mapping[str, Any], path: Path) -> None:
                 [r["gbps"]["median"] - r["gbps"]["min"] for r in line],
                 [r["gbps"]["max"] - r["gbps"]["median"] for r in line],
             ]
-            ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=method, color=color)
+            ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=method, ls=style)
         for r in rows:
             if r["bucket_bytes"] is None:
                 style = {"naive": ":", "memcpy": "--"}[r["method"]]

@@ -22,9 +22,11 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from backends.bench.methods import BUCKETED, WRITES_WEIGHTS, Rank
+from backends.bench.backend_path import EngineSide, TrainerSide, join_groups
+from backends.bench.ceiling import ceilings_for, map_shared
+from backends.bench.methods import BUCKETED, P2P_ONLY, WRITES_WEIGHTS, Rank
 from backends.bench.state import bench_units
-from backends.common.wire import GLOO_TIMEOUT, gloo_group
+from backends.common.wire import GLOO_TIMEOUT, BucketViews, gloo_group
 from miles_core.transfer import ParamSpec, plan_buckets
 
 HOST = "127.0.0.1"
@@ -54,14 +56,14 @@ Key = tuple[str, str, int | None]
 
 
 def schedule(cfg: BenchConfig) -> list[tuple[str, int, list[tuple[str, int | None]]]]:
-    """Blocks of (mode, bucket size, methods with their key's bucket): flat in every block
-    (the ceiling each figure of the block is paired with), naive and memcpy once per mode,
-    in the default bucket's block."""
+    """Blocks of (mode, bucket size, methods with their key's bucket): the ceiling's ways in
+    every block (each figure of the block is paired with their best), naive and memcpy
+    once per mode, in the default bucket's block."""
     blocks = []
     for mode in cfg.modes:
         for size in cfg.bucket_sizes:
-            methods: list[tuple[str, int | None]] = [("flat", size)]
-            methods += [(m, size) for m in BUCKETED]
+            methods: list[tuple[str, int | None]] = [(c, size) for c in ceilings_for(cfg.backend)]
+            methods += [(m, size) for m in BUCKETED if mode == "p2p" or m not in P2P_ONLY]
             if size == cfg.default_bucket:
                 methods += [("naive", None), ("memcpy", None)]
             blocks.append((mode, size, methods))
@@ -117,11 +119,10 @@ def _allreduce(group: Any, tensor: torch.Tensor, op: Any) -> torch.Tensor:
     return tensor
 
 
-def rank_main(rank: int, cfg: BenchConfig, port: int, out: str) -> None:
-    """The body of process ``rank`` (0 sends); rank 0 writes the raw timings to ``out``."""
-    torch.set_num_threads(1)
-    device = _device(cfg, rank)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+def _model(
+    cfg: BenchConfig, rank: int, device: torch.device
+) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    """The model (the sender's holds the seeded bytes) and, on a receiver, what it expects."""
     units = bench_units(cfg.mix, cfg.size_bytes, cfg.tensors)
     specs = [p for u in units for p in u.params]
     model = module_of(specs, device)
@@ -132,11 +133,21 @@ def rank_main(rank: int, cfg: BenchConfig, port: int, out: str) -> None:
             _flat_bytes(model.get_parameter(spec.name)).copy_(data)
         else:
             expected[spec.name] = data
-    payload = sum(s.nbytes for s in specs)
+    return model, expected
+
+
+def _setup(
+    cfg: BenchConfig, rank: int, port: int, shm_path: str
+) -> tuple[Rank, dict[str, torch.Tensor]]:
+    """This process's Rank: model, flat tensor, groups (the bench's and the backend's own),
+    and the shared segment of the shm ceilings (mapped by rank 0 first)."""
+    device = _device(cfg, rank)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    model, expected = _model(cfg, rank, device)
+    payload = sum(p.numel() * p.element_size() for p in model.parameters())
     flat = torch.zeros(payload, dtype=torch.uint8, device=device)
     if rank == 0:
         torch.cat([_flat_bytes(p) for p in model.parameters()], out=flat)
-
     world = cfg.receivers + 1
     everyone = _group(cfg, port, "everyone", rank, world)
     if rank == 0:
@@ -144,10 +155,45 @@ def rank_main(rank: int, cfg: BenchConfig, port: int, out: str) -> None:
     else:
         pairs = {rank: _group(cfg, port, f"pair{rank}", 1, 2)}
     me = Rank(rank, cfg.receivers, everyone, pairs, model, device, flat, sync)
+    if rank == 0:
+        me.views = BucketViews(model)
+        me.backend = TrainerSide(device, me.views)
+    else:
+        me.backend = EngineSide(model, device)
+        me.views = me.backend.weights.views
+    join_groups(rank, cfg.receivers, (HOST, port), me.backend, cfg.backend)
+    if device.type == "cpu":
+        if rank == 0:
+            me.shared = map_shared(shm_path, payload)
+        _allreduce(everyone, torch.zeros(1), dist.ReduceOp.SUM)
+        if rank:
+            me.shared = map_shared(shm_path, payload)
+        me.shared.zero_()  # every process faults its mapping in before timing
+    return me, expected
+
+
+def rank_main(rank: int, cfg: BenchConfig, port: int, out: str, shm_path: str = "") -> None:
+    """The body of process ``rank`` (0 sends); rank 0 writes the raw timings to ``out``."""
+    torch.set_num_threads(1)
+    me, expected = _setup(cfg, rank, port, shm_path)
+    try:
+        times, checks = _trials(cfg, me, expected)
+    finally:
+        if isinstance(me.backend, EngineSide):
+            me.backend.close()
+    _report(cfg, me, times, checks, out)
+
+
+def _trials(
+    cfg: BenchConfig, me: Rank, expected: dict[str, torch.Tensor]
+) -> tuple[dict[Key, list[float]], dict[Key, bool]]:
+    """Every block's trials in lockstep: this rank's seconds, and its bitwise checks."""
+    rank, device, sync = me.rank, me.device, me.sync
+    units = bench_units(cfg.mix, cfg.size_bytes, cfg.tensors)
     token = torch.zeros(1, device=device)
 
     def barrier() -> None:
-        _allreduce(everyone, token, dist.ReduceOp.SUM)
+        _allreduce(me.everyone, token, dist.ReduceOp.SUM)
         sync()
 
     def weights_equal() -> bool:
@@ -182,7 +228,17 @@ def rank_main(rank: int, cfg: BenchConfig, port: int, out: str) -> None:
                     checks[key] = weights_equal()
                 bar.update(1)
     bar.close()
+    return times, checks
 
+
+def _report(
+    cfg: BenchConfig, me: Rank, times: dict[Key, list[float]], checks: dict[Key, bool], out: str
+) -> None:
+    """Rank 0 writes each trial's slowest rank's seconds and every receiver's checks."""
+    device, everyone, rank = me.device, me.everyone, me.rank
+    units = bench_units(cfg.mix, cfg.size_bytes, cfg.tensors)
+    specs = [p for u in units for p in u.params]
+    payload = sum(s.nbytes for s in specs)
     # a trial lasts as long as its slowest rank; a check passes only if every receiver's does
     keys = list(times)
     values = [t for k in keys for t in times[k]]

@@ -131,9 +131,18 @@ class _Fanout:
     async def _delivered(
         self, update_id: int, source_cell: int, bucket: Bucket, engines: Mapping[str, int], t: float
     ) -> Delivery:
+        await self._slow_link(t)
+        return self._arrived(update_id, source_cell, bucket, engines, t)
+
+    async def _slow_link(self, t: float) -> None:
         world = self.world
         if world.impaired("link"):  # a slow link: the same bytes, this many times longer
             await asyncio.sleep((world.rt.now() - t) * (world.slowdown("link") - 1))
+
+    def _arrived(
+        self, update_id: int, source_cell: int, bucket: Bucket, engines: Mapping[str, int], t: float
+    ) -> Delivery:
+        world = self.world
         wall = world.rt.now() - t
         world.transfers.add(update_id, bucket.payload_bytes, self.seconds, wall)
         # the bucket arrived; a fault here strikes before the updater's next step
@@ -187,21 +196,59 @@ class CollectiveTransport(_Fanout):
         world = self.world
         cell = world.cells[source_cell]
         name = await self._group(update_id, cell, engines)
-        spans = bucket.spans
-        send = api.UpdateWeightsFromDistributedReqInput(
-            names=[s.name for s in spans],
-            dtypes=[s.dtype for s in spans],
-            shapes=[list(s.shape) for s in spans],
-            group_name=name,
-        )
-        calls: dict[str, Any] = {"cell": cell.call("send_bucket", name, bucket)}
+        started = world.rt.now()
+        await self._send(cell, bucket, dict.fromkeys(engines, name), engines)
+        return await self._delivered(update_id, source_cell, bucket, engines, started)
+
+    async def send_bucket_each(
+        self, update_id: int, source_cell: int, bucket: Bucket, engines: Mapping[str, int]
+    ) -> tuple[Delivery, ...]:
+        """p2p in one call: the bucket to each engine over its own pair group, all at once.
+
+        The groups, bodies and checks of one ``send_bucket`` per engine, but the trainer
+        starts its broadcast on every pair group before it waits for any
+        (``TrainerRank.send_bucket`` with several names): sent in turn, each engine waits
+        for the one before it (backends/bench: ``in-turn`` against ``backend``). For an
+        update loop that hands over a bucket's p2p transfers together; one Delivery per
+        engine, as that many ``send_bucket`` calls return."""
+        world = self.world
+        cell = world.cells[source_cell]
+        names = {}
         for engine, incarnation in sorted(engines.items()):
+            names[engine] = await self._group(update_id, cell, {engine: incarnation})
+        started = world.rt.now()
+        await self._send(cell, bucket, names, engines)
+        await self._slow_link(started)
+        return tuple(
+            self._arrived(update_id, source_cell, bucket, {e: i}, started)
+            for e, i in sorted(engines.items())
+        )
+
+    async def _send(
+        self, cell: RayCell, bucket: Bucket, names: Mapping[str, str], engines: Mapping[str, int]
+    ) -> None:
+        """The trainer's broadcast on each distinct group, each engine's receive on its own,
+        at once; ``names``: engine -> its group."""
+        world = self.world
+        groups = list(dict.fromkeys(names[e] for e in sorted(engines)))
+        group: str | list[str] = groups[0] if len(groups) == 1 else groups
+        calls: dict[str, Any] = {"cell": cell.call("send_bucket", group, bucket)}
+        for engine, incarnation in sorted(engines.items()):
+            send = _bucket_request(bucket, names[engine])
             calls[engine] = world.engines[engine].request(
                 incarnation, send.METHOD, send.ROUTE, api.body(send)
             )
-        started = world.rt.now()
-        self.seconds = (await self._all(calls, source_cell))[0][0]  # the cell's rank 0
-        return await self._delivered(update_id, source_cell, bucket, engines, started)
+        self.seconds = (await self._all(calls, cell.index))[0][0]  # the cell's rank 0
+
+
+def _bucket_request(bucket: Bucket, group: str) -> api.UpdateWeightsFromDistributedReqInput:
+    spans = bucket.spans
+    return api.UpdateWeightsFromDistributedReqInput(
+        names=[s.name for s in spans],
+        dtypes=[s.dtype for s in spans],
+        shapes=[list(s.shape) for s in spans],
+        group_name=group,
+    )
 
 
 class HandleTransport(_Fanout):

@@ -1,0 +1,106 @@
+"""The ``backend`` method: the CPU backend's own transfer code, called as its actors call it.
+
+Source: ``TrainerRank.send_bucket`` (backends/common/trainer.py), the method the
+trainer actor runs for each bucket, on a stand-in that holds what a one-rank
+cell's actor holds (its parameters as ``BucketViews``, its update groups made
+by ``gloo_group`` as ``init_update_group`` makes them). Receivers: an
+``EngineWeights`` (backends/common/engine_weights.py) that joins its groups with
+``join`` and takes each bucket with ``receive``, from the bodies SGLang's routes
+take (sglang_api), on an event loop as the engine serves them. Left out: the Ray
+call and the HTTP request around each, which are not the transfer.
+
+The bench calls the code rather than copying it, so a change to the backend's
+send or receive changes the figure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from backends.common import sglang_api as api
+from backends.common.engine_weights import EngineWeights
+from backends.common.trainer import TrainerRank
+from backends.common.wire import BucketViews, gloo_group, nccl_group, payload_of
+from miles_core.transfer import Bucket
+
+EVERYONE = "backend-everyone"
+
+
+def pair_name(receiver: int) -> str:
+    return f"backend-pair{receiver}"
+
+
+def group_names(mode: str, receivers: int) -> list[str]:
+    """The update groups of one send: broadcast one of everyone, p2p one per engine."""
+    if mode == "broadcast":
+        return [EVERYONE]
+    return [pair_name(r) for r in range(1, receivers + 1)]
+
+
+@dataclass
+class TrainerSide:
+    """What ``TrainerRank.send_bucket`` reads of its actor in a one-rank cell."""
+
+    device: torch.device
+    _views: BucketViews
+    _update_groups: dict[str, Any] = field(default_factory=dict)
+    rank: int = 0
+
+    def send(self, names: Sequence[str], bucket: Bucket) -> float:
+        return TrainerRank.send_bucket(self, names, bucket)  # type: ignore[arg-type]
+
+
+class EngineSide:
+    """An engine's weights with their groups joined, fed bucket bodies as the routes are."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+        self.weights = EngineWeights(model, device.type)
+        self.loop = asyncio.new_event_loop()
+        self.bodies: dict[tuple[str, int], dict[str, Any]] = {}
+
+    def join(self, store: tuple[str, int], name: str, rank: int, world: int, backend: str) -> None:
+        body = api.InitWeightsUpdateGroupReqInput(store[0], store[1], rank, world, name, backend)
+        self.loop.run_until_complete(self.weights.join(api.body(body)))
+
+    def prepare(self, buckets: Sequence[Bucket], names: Sequence[str]) -> None:
+        """The /update_weights_from_distributed bodies, built before timing (the trainer's
+        side builds them, not the engine)."""
+        self.bodies = {}
+        for name in names:
+            for bucket in buckets:
+                request = api.UpdateWeightsFromDistributedReqInput(
+                    *payload_of(bucket), group_name=name
+                )
+                self.bodies[(name, bucket.index)] = api.body(request)
+
+    def receive_all(self, name: str, buckets: Sequence[Bucket]) -> None:
+        async def serve() -> None:
+            for bucket in buckets:
+                await self.weights.receive(self.bodies[(name, bucket.index)])
+
+        self.loop.run_until_complete(serve())
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.loop.shutdown_default_executor())
+        self.loop.close()
+
+
+def join_groups(
+    me: int, receivers: int, store: tuple[str, int], side: TrainerSide | EngineSide, backend: str
+) -> None:
+    """Every process makes the backend's groups, in one order: everyone, then the pairs
+    (the trainer as ``init_update_group`` does, an engine by its ``join``)."""
+    world = receivers + 1
+    if isinstance(side, TrainerSide):
+        make = nccl_group if backend == "nccl" else gloo_group
+        side._update_groups[EVERYONE] = make(store, EVERYONE, 0, world)
+        for r in range(1, world):
+            side._update_groups[pair_name(r)] = make(store, pair_name(r), 0, 2)
+        return
+    side.join(store, EVERYONE, me, world, backend)
+    side.join(store, pair_name(me), 1, 2, backend)

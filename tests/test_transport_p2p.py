@@ -1,0 +1,118 @@
+"""CollectiveTransport's p2p send: one bucket to every engine's pair group at once.
+
+The world is a stand-in that records the calls the transport makes to the cell's
+actor and the engines' routes, so no Ray starts; the trainer's side of the same
+send (every broadcast started before any is waited for) is tested with the bench's
+sender in tests/test_transfer_bench.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+from backends.common.transport import CollectiveTransport
+from miles_core.backend import Delivery, EngineFailure
+from miles_core.transfer import ParamSpec, UpdateUnit, plan_buckets
+
+
+class _Cell:
+    index = 0
+
+    def __init__(self, log: list[tuple[Any, ...]]) -> None:
+        self.log = log
+
+    async def call(self, method: str, *args: Any) -> list[Any]:
+        self.log.append(("cell", method, *args))
+        return [{"checksum": "c0", "send_bucket": 0.5}.get(method)]
+
+
+class _Engine:
+    def __init__(self, log: list[tuple[Any, ...]], name: str, fail: bool = False) -> None:
+        self.log, self.name, self.fail = log, name, fail
+
+    async def request(self, incarnation: int, method: str, route: str, body: dict) -> dict:
+        self.log.append((self.name, incarnation, route, body))
+        if self.fail and route == "/update_weights_from_distributed":
+            raise EngineFailure(self.name, "died mid-bucket")
+        return {"success": True}
+
+
+def _world(failing: str = "") -> tuple[SimpleNamespace, list[tuple[Any, ...]]]:
+    log: list[tuple[Any, ...]] = []
+    world = SimpleNamespace(
+        cells={0: _Cell(log)},
+        engines={e: _Engine(log, e, e == failing) for e in ("e0", "e1", "e2")},
+        store_addr=("127.0.0.1", 1234),
+        stack=SimpleNamespace(collective_backend="gloo"),
+        trainer_checksums={},
+        current_update=None,
+        rt=SimpleNamespace(now=lambda: 0.0),
+        impaired=lambda what: False,
+        transfers=SimpleNamespace(add=lambda *a: log.append(("transfer", *a))),
+        faults=SimpleNamespace(fire=lambda point, **where: log.append(("fault", where))),
+    )
+    return world, log
+
+
+BUCKET_ROUTE = "/update_weights_from_distributed"
+
+
+def _routed(log: list[tuple[Any, ...]], route: str) -> list[tuple[Any, ...]]:
+    """The engines' requests to ``route``: (engine, incarnation, route, body)."""
+    return [c for c in log if c[2:3] == (route,)]
+
+
+def _bucket() -> Any:
+    units = [UpdateUnit("w", (ParamSpec.of("w", (4, 4), "float32"),))]
+    return plan_buckets(units, 1 << 20)[0]
+
+
+def test_send_bucket_each_sends_once_on_every_pair_group_and_delivers_each_engine() -> None:
+    world, log = _world()
+    transport = CollectiveTransport(world)  # type: ignore[arg-type]
+    engines = {"e1": 3, "e0": 2}
+    delivered = asyncio.run(transport.send_bucket_each(7, 0, _bucket(), engines))
+    assert delivered == (Delivery(("e0",), 0.0), Delivery(("e1",), 0.0))
+    groups = {
+        e: c[3]["group_name"]
+        for c in log
+        if c[2:3] == ("/init_weights_update_group",)
+        for e in [c[0]]
+    }
+    assert set(groups) == {"e0", "e1"} and len(set(groups.values())) == 2  # a pair group each
+    joins = [c[3] for c in _routed(log, "/init_weights_update_group")]
+    assert all((j["rank_offset"], j["world_size"]) == (1, 2) for j in joins)
+    sends = [c for c in log if c[:2] == ("cell", "send_bucket")]
+    assert sends == [("cell", "send_bucket", [groups["e0"], groups["e1"]], _bucket())]
+    received = {
+        c[0]: c[3]["group_name"] for c in log if c[2:3] == ("/update_weights_from_distributed",)
+    }
+    assert received == groups  # each engine receives on its own pair group, same call
+    assert [c[0] for c in log].count("transfer") == 2  # p2p counts a send per engine
+    assert [c for c in log if c[0] == "fault"] == [("fault", {"cell": 0, "bucket": 0})] * 2
+
+
+def test_send_bucket_each_names_the_engine_that_failed() -> None:
+    world, _ = _world(failing="e1")
+    transport = CollectiveTransport(world)  # type: ignore[arg-type]
+    with pytest.raises(EngineFailure) as failure:
+        asyncio.run(transport.send_bucket_each(1, 0, _bucket(), {"e0": 1, "e1": 1}))
+    assert failure.value.engine == "e1"
+
+
+def test_send_bucket_to_one_group_still_names_it_alone() -> None:
+    """Broadcast (and the update loop's one-engine p2p calls): the cell gets one group name."""
+    world, log = _world()
+    transport = CollectiveTransport(world)  # type: ignore[arg-type]
+    delivery = asyncio.run(transport.send_bucket(2, 0, _bucket(), {"e0": 1, "e2": 1}))
+    assert delivery.engines == ("e0", "e2")
+    (send,) = [c for c in log if c[:2] == ("cell", "send_bucket")]
+    assert isinstance(send[2], str)
+    received = {c[3]["group_name"] for c in _routed(log, BUCKET_ROUTE)}
+    assert received == {send[2]}
