@@ -97,22 +97,27 @@ class EngineWeights:
         self.device = device
         self.views = BucketViews(model)
         self.groups: dict[str, Any] = {}
+        self._schema = {
+            name: (str(p.dtype).removeprefix("torch."), tuple(p.shape))
+            for name, p in model.named_parameters()
+        }
+        """Each parameter's dtype and shape, read once: a check per bucket rebuilt the whole
+        parameter map (backends/bench: 70 of 131 ms for the 44 checks of a 4 MiB plan)."""
 
     def check_bucket(
         self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]]
     ) -> None:
         """Each tensor names a parameter of this model with its dtype and shape."""
-        params = dict(self.model.named_parameters())
         for i, (name, dt, shape) in enumerate(zip(names, dtypes, shapes, strict=True)):
-            p = params.get(name)
-            if p is None:
+            known = self._schema.get(name)
+            if known is None:
                 raise BadRequest(f"names[{i}]", f"{name!r} is no parameter of this model")
-            have = str(p.dtype).removeprefix("torch.")
+            have, have_shape = known
             if dt != have:
                 raise BadRequest(f"dtypes[{i}]", f"{name} is {have} here, the request says {dt}")
-            if tuple(shape) != tuple(p.shape):
+            if tuple(shape) != have_shape:
                 raise BadRequest(
-                    f"shapes[{i}]", f"{name} is {list(p.shape)} here, the request says {shape}"
+                    f"shapes[{i}]", f"{name} is {list(have_shape)} here, the request says {shape}"
                 )
         try:
             wire_spans(names, dtypes, shapes)
