@@ -20,6 +20,7 @@ from typing import TypeVar
 
 from miles_core.errors import ConfigError
 from miles_core.scenario import Scenario
+from miles_core.scenario.faults import target_cell, target_engine
 from sim.plants import planted
 from sim.run import run_scenario
 
@@ -98,6 +99,22 @@ def _steps(s: Shrinker, scenario: Scenario) -> Scenario:
     return scenario
 
 
+def _renumbered(scenario: Scenario) -> Scenario:
+    """The faults' cells and engines renamed to the lowest ids, in order of first use (so a
+    fault on engine-3 alone lets the world shrink to one engine)."""
+    cells: dict[int, int] = {}
+    engines: dict[str, str] = {}
+    faults = []
+    for fault in scenario.faults:
+        changes: dict[str, object] = {}
+        if (cell := target_cell(fault)) is not None:
+            changes["cell"] = cells.setdefault(cell, len(cells))
+        if (engine := target_engine(fault)) is not None:
+            changes["engine"] = engines.setdefault(engine, f"engine-{len(engines)}")
+        faults.append(dataclasses.replace(fault, **changes))
+    return dataclasses.replace(scenario, faults=tuple(faults))
+
+
 def _world(s: Shrinker, scenario: Scenario, key: str, least: int) -> Scenario:
     for count in range(least, getattr(scenario.world, key)):
         if s.still_fails(smaller := s.candidate(scenario, **{key: count})):
@@ -109,6 +126,8 @@ def shrink(scenario: Scenario, shrinker: Shrinker) -> Scenario:
     """The smallest scenario found that still fails ``shrinker.oracle`` under its seed."""
     scenario = _faults(shrinker, scenario)
     scenario = _steps(shrinker, scenario)
+    if shrinker.still_fails(renumbered := _renumbered(scenario)):
+        scenario = renumbered
     scenario = _world(shrinker, scenario, "num_cells", 1)
     scenario = _world(shrinker, scenario, "num_engines", 1)
     return _faults(shrinker, scenario)  # a smaller world may need fewer faults still

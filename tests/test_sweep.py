@@ -21,10 +21,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from miles_core.scenario import load_scenario_file
 from sim.plants import PLANTS, planted
 from sim.run import run_scenario
+from sim.shrink import ddmin
 from sim.shrink_cli import main as shrink_main
 from sim.sweep_cli import main as sweep_main
 from tests.ray_cluster import leftovers
@@ -135,3 +138,20 @@ def test_bad_input_is_refused_before_ray_starts(
 def test_shrink_refuses_a_run_that_passes(capsys: pytest.CaptureFixture[str]) -> None:
     assert shrink_main(["python -m sim run swarm --seed 1", "--out", os.devnull]) == 2
     assert "nothing to shrink" in capsys.readouterr().out
+
+
+@given(
+    st.lists(st.integers(0, 50), unique=True, max_size=30),
+    st.sets(st.integers(0, 50), max_size=4),
+)
+def test_ddmin_keeps_exactly_what_the_failure_needs(items: list[int], needed: set[int]) -> None:
+    """A failure that needs these items: ddmin returns them, in their order, and no more."""
+    needed &= set(items)
+    calls = []
+
+    def fails(subset: list[int]) -> bool:
+        calls.append(subset)
+        return needed <= set(subset)
+
+    assert ddmin(items, fails) == [x for x in items if x in needed]
+    assert all(set(c) <= set(items) for c in calls)
