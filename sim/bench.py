@@ -1,136 +1,275 @@
-"""Simulator throughput, measured side by side with bare SimPy in the same process.
+"""Simulator speed on fixed workloads: wall time and simulated seconds per wall second.
 
-    python -m sim bench [--steps K] [--repeats R]
+    python -m sim bench [--preset NAME ...] [--steps K] [--repeats R] [--json]
+                        [--baseline FILE]
 
-1. events/s of a scenario run (SimPy events processed by the seeded
-   environment, the orchestration included) against a bare SimPy loop that
-   processes the same number of events; the ratio is the figure of merit;
-2. wall time of the production-shaped preset for K training steps.
+The workloads (each a whole ``run_scenario``: the simulation and every oracle's
+verdict; the history hash is computed after the clock stops and shown apart):
+
+- ``scenario``: the named cell_crash_before_allreduce, 200 steps, seeds 0..R-1;
+- ``production-30b-moe``: that preset, 32 prompts x 8 samples, 2 GiB buckets,
+  no fault, seed 0;
+- ``production-64x256``: 64 cells of 8 GPUs and 256 engines, 64 prompts x 8
+  samples, 8 GiB buckets (8 buckets an update), cell 1 killed before the
+  allreduce of the middle step, seed 0.
+
+The figure of merit is simulated:wall, the simulated seconds one wall second
+buys: a simulator that reaches the same history with fewer SimPy events is
+faster by it (the SimPy event count is printed, for information only).
+``--baseline`` reads an earlier ``--json`` output (the previous commit's, say)
+and prints the ratios beside the numbers, and whether each history hash is the
+same (it must be, for the same steps and seeds, unless the model changed).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import statistics
+import sys
 import time
-from collections.abc import Callable
-
-import simpy
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from miles_core.errors import ConfigError
 from miles_core.scenario import PRESETS, SCENARIOS, Scenario
-from sim.run import run_scenario
-
-
-def _bare_simpy(events: int) -> float:
-    """Seconds for plain SimPy to process exactly ``events`` events.
-
-    One process yields ``events - 2`` timeouts: with its start (Initialize) and its
-    end that is ``events`` SimPy events, each processed by ``Environment.step``,
-    the same unit ``SeededEnvironment.processed`` counts in a scenario run. (A
-    resumption is a callback of the timeout, not an event of its own.)
-    """
-    env = simpy.Environment()
-
-    def ticker(env: simpy.Environment, n: int):
-        for _ in range(n):
-            yield env.timeout(1)
-
-    env.process(ticker(env, max(0, events - 2)))
-    started = time.perf_counter()
-    env.run()
-    return time.perf_counter() - started
-
-
-def _timed(run: Callable[[], int]) -> tuple[float, int]:
-    started = time.perf_counter()
-    events = run()
-    return time.perf_counter() - started, events
-
-
-def _scenario_events(scenario: Scenario, seed: int, steps: int | None = None) -> Callable[[], int]:
-    def run() -> int:
-        result = run_scenario(scenario, seed, steps)
-        failed = [str(v) for v in result.verdicts.values() if v]
-        if failed:
-            raise RuntimeError("a benchmark run must pass its oracles:\n" + "\n".join(failed))
-        return result.events
-
-    return run
+from miles_core.scenario.faults import make_fault
+from sim.run import SimResult, run_scenario
 
 
 def production_scenario(steps: int) -> Scenario:
+    """The production-30b-moe preset, no fault: 32 prompts x 8 samples, 2 GiB buckets."""
+    return _preset_scenario("production-30b-moe", steps, 32, 2 * 1024**3)
+
+
+def scale_scenario(steps: int) -> Scenario:
+    """The production-64x256 preset at batch 64 with one cell kill (the speed goal's run).
+
+    Cell 1 dies before the gradient allreduce of the middle step; the other 63
+    go on. 8 GiB buckets give 8 buckets an update, each sent to 256 engines.
+    """
+    kill = make_fault("kill_cell", cell=1, point="before_allreduce", step=steps // 2)
+    scenario = _preset_scenario("production-64x256", steps, 64, 8 * 1024**3)
+    return dataclasses.replace(scenario, faults=(kill,))
+
+
+def _preset_scenario(preset: str, steps: int, batch: int, bucket_bytes: int) -> Scenario:
     base = SCENARIOS["no_failure"]
     loop = dataclasses.replace(
         base.loop,
         steps=steps,
-        rollout_batch_size=32,
+        rollout_batch_size=batch,
         n_samples_per_prompt=8,
-        update_weight_buffer_size=2 * 1024**3,
+        update_weight_buffer_size=bucket_bytes,
         heartbeat_interval=10.0,
         heartbeat_timeout=10.0,
     )
-    preset = PRESETS["production-30b-moe"]
+    world = PRESETS[preset]
     return dataclasses.replace(
-        base,
-        name="production-30b-moe",
-        world=preset.world,
-        timing=preset.timing,
-        loop=loop,
-        preset="production-30b-moe",
+        base, name=preset, world=world.world, timing=world.timing, loop=loop, preset=preset
     )
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A fixed run (or a few seeds of it) whose speed is tracked from commit to commit."""
+
+    name: str
+    build: Callable[[int], Scenario]
+    steps: int
+    """Steps when ``--steps`` does not say (the named scenario's are fixed)."""
+    fixed_steps: bool = False
+
+
+WORKLOADS: Mapping[str, Workload] = {
+    w.name: w
+    for w in (
+        Workload(
+            "scenario",
+            lambda steps: SCENARIOS["cell_crash_before_allreduce"],
+            200,
+            fixed_steps=True,
+        ),
+        Workload("production-30b-moe", production_scenario, 1000),
+        Workload("production-64x256", scale_scenario, 1000),
+    )
+}
+
+
+def _timed_run(scenario: Scenario, seed: int, steps: int) -> tuple[SimResult, float, float]:
+    """The run, its wall seconds and its CPU seconds (which a busy machine inflates less)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = run_scenario(scenario, seed, steps)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    if not result.ok:
+        raise RuntimeError("a benchmark run must pass its oracles:\n" + result.failures())
+    return result, wall, cpu
+
+
+def measure(workload: Workload, steps: int | None, seeds: Sequence[int]) -> dict[str, Any]:
+    """Run ``workload`` once per seed; its totals over the seeds and each run's hash."""
+    steps = workload.steps if steps is None or workload.fixed_steps else steps
+    scenario = workload.build(steps)
+    runs: list[dict[str, Any]] = []
+    for seed in seeds:
+        result, seconds, cpu = _timed_run(scenario, seed, steps)
+        started = time.perf_counter()
+        history_hash = result.hash
+        runs.append(
+            {
+                "seed": seed,
+                "wall_seconds": seconds,
+                "cpu_seconds": cpu,
+                "simulated_seconds": result.history[-1].t,
+                "simpy_events": result.events,
+                "history_events": len(result.history),
+                "hash_seconds": time.perf_counter() - started,
+                "history_hash": history_hash,
+            }
+        )
+    return _summary(scenario.name, steps, runs)
+
+
+def _summary(scenario: str, steps: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    wall = sum(r["wall_seconds"] for r in runs)
+    simulated = sum(r["simulated_seconds"] for r in runs)
+    return {
+        "scenario": scenario,
+        "steps": steps,
+        "seeds": [r["seed"] for r in runs],
+        "wall_seconds": wall,
+        "wall_seconds_median": statistics.median(r["wall_seconds"] for r in runs),
+        "cpu_seconds": sum(r["cpu_seconds"] for r in runs),
+        "simulated_seconds": simulated,
+        "sim_per_wall": simulated / wall if wall > 0 else float("inf"),
+        "simpy_events": sum(r["simpy_events"] for r in runs),
+        "history_events": sum(r["history_events"] for r in runs),
+        "hash_seconds": sum(r["hash_seconds"] for r in runs),
+        "history_hashes": {str(r["seed"]): r["history_hash"] for r in runs},
+        "history_hash": _combined([r["history_hash"] for r in runs]),
+    }
+
+
+def _combined(hashes: Sequence[str]) -> str:
+    """One hash for several runs (a single run's own hash when there is one)."""
+    if len(hashes) == 1:
+        return hashes[0]
+    return hashlib.sha256("\n".join(hashes).encode()).hexdigest()
+
+
+# -- the baseline -----------------------------------------------------------------------
+
+
+def read_baseline(path: Path) -> dict[str, dict[str, Any]]:
+    """The workloads of an earlier ``--json`` output, by name.
+
+    The bench before this one (events/s beside bare SimPy) reported only the
+    production-30b-moe preset's wall time; that figure is read too, so a first
+    comparison across the change of bench still says something.
+    """
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ConfigError(
+            "--baseline", f"cannot read {path}: {error}", "pass a --json output"
+        ) from None
+    if isinstance(data, dict) and isinstance(data.get("workloads"), dict):
+        return data["workloads"]
+    old = data.get("production_preset") if isinstance(data, dict) else None
+    if isinstance(old, dict) and {"steps", "wall_seconds"} <= old.keys():
+        return {"production-30b-moe": {"steps": old["steps"], "wall_seconds": old["wall_seconds"]}}
+    raise ConfigError("--baseline", f"{path} holds no bench workloads", "pass a --json output")
+
+
+def compare(now: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str, Any]:
+    """Speedup (wall before / now), the sim:wall ratio and whether the hash is the same.
+
+    Only like with like: a workload run for other steps or seeds compares as None."""
+    same_run = (
+        before.get("steps") == now["steps"] and before.get("seeds", now["seeds"]) == (now["seeds"])
+    )
+    if not same_run:
+        return {"speedup": None, "sim_per_wall_ratio": None, "same_hash": None}
+    ratio = None
+    if before.get("sim_per_wall"):
+        ratio = now["sim_per_wall"] / before["sim_per_wall"]
+    same_hash = None
+    if "history_hash" in before:
+        same_hash = before["history_hash"] == now["history_hash"]
+    return {
+        "speedup": before["wall_seconds"] / now["wall_seconds"],
+        "sim_per_wall_ratio": ratio,
+        "same_hash": same_hash,
+    }
+
+
+# -- the command -----------------------------------------------------------------------
+
+
+def _line(name: str, w: Mapping[str, Any]) -> str:
+    return (
+        f"{name:20s} {w['steps']:5d} steps x {len(w['seeds'])} seed(s): "
+        f"{w['wall_seconds']:7.2f} s wall ({w['cpu_seconds']:.2f} s CPU), "
+        f"{w['simulated_seconds']:9,.0f} s simulated, "
+        f"{w['sim_per_wall']:8,.0f} sim s / wall s  (hash {w['history_hash'][:12]}, "
+        f"+{w['hash_seconds']:.2f} s to hash; {w['simpy_events']:,} SimPy events)"
+    )
+
+
+def _vs_line(name: str, w: Mapping[str, Any], before: Mapping[str, Any]) -> str:
+    c = w["vs_baseline"]
+    if c["speedup"] is None:
+        return f"{'':20s} baseline: {before.get('steps')} steps, not the same run: no ratio"
+    ratio = "n/a" if c["sim_per_wall_ratio"] is None else f"{c['sim_per_wall_ratio']:.2f}x"
+    same = {True: "same", False: "DIFFERENT", None: "n/a"}[c["same_hash"]]
+    return (
+        f"{'':20s} baseline {before['wall_seconds']:7.2f} s wall: speedup {c['speedup']:.2f}x, "
+        f"sim:wall {ratio}, history hash {same}"
+    )
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m sim bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--preset",
+        action="append",
+        choices=list(WORKLOADS),
+        help="a workload to run (repeat for several; default: all)",
+    )
+    parser.add_argument("--steps", type=int, help="steps of the preset workloads (default 1000)")
+    parser.add_argument("--repeats", type=int, default=3, help="seeds of the scenario workload")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--baseline", type=Path, help="an earlier --json output to compare with")
+    args = parser.parse_args(argv)
+    for flag, value in (("--steps", args.steps), ("--repeats", args.repeats)):
+        if value is not None and value < 1:
+            parser.error(str(ConfigError(flag, f"got {value}", "pass an integer >= 1")))
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sim bench", description=__doc__)
-    parser.add_argument("--steps", type=int, default=1000, help="production-preset steps")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
-    for flag, value in (("--steps", args.steps), ("--repeats", args.repeats)):
-        if value < 1:
-            parser.error(str(ConfigError(flag, f"got {value}", "pass an integer >= 1")))
-
-    ratios, sim_rates, bare_rates = [], [], []
-    for seed in range(args.repeats):
-        seconds, events = _timed(
-            _scenario_events(SCENARIOS["cell_crash_before_allreduce"], seed, 200)
-        )
-        bare = _bare_simpy(events)
-        sim_rates.append(events / seconds)
-        bare_rates.append(events / bare)
-        ratios.append(bare / seconds)
-    prod_seconds, prod_events = _timed(_scenario_events(production_scenario(args.steps), 0))
-    summary = {
-        "scenario_events_per_second": statistics.median(sim_rates),
-        "bare_simpy_events_per_second": statistics.median(bare_rates),
-        "ratio_to_bare_simpy": {
-            "median": statistics.median(ratios),
-            "min": min(ratios),
-            "max": max(ratios),
-        },
-        "production_preset": {
-            "steps": args.steps,
-            "wall_seconds": prod_seconds,
-            "events": prod_events,
-            "events_per_second": prod_events / prod_seconds,
-        },
-    }
+    args = _parse(argv)
+    baseline = read_baseline(args.baseline) if args.baseline is not None else {}
+    workloads: dict[str, Any] = {}
+    for name in args.preset or list(WORKLOADS):
+        workload = WORKLOADS[name]
+        seeds = range(args.repeats) if workload.fixed_steps else (0,)
+        workloads[name] = measure(workload, args.steps, list(seeds))
+        if name in baseline:
+            workloads[name]["vs_baseline"] = compare(workloads[name], baseline[name])
+        if not args.json:
+            print(_line(name, workloads[name]))
+            if name in baseline:
+                print(_vs_line(name, workloads[name], baseline[name]))
+            sys.stdout.flush()
     if args.json:
-        print(json.dumps(summary, sort_keys=True))
-        return 0
-    r = summary["ratio_to_bare_simpy"]
-    print(f"scenario run (cell_crash_before_allreduce, 200 steps, {args.repeats} seeds):")
-    ours, bare = summary["scenario_events_per_second"], summary["bare_simpy_events_per_second"]
-    print(f"  {ours:,.0f} events/s vs bare SimPy {bare:,.0f} events/s")
-    print(
-        f"  ratio to bare SimPy: median {r['median']:.2f}x (min {r['min']:.2f}, max {r['max']:.2f})"
-    )
-    p = summary["production_preset"]
-    print(
-        f"production-30b-moe preset: {p['steps']} steps in {p['wall_seconds']:.1f} s wall "
-        f"({p['events']:,} events, {p['events_per_second']:,.0f}/s)"
-    )
+        print(json.dumps({"workloads": workloads}, sort_keys=True))
     return 0

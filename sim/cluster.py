@@ -24,7 +24,7 @@ Time models (miles_core.scenario.TimeModel):
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 
 from miles_core.backend import (
     Delivery,
@@ -47,17 +47,26 @@ class SimRouter:
     def __init__(self, cluster: SimCluster) -> None:
         self.cluster = cluster
 
-    async def generate(
+    def generate(
+        self, engine: str, incarnation: int, request: GenerateRequest
+    ) -> Awaitable[GenerateResult]:
+        """The engine's own call when nothing was ever impaired (no coroutine of the router's
+        around every request); the router's delays and failures otherwise."""
+        cluster = self.cluster
+        if cluster._impairments:
+            return self._impaired(engine, incarnation, request)
+        return cluster.engines[engine].generate(incarnation, request)
+
+    async def _impaired(
         self, engine: str, incarnation: int, request: GenerateRequest
     ) -> GenerateResult:
         cluster = self.cluster
-        if cluster._impairments:  # nothing was ever impaired: no delay, no failure
-            delay = cluster.slowdown("router-delay") - 1.0
-            if delay > 0:
-                await cluster.rt.sleep(delay)
-            if cluster.impaired("router-fail"):
-                await cluster.rt.sleep(cluster.timing.router_failure_seconds)
-                raise RouterFailure(f"request for group {request.group_id} to {engine} failed")
+        delay = cluster.slowdown("router-delay") - 1.0
+        if delay > 0:
+            await cluster.rt.sleep(delay)
+        if cluster.impaired("router-fail"):
+            await cluster.rt.sleep(cluster.timing.router_failure_seconds)
+            raise RouterFailure(f"request for group {request.group_id} to {engine} failed")
         return await cluster.engines[engine].generate(incarnation, request)
 
 

@@ -8,7 +8,7 @@ CellFailure or EngineFailure at once) and a new set starts with ``start``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING
 
 from miles_core.backend import (
@@ -47,15 +47,16 @@ class _Mortal:
         self._death = self.rt.signal()
         return self.incarnation
 
-    async def work(
+    def work(
         self, seconds: float, *interrupts: SimSignal, death: SimSignal | None = None
-    ) -> int:
+    ) -> Awaitable[int]:
         """Take ``seconds``; 0 when done, 1 when killed, 2+i when interrupts[i] fired.
 
         ``death``: the death of the process the work belongs to (default: the current one),
-        so that work of a replaced process ends with it."""
+        so that work of a replaced process ends with it. The wait itself is returned (no
+        coroutine around it: every request and every send makes one)."""
         died = self._death if death is None else death
-        return await self.rt.wait_any([self.rt.timer(seconds), died, *interrupts])
+        return self.rt.wait_any([self.rt.timer(seconds), died, *interrupts])
 
 
 class SimCell(_Mortal):
@@ -64,6 +65,8 @@ class SimCell(_Mortal):
         self.cluster = cluster
         self.index = index
         self._compute = cluster.rt.rng(f"cell-{index}.compute")
+        self._heartbeat = f"heartbeat-{index}"
+        """What a dropped-heartbeat fault impairs (named once: every heartbeat asks)."""
 
     def failure(self, reason: str) -> CellFailure:
         return CellFailure(self.index, reason)
@@ -101,7 +104,7 @@ class SimCell(_Mortal):
         self.cluster.kill_cell(self.index)
 
     async def heartbeat(self) -> None:
-        while self.dead or self.cluster.impaired(f"heartbeat-{self.index}"):
+        while self.dead or self.cluster.impaired(self._heartbeat):
             await self.rt.sleep(self.cluster.timing.heartbeat_reply_seconds * 10)
         await self.rt.sleep(self.cluster.timing.heartbeat_reply_seconds)
 

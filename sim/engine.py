@@ -116,7 +116,8 @@ class SimEngine(_Mortal):
 
     async def generate(self, incarnation: int, request: GenerateRequest) -> GenerateResult:
         self.check(incarnation)
-        await self.answer()
+        if self.hung:
+            await self.answer()
         t = self.cluster.timing
         sigma = t.response_tokens_sigma
         mu = math.log(t.response_tokens_mean) - sigma**2 / 2
@@ -129,11 +130,12 @@ class SimEngine(_Mortal):
 
     async def _generate(self, job: _Request) -> GenerateResult:
         while job.done < job.total:
-            if await self._wait_paused(job.death):
+            if self.paused and await self._wait_paused(job.death):
                 return self._result(job, aborted=True)  # abort_all while it waited
             if job.death.is_set():  # its process was replaced while it waited to go on
                 raise self.failure("killed while the request waited")
-            await self.answer()
+            if self.hung:
+                await self.answer()
             job.on_weights(self.version)
             interrupted = await self._decode(job)
             if interrupted is None:
@@ -142,9 +144,10 @@ class SimEngine(_Mortal):
             if mode is None or mode is PauseMode.ABORT:
                 return self._result(job, aborted=True)
             job.recompute = mode is PauseMode.RETRACT
-            if mode is PauseMode.IN_PLACE and await self._wait_paused(job.death):
+            if mode is PauseMode.IN_PLACE and self.paused and await self._wait_paused(job.death):
                 return self._result(job, aborted=True)
-        await self.answer()
+        if self.hung:
+            await self.answer()
         return self._result(job, aborted=False)
 
     async def _decode(self, job: _Request) -> bool | None:
@@ -209,42 +212,50 @@ class SimEngine(_Mortal):
     # -- control -------------------------------------------------------------------------
 
     async def pause(self, mode: PauseMode) -> None:
-        await self.answer()
+        if self.hung:
+            await self.answer()
         if not self.paused:  # a second pause (a retried update) keeps the waiters' signal
             self.paused = True
             self._resumed = self.rt.signal()
         self._interrupt_all(mode)
 
     async def resume(self) -> None:
-        await self.answer()
+        if self.hung:
+            await self.answer()
         self.paused = False
         self._resumed.set()
 
     async def flush_cache(self) -> None:
-        await self.answer()
+        if self.hung:
+            await self.answer()
         holding = sum(job.holds_pages for job in self.jobs)
         if holding:
             raise RequestRefused(self.id, f"Cache not flushed: {holding} requests hold KV pages")
 
     async def begin_update(self) -> None:
-        await self.answer()
+        if self.hung:
+            await self.answer()
 
     async def end_update(self) -> None:
-        await self.answer()
+        if self.hung:
+            await self.answer()
 
     async def stamp(self, version: int, abort_all_requests: bool = True) -> None:
-        await self.answer()
+        if self.hung:
+            await self.answer()
         self.version = version
         if abort_all_requests:  # SGLang's default: every request in flight ends, aborted
             self._interrupt_all(None)
 
     async def unload_adapter(self, adapter: str) -> None:
-        await self.answer()
+        if self.hung:
+            await self.answer()
         self.adapter = None
 
     async def health(self) -> None:
         """A health generate: one token's worth of time, if the engine answers at all."""
-        await self.answer()
+        if self.hung:
+            await self.answer()
         await self.rt.sleep(self.cluster.timing.decode_seconds_per_token)
         if self.dead:
             raise self.failure("dead")

@@ -68,7 +68,9 @@ class SeededEnvironment(simpy.Environment):
 
     Queue entries are flat ``(time, priority, tiebreak, eid, event)`` tuples: the
     same order as SimPy's ``(time, priority, (tiebreak, eid), event)`` without a
-    nested tuple per event.
+    nested tuple per event. The hottest producers of events (task starts and ends,
+    sleeps, signals, conditions) push that same entry themselves rather than call
+    ``schedule``: the entries, and so the order and every tie, are the same.
     """
 
     def __init__(self, seed: int, max_events_per_instant: int = 200_000) -> None:
@@ -82,32 +84,67 @@ class SeededEnvironment(simpy.Environment):
         """Events processed so far (the simulator's throughput is measured in these)."""
 
     def step(self) -> None:
-        """SimPy's step, inlined, with the event count and the livelock guard."""
+        """One event: SimPy's step, with the event count and the livelock guard."""
+        self._process(1)
+
+    def run(self, until: SimTime | Event | None = None) -> Any:
+        """SimPy's ``run``, whose loop processes events without a method call per event.
+
+        A run processes millions of events; SimPy's loop calls ``step`` for each,
+        and that call alone was a tenth of a large run's time. The order, the
+        count and the guards are ``step``'s.
+        """
+        if until is not None and not isinstance(until, Event):
+            return super().run(until)  # a time: SimPy's own path (it steps through ours)
+        if until is not None:
+            if until.callbacks is None:
+                return until.value
+            until.callbacks.append(StopSimulation.callback)
         try:
-            now, _, _, _, event = heappop(self._queue)
-        except IndexError:
-            raise EmptySchedule from None
-        self._now = now
-        callbacks, event.callbacks = event.callbacks, None
+            self._process(-1)
+        except StopSimulation as stop:
+            return stop.args[0]
+        except EmptySchedule:
+            if until is not None:
+                raise RuntimeError(
+                    f'No scheduled events left but "until" event was not triggered: {until}'
+                ) from None
+        return None
+
+    def _process(self, count: int) -> None:
+        """Process ``count`` events (-1: until something raises)."""
+        queue, limit = self._queue, self._limit
+        instant, at, processed = self._instant, self._at_instant, self.processed
         try:
-            for callback in callbacks:
-                callback(event)
-        except StopSimulation:
-            event.callbacks = callbacks[callbacks.index(callback) + 1 :]
-            self.schedule(event, EventPriority(-1))
-            raise
-        if not event._ok and not hasattr(event, "_defused"):
-            raise _copy(event._value)  # a failure nobody waited for crashes the run
-        self.processed += 1
-        if now != self._instant:
-            self._instant, self._at_instant = now, 0
-        else:
-            self._at_instant += 1
-            if self._at_instant > self._limit:
-                raise Livelock(
-                    f"livelock at t={now}: {self._limit} events without time advancing "
-                    "(a zero-delay retry loop?)"
-                )
+            while count:
+                count -= 1
+                try:
+                    now, _, _, _, event = heappop(queue)
+                except IndexError:
+                    raise EmptySchedule from None
+                self._now = now
+                callbacks, event.callbacks = event.callbacks, None
+                try:
+                    for callback in callbacks:
+                        callback(event)
+                except StopSimulation:
+                    event.callbacks = callbacks[callbacks.index(callback) + 1 :]
+                    self.schedule(event, EventPriority(-1))
+                    raise
+                if not event._ok and not hasattr(event, "_defused"):
+                    raise _copy(event._value)  # a failure nobody waited for crashes the run
+                processed += 1
+                if now != instant:
+                    instant, at = now, 0
+                else:
+                    at += 1
+                    if at > limit:
+                        raise Livelock(
+                            f"livelock at t={now}: {limit} events without time advancing "
+                            "(a zero-delay retry loop?)"
+                        )
+        finally:
+            self._instant, self._at_instant, self.processed = instant, at, processed
 
     def schedule(self, event: Event, priority: EventPriority = NORMAL, delay: SimTime = 0) -> None:
         heappush(
@@ -116,7 +153,20 @@ class SeededEnvironment(simpy.Environment):
 
 
 class _Sleep(Timeout):
-    """A SimPy timeout that can be awaited directly."""
+    """A SimPy timeout that can be awaited directly.
+
+    Built without Timeout's and the scheduler's calls (the delay is checked by
+    whoever hands one out): a run makes hundreds of thousands. The queue entry
+    is ``SeededEnvironment.schedule``'s.
+    """
+
+    def __init__(self, env: SeededEnvironment, delay: SimTime) -> None:
+        self.env = env
+        self.callbacks = []
+        self._value = None
+        self._delay = delay
+        self._ok = True
+        heappush(env._queue, (env._now + delay, NORMAL, env._tiebreak(32), next(env._eid), self))
 
     def __await__(self) -> Generator[Event, Any, Any]:
         return (yield self)
@@ -136,11 +186,12 @@ class SimTask:
         self._coro = coro
         self._env = env
         self._started = False
-        self.event = Event(env)
-        start = Event(env)  # SimPy's Initialize: urgent, so a cancel cannot overtake it
-        start.callbacks.append(self._step)
+        self.event = done = Event.__new__(Event)  # Event(env), without the call
+        done.env, done.callbacks = env, []
+        start = Event.__new__(Event)  # SimPy's Initialize: urgent, so a cancel cannot overtake it
+        start.env, start.callbacks = env, [self._step]
         start._ok, start._value = True, None
-        env.schedule(start, URGENT)
+        heappush(env._queue, (env._now, URGENT, env._tiebreak(32), next(env._eid), start))
         self._target = start
 
     def _step(self, event: Event) -> None:
@@ -187,9 +238,9 @@ class SimTask:
         env._active_task = None
 
     def _finish(self, ok: bool, value: Any) -> None:
-        done = self.event
+        done, env = self.event, self._env
         done._ok, done._value = ok, value
-        self._env.schedule(done)
+        heappush(env._queue, (env._now, NORMAL, env._tiebreak(32), next(env._eid), done))
 
     def _interrupt(self, interruption: Event) -> None:
         """SimPy's Interruption: take the task off its target and throw Cancelled into it."""
@@ -234,12 +285,19 @@ class SimTask:
 class SimSignal:
     __slots__ = ("event",)
 
-    def __init__(self, env: simpy.Environment, event: Event | None = None) -> None:
-        self.event = Event(env) if event is None else event
+    def __init__(self, env: SeededEnvironment, event: Event | None = None) -> None:
+        if event is None:
+            event = Event.__new__(Event)  # Event(env), without the call
+            event.env, event.callbacks = env, []
+        self.event = event
 
     def set(self, value: Any = None) -> None:
-        if self.event._value is PENDING:
-            self.event.succeed(value)
+        """Succeed with ``value`` unless already set (``Event.succeed``, inlined)."""
+        event = self.event
+        if event._value is PENDING:
+            event._ok, event._value = True, value
+            env = event.env
+            heappush(env._queue, (env._now, NORMAL, env._tiebreak(32), next(env._eid), event))
 
     def is_set(self) -> bool:
         return self.event._value is not PENDING
@@ -276,11 +334,11 @@ class _Condition(Event):
         check = self._check  # not kept on self: a bound method there would be a cycle
         for event in events:
             event._defused = True
-        for event in events:
-            if event.callbacks is None:
+            callbacks = event.callbacks
+            if callbacks is None:
                 check(event)
             else:
-                event.callbacks.append(check)
+                callbacks.append(check)
         self.callbacks.append(self._build)
 
     def _check(self, event: Event) -> None:
@@ -290,10 +348,12 @@ class _Condition(Event):
         if not event._ok:
             event._defused = True
             self._ok, self._value = False, event._value
-            self.env.schedule(self)
         elif self._any or self._count == len(self._events):
             self._ok, self._value = True, None
-            self.env.schedule(self)
+        else:
+            return
+        env = self.env
+        heappush(env._queue, (env._now, NORMAL, env._tiebreak(32), next(env._eid), self))
 
     def _build(self, event: Event) -> None:
         events = self._events
@@ -339,7 +399,7 @@ class SimRuntime:
     def timer(self, seconds: float) -> SimSignal:
         if seconds < 0:
             raise ValueError(f"timer needs seconds >= 0, got {seconds}")
-        return SimSignal(self.env, Timeout(self.env, seconds))
+        return SimSignal(self.env, _Sleep(self.env, seconds))
 
     def wait_any(self, waitables: Sequence[SimTask | SimSignal]) -> _Condition:
         return _Condition(self.env, waitables, True)

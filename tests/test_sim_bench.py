@@ -1,30 +1,107 @@
-"""The benchmark compares like with like: the bare loop processes as many SimPy events."""
+"""sim/bench.py: its workloads are the runs they name, its figures are what those runs gave,
+and a baseline is compared like with like (no timing is asserted here)."""
 
 from __future__ import annotations
 
-import simpy
+import hashlib
+import json
 
-import sim.bench
+import pytest
+
+from miles_core.errors import ConfigError
+from miles_core.events import FaultInjected, StepCommitted
+from miles_core.kinds import FaultKind
+from miles_core.scenario import PRESETS, SCENARIOS
+from miles_core.scenario.faults import BeforeAllreduce
+from sim import bench
 from sim.run import run_scenario
-from sim.scenarios import SCENARIOS
 
 
-class _Counting(simpy.Environment):
-    processed = 0
+def test_the_scale_preset_is_64_cells_of_8_gpus_and_256_engines() -> None:
+    world = PRESETS["production-64x256"].world
+    assert (world.num_cells, world.gpus_per_cell, world.num_engines) == (64, 8, 256)
+    scenario = bench.scale_scenario(10)
+    assert scenario.loop.rollout_batch_size == 64
+    assert [(f.kind, f.cell, f.when) for f in scenario.faults] == [
+        (FaultKind.KILL_CELL, 1, BeforeAllreduce(step=5))
+    ]
 
-    def step(self) -> None:
-        super().step()
-        self.processed += 1
+
+def test_the_scale_workload_kills_its_cell_and_still_commits_every_step() -> None:
+    result = run_scenario(bench.scale_scenario(2), 0)
+    assert result.ok, result.failures()
+    assert [e.step for e in result.history if isinstance(e, StepCommitted)] == [0, 1]
+    fired = [e for e in result.history if isinstance(e, FaultInjected)]
+    assert [(e.fault, e.cell) for e in fired] == [(FaultKind.KILL_CELL, 1)]
 
 
-def test_the_bare_loop_processes_exactly_the_events_it_is_credited_with(monkeypatch) -> None:
-    events = run_scenario(SCENARIOS["no_failure"], 0, 2).events
-    envs: list[_Counting] = []
+def test_a_workload_reports_what_its_run_gave() -> None:
+    figures = bench.measure(bench.WORKLOADS["production-30b-moe"], 2, [0])
+    result = run_scenario(bench.production_scenario(2), 0)
+    assert figures["steps"] == 2 and figures["seeds"] == [0]
+    assert figures["history_hash"] == result.hash  # the same seed, the same history
+    assert figures["simulated_seconds"] == result.history[-1].t
+    assert figures["simpy_events"] == result.events
+    assert figures["history_events"] == len(result.history)
+    assert figures["sim_per_wall"] == figures["simulated_seconds"] / figures["wall_seconds"]
 
-    def counting() -> _Counting:
-        envs.append(_Counting())
-        return envs[-1]
 
-    monkeypatch.setattr(sim.bench.simpy, "Environment", counting)
-    sim.bench._bare_simpy(events)
-    assert envs[-1].processed == events
+def test_a_fixed_workload_keeps_its_steps_and_combines_its_seeds_hashes() -> None:
+    workload = bench.Workload("w", lambda steps: SCENARIOS["no_failure"], 3, fixed_steps=True)
+    figures = bench.measure(workload, 50, [0, 1])
+    hashes = [run_scenario(SCENARIOS["no_failure"], seed, 3).hash for seed in (0, 1)]
+    assert figures["steps"] == 3
+    assert figures["history_hashes"] == {"0": hashes[0], "1": hashes[1]}
+    assert figures["history_hash"] == hashlib.sha256("\n".join(hashes).encode()).hexdigest()
+
+
+def _figures(wall: float, simulated: float, events: int, digest: str = "h") -> dict:
+    return {
+        "steps": 10,
+        "seeds": [0],
+        "wall_seconds": wall,
+        "simulated_seconds": simulated,
+        "sim_per_wall": simulated / wall,
+        "simpy_events": events,
+        "history_hash": digest,
+    }
+
+
+def test_fewer_events_do_not_count_against_a_run_only_its_wall_time_does() -> None:
+    before, now = _figures(4.0, 1000.0, 10**6), _figures(2.0, 1000.0, 10**5)
+    assert bench.compare(now, before) == {
+        "speedup": 2.0,
+        "sim_per_wall_ratio": 2.0,
+        "same_hash": True,
+    }
+    assert bench.compare(_figures(2.0, 1000.0, 1, "other"), before)["same_hash"] is False
+
+
+def test_a_baseline_of_another_run_gives_no_ratio() -> None:
+    before = _figures(4.0, 1000.0, 1) | {"steps": 20}
+    assert bench.compare(_figures(2.0, 1000.0, 1), before)["speedup"] is None
+
+
+def test_the_baseline_reads_this_bench_and_the_one_before_it(tmp_path) -> None:
+    new = tmp_path / "new.json"
+    new.write_text(json.dumps({"workloads": {"scenario": _figures(1.0, 5.0, 1)}}))
+    assert bench.read_baseline(new)["scenario"]["wall_seconds"] == 1.0
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"production_preset": {"steps": 1000, "wall_seconds": 12.5}}))
+    assert bench.read_baseline(old) == {"production-30b-moe": {"steps": 1000, "wall_seconds": 12.5}}
+    garbage = tmp_path / "garbage.json"
+    garbage.write_text("[1, 2]")
+    with pytest.raises(ConfigError):
+        bench.read_baseline(garbage)
+
+
+def test_main_compares_with_its_own_json_output(tmp_path, capsys) -> None:
+    argv = ["--preset", "production-30b-moe", "--steps", "2", "--json"]
+    assert bench.main(argv) == 0
+    first = json.loads(capsys.readouterr().out)["workloads"]["production-30b-moe"]
+    path = tmp_path / "base.json"
+    path.write_text(json.dumps({"workloads": {"production-30b-moe": first}}))
+    assert bench.main([*argv, "--baseline", str(path)]) == 0
+    again = json.loads(capsys.readouterr().out)["workloads"]["production-30b-moe"]
+    assert again["vs_baseline"]["same_hash"] is True
+    assert again["vs_baseline"]["speedup"] == first["wall_seconds"] / again["wall_seconds"]

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from miles_core.events import History
-from miles_core.oracles.base import Indexed, Violation
+from miles_core.oracles.base import Indexed, Violation, forget
 from miles_core.oracles.delivery import exactly_once, recycled_regenerated
 from miles_core.oracles.end_state import end_state
 from miles_core.oracles.progress import progress
@@ -61,6 +61,7 @@ def check_all(history: History, progress_window: float) -> dict[str, Violation |
     verdicts |= {name: oracle(history) for name, oracle in SAFETY.items()}
     verdicts["progress"] = progress(history, progress_window)
     verdicts["fault_witness"] = fault_witness(history)
+    forget(history)
     return verdicts
 
 

@@ -25,7 +25,7 @@ from miles_core.events import (
     PromptDrawn,
     RunEnded,
 )
-from miles_core.oracles.base import Indexed, Violation
+from miles_core.oracles.base import Indexed, Violation, select
 
 NAME = "exactly_once"
 RECYCLED = "recycled_regenerated"
@@ -38,7 +38,7 @@ def exactly_once(history: History) -> Violation | None:
     trained: dict[int, Indexed] = {}
     dropped: dict[int, Indexed] = {}
     ended: Indexed | None = None
-    for seq, e in history.indexed():
+    for seq, e in select(history, PromptDrawn, GroupTrained, GroupDropped, RunEnded):
         if isinstance(e, PromptDrawn):
             if e.prompt_id in drawn:
                 return Violation(
@@ -115,7 +115,7 @@ def recycled_regenerated(history: History) -> Violation | None:
     """Recycled prompts are generated again, before any new prompt is drawn."""
     fresh: dict[int, Indexed] = {}  # drawn, no group started yet
     waiting: dict[int, Indexed] = {}  # recycled, no group started since
-    for seq, e in history.indexed():
+    for seq, e in select(history, GroupRecycled, PromptDrawn, GroupStarted, RunEnded):
         if isinstance(e, GroupRecycled):
             waiting[e.prompt_id] = (seq, e)
         elif isinstance(e, PromptDrawn):

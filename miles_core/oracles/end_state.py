@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from miles_core.events import History, RunEnded, RunStarted
 from miles_core.kinds import RunStatus
-from miles_core.oracles.base import Indexed, Violation
+from miles_core.oracles.base import Indexed, Violation, select
 
 NAME = "end_state"
 
@@ -34,18 +34,20 @@ def _describe(status: RunStatus, error: str | None) -> str:
 def end_state(history: History) -> Violation | None:
     started: Indexed | None = None
     ended: Indexed | None = None
-    for seq, e in history.indexed():
-        if ended is not None:
-            return Violation(
-                NAME,
-                f"{e.type_name} was recorded after the run ended: some part of the world "
-                "kept acting on a finished run",
-                (ended, (seq, e)),
-            )
+    for seq, e in select(history, RunStarted, RunEnded):
         if isinstance(e, RunStarted) and started is None:
             started = (seq, e)
         elif isinstance(e, RunEnded):
             ended = (seq, e)
+            break
+    if ended is not None and ended[0] + 1 < len(history):
+        after = ended[0] + 1
+        return Violation(
+            NAME,
+            f"{history[after].type_name} was recorded after the run ended: some part of the "
+            "world kept acting on a finished run",
+            (ended, (after, history[after])),
+        )
     if ended is None:
         if not len(history):
             return None

@@ -24,7 +24,7 @@ from miles_core.events import (
     VersionPublished,
 )
 from miles_core.kinds import RunStatus
-from miles_core.oracles.base import Indexed, Violation
+from miles_core.oracles.base import Indexed, Violation, select
 
 NAME = "progress"
 
@@ -44,7 +44,8 @@ def progress(history: History, window: float) -> Violation | None:
     all_commits: list[Indexed] = []
     publications: list[Indexed] = []
     engine_events: list[Indexed] = []
-    for seq, e in history.indexed():
+    followed = (StepCommitted, EngineStateChanged, EngineStamped, VersionPublished, FaultInjected)
+    for seq, e in select(history, *followed, RunStarted, RunEnded):
         if isinstance(e, StepCommitted):
             all_commits.append((seq, e))
         elif isinstance(e, EngineStateChanged | EngineStamped):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from miles_core.events import EnginesPaused, History, RunStarted, SampleGenerated
 from miles_core.kinds import PauseMode, SampleOutcome
-from miles_core.oracles.base import Indexed, Violation
+from miles_core.oracles.base import Indexed, Violation, select
 
 NAME = "requests_kept"
 
@@ -22,7 +22,7 @@ NAME = "requests_kept"
 def requests_kept(history: History) -> Violation | None:
     mode = PauseMode.RETRACT
     pauses: dict[str, list[Indexed]] = {}  # engine -> its pauses, in order
-    for seq, e in history.indexed():
+    for seq, e in select(history, RunStarted, EnginesPaused, SampleGenerated):
         if isinstance(e, RunStarted):
             mode = e.pause_mode
         elif isinstance(e, EnginesPaused):

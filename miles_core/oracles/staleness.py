@@ -10,7 +10,7 @@ there is no current version and the filter is off: nothing is judged.
 from __future__ import annotations
 
 from miles_core.events import GroupGot, GroupTrained, History, SampleGenerated
-from miles_core.oracles.base import Indexed, Violation, run_started, version_number
+from miles_core.oracles.base import Indexed, Violation, run_started, select, version_number
 
 NAME = "bounded_staleness"
 
@@ -31,7 +31,7 @@ def bounded_staleness(history: History, bound: int | None = None) -> Violation |
         bound = started[1].max_weight_staleness if started else None  # type: ignore[union-attr]
     oldest: dict[int, Indexed] = {}
     got: dict[int, Indexed] = {}
-    for seq, e in history.indexed():
+    for seq, e in select(history, SampleGenerated, GroupGot, GroupTrained):
         if isinstance(e, SampleGenerated) and not e.aborted:
             prev = oldest.get(e.group_id)
             if prev is None or _oldest(e) < _oldest(prev[1]):  # type: ignore[arg-type]

@@ -25,7 +25,7 @@ from miles_core.events import (
     RunStarted,
     StepCommitted,
 )
-from miles_core.oracles.base import Indexed, Violation
+from miles_core.oracles.base import Indexed, Violation, select
 
 NAME = "step_attempts"
 
@@ -38,7 +38,8 @@ def step_attempts(history: History) -> Violation | None:
     reports: dict[Key, dict[int, Indexed]] = {}
     ended: dict[Key, Indexed] = {}
     committed: dict[int, Indexed] = {}
-    for seq, e in history.indexed():
+    kinds = (RunStarted, QuorumChanged, AttemptBegan, CellTrained, AttemptEnded, StepCommitted)
+    for seq, e in select(history, *kinds):
         if isinstance(e, RunStarted):
             quorum = tuple(range(e.num_cells))
         elif isinstance(e, QuorumChanged):

@@ -39,7 +39,7 @@ from miles_core.events import (
     VersionPublished,
 )
 from miles_core.kinds import PauseMode
-from miles_core.oracles.base import Indexed, Violation
+from miles_core.oracles.base import ByType, Indexed, Violation, select
 
 NAME = "update_order"
 
@@ -59,6 +59,13 @@ class _Update:
     stamped: dict[Process, Indexed] = field(default_factory=dict)
     published: Indexed | None = None
     aborted: Indexed | None = None
+    plan: frozenset[str] = frozenset()
+    """The engines of its transfer plan, as a set: a bucket to 256 engines asks 256 times."""
+    all_buckets: frozenset[int] = frozenset()
+
+    def __post_init__(self) -> None:
+        self.plan = frozenset(self.event.engines)
+        self.all_buckets = frozenset(range(self.event.n_buckets))
 
     @property
     def event(self) -> UpdateBegan:
@@ -69,47 +76,36 @@ class _Update:
         return {engine: inc for engine, inc in self.stamped}
 
 
-_STEPS = (
-    EnginesPaused,
-    EnginesFlushed,
-    UpdateSessionOpened,
-    BucketReceived,
-    EngineStamped,
-    UpdateSessionClosed,
-    VersionPublished,
-    EnginesResumed,
-)
-
-
 def update_order(history: History) -> Violation | None:
     updates: dict[int, _Update] = {}
     mode = PauseMode.RETRACT
-    for seq, e in history.indexed():
-        if isinstance(e, RunStarted):
-            mode = e.pause_mode
-        if isinstance(e, UpdateBegan):
-            updates[e.update_id] = _Update((seq, e), mode)
+    judges = _JUDGES
+    for seq, e in select(history, *_JUDGED, RunStarted, UpdateBegan):
+        judge = judges[type(e)]
+        if judge is None:
+            if isinstance(e, RunStarted):
+                mode = e.pause_mode
+            elif isinstance(e, UpdateBegan):
+                updates[e.update_id] = _Update((seq, e), mode)
             continue
-        if not isinstance(e, (*_STEPS, UpdateAborted)):
-            continue
-        update = updates.get(e.update_id)  # type: ignore[union-attr]
+        update = updates.get(e.update_id)  # type: ignore[attr-defined]
         if update is None:
             return Violation(NAME, f"{e.type_name} for an update that never began", ((seq, e),))
         if update.aborted is not None:
             return Violation(
                 NAME,
-                f"update {e.update_id} recorded {e.type_name} after it was aborted",  # type: ignore[union-attr]
+                f"update {e.update_id} recorded {e.type_name} after it was aborted",  # type: ignore[attr-defined]
                 (update.aborted, (seq, e)),
             )
-        violation = _step(update, seq, e)
+        violation = _step(judge, update, seq, e)
         if violation is not None:
             return violation
     return None
 
 
-def _step(update: _Update, seq: int, e: Event) -> Violation | None:
+def _step(judge: _Judge, update: _Update, seq: int, e: Event) -> Violation | None:
     """What is wrong with one event of an update, if anything; records it otherwise."""
-    problem = _JUDGES[type(e)](update, seq, e)
+    problem = judge(update, seq, e)
     if problem is None:
         return None
     began = update.event
@@ -168,20 +164,26 @@ def _bucket(update: _Update, seq: int, e: BucketReceived) -> str | None:
             f": bucket {e.bucket} of {e.n_buckets} arrived, but the update has buckets "
             f"0..{began.n_buckets - 1}"
         )
-    for engine, inc in zip(e.engines, e.incarnations, strict=True):
-        if engine not in began.engines:
+    plan, paused, opened, received = update.plan, update.paused, update.opened, update.received
+    for process in zip(e.engines, e.incarnations, strict=True):
+        engine, inc = process
+        if engine not in plan:
             return f": bucket {e.bucket} reached {engine}, not in its plan"
-        if (engine, inc) not in update.paused:
+        if process not in paused:
             return (
                 f": bucket {e.bucket} reached {engine} (process {inc}), which was not paused for "
                 "this update"
             )
-        if (engine, inc) not in update.opened:
+        if process not in opened:
             return (
                 f": bucket {e.bucket} reached {engine} (process {inc}) outside an update "
                 "session (/begin_weight_update)"
             )
-        update.received.setdefault((engine, inc), set()).add(e.bucket)
+        got = received.get(process)
+        if got is None:
+            received[process] = {e.bucket}
+        else:
+            got.add(e.bucket)
     return None
 
 
@@ -189,9 +191,9 @@ def _stamped(update: _Update, seq: int, e: EngineStamped) -> str | None:
     began = update.event
     process = (e.engine, e.incarnation)
     got = update.received.get(process, set())
-    if e.engine not in began.engines or e.version != began.version:
+    if e.engine not in update.plan or e.version != began.version:
         return f": {e.engine} was stamped {e.version}, which this update does not carry to it"
-    if got != set(range(began.n_buckets)):
+    if got != update.all_buckets:
         return (
             f": {e.engine} (process {e.incarnation}) was stamped after it received {len(got)} "
             f"of {began.n_buckets} buckets"
@@ -244,14 +246,19 @@ def _aborted(update: _Update, seq: int, e: UpdateAborted) -> str | None:
     return None
 
 
-_JUDGES: dict[type[Event], Callable[[_Update, int, Any], str | None]] = {
-    EnginesPaused: _paused,
-    EnginesFlushed: _flushed,
-    UpdateSessionOpened: _opened,
-    UpdateSessionClosed: _closed,
-    BucketReceived: _bucket,
-    EngineStamped: _stamped,
-    VersionPublished: _published,
-    EnginesResumed: _resumed,
-    UpdateAborted: _aborted,
-}
+_Judge = Callable[[_Update, int, Any], str | None]
+
+_JUDGES: ByType[_Judge] = ByType(
+    {
+        EnginesPaused: _paused,
+        EnginesFlushed: _flushed,
+        UpdateSessionOpened: _opened,
+        UpdateSessionClosed: _closed,
+        BucketReceived: _bucket,
+        EngineStamped: _stamped,
+        VersionPublished: _published,
+        EnginesResumed: _resumed,
+        UpdateAborted: _aborted,
+    }
+)
+_JUDGED = tuple(_JUDGES)

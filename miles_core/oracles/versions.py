@@ -17,7 +17,7 @@ from miles_core.events import (
     SampleGenerated,
     VersionPublished,
 )
-from miles_core.oracles.base import Indexed, Violation, version_number
+from miles_core.oracles.base import Indexed, Violation, select, version_number
 
 NAME = "monotonic_versions"
 
@@ -29,7 +29,8 @@ def monotonic_versions(history: History) -> Violation | None:
     last_stamp: dict[str, Indexed] = {}
     last_sample: dict[str, Indexed] = {}
     last_got: Indexed | None = None
-    for seq, e in history.indexed():
+    kinds = (VersionPublished, LedgerRestored, EngineStamped, SampleGenerated, GroupGot)
+    for seq, e in select(history, *kinds):
         if isinstance(e, VersionPublished):
             if last_published is not None and e.version <= last_published[1].version:
                 return Violation(

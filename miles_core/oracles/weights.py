@@ -18,7 +18,9 @@ on a real network it may arrive after the update's first bucket.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from miles_core.events import (
     BucketReceived,
@@ -34,7 +36,7 @@ from miles_core.events import (
     VersionPublished,
     WeightsChecked,
 )
-from miles_core.oracles.base import Indexed, Violation, evidence, version_number
+from miles_core.oracles.base import ByType, Indexed, Violation, evidence, select, version_number
 
 NAME = "published_weights"
 
@@ -55,85 +57,130 @@ class _Held:
     generated before the pause)."""
 
 
-def published_weights(history: History) -> Violation | None:
-    published: dict[int, Indexed] = {}
-    updates: dict[int, Indexed] = {}
-    completed: Indexed | None = None  # the resume of the newest completed publishing update
-    held: dict[tuple[str, int], _Held] = {}
-    current: dict[str, int] = {}
+class _Judge:
+    """The oracle's state over one history, with one handler per event class it reads."""
 
-    def of(engine: str, incarnation: int) -> _Held:
+    def __init__(self) -> None:
+        self.published: dict[int, Indexed] = {}
+        self.updates: dict[int, Indexed] = {}
+        self.completed: Indexed | None = None
+        """The resume of the newest completed publishing update."""
+        self.held: dict[tuple[str, int], _Held] = {}
+        self.current: dict[str, int] = {}
+
+    def of(self, engine: str, incarnation: int) -> _Held:
         key = (engine, incarnation)
-        if key not in held:
-            held[key] = _Held()
-        return held[key]
+        state = self.held.get(key)
+        if state is None:
+            state = self.held[key] = _Held()
+        return state
 
-    for seq, e in history.indexed():
-        if isinstance(e, SampleGenerated):  # the commonest event: tested first
-            if e.aborted:
-                continue
-            state = of(e.engine, e.incarnation)
-            violation = _judge_sample(seq, e, state.at_pause or state, published)
-            if violation is not None:
-                return violation
-            if completed is not None:
-                newest = updates[completed[1].update_id][1].version  # type: ignore[union-attr]
-                if version_number(e.version) < newest:
-                    return Violation(
-                        NAME,
-                        f"engine {e.engine} served version {e.version} after the update to "
-                        f"{newest} completed",
-                        (completed, (seq, e)),
-                    )
-        elif isinstance(e, UpdateBegan):
-            updates[e.update_id] = (seq, e)
-        elif isinstance(e, VersionPublished | LedgerRestored):
-            published[e.version] = (seq, e)
-            if isinstance(e, LedgerRestored):  # every process holds initial weights
-                for state in held.values():
-                    state.unsynced = state.unsynced or (seq, e)
-        elif isinstance(e, RunStarted):
-            for engine in e.engines:
-                of(engine, 0)
-        elif isinstance(e, EngineStarted):
-            current[e.engine] = e.incarnation
-            of(e.engine, e.incarnation).unsynced = (seq, e) if published else None
-        elif isinstance(e, BucketReceived):
-            for engine, incarnation in zip(e.engines, e.incarnations, strict=True):
-                state = of(engine, incarnation)
-                if state.partial is None or state.partial[1].update_id != e.update_id:  # type: ignore[union-attr]
-                    state.partial, state.buckets = (seq, e), set()
-                state.buckets.add(e.bucket)
-        elif isinstance(e, EngineStamped):
-            state = of(e.engine, e.incarnation)
-            began = updates.get(e.update_id)
-            complete = (
-                state.partial is not None
-                and state.partial[1].update_id == e.update_id  # type: ignore[union-attr]
-                and began is not None
-                and state.buckets == set(range(began[1].n_buckets))  # type: ignore[union-attr]
-            )
-            state.version, state.stamp = e.version, (seq, e)
-            if complete:  # whole: the process now holds exactly this version
-                state.partial, state.buckets, state.unsynced = None, set(), None
-        elif isinstance(e, EnginesPaused):
-            for engine, incarnation in zip(e.engines, e.incarnations, strict=True):
-                state = of(engine, incarnation)
-                if state.at_pause is None:  # a second pause (a retried update) keeps the first
-                    state.at_pause = dataclasses.replace(state, buckets=set(state.buckets))
-        elif isinstance(e, EnginesResumed):
-            for engine, incarnation in zip(e.engines, e.incarnations, strict=True):
-                of(engine, incarnation).at_pause = None
-            began = updates.get(e.update_id)
-            if began and began[1].publishes and began[1].version in published:  # type: ignore[union-attr]
-                completed = (seq, e)
-        elif isinstance(e, WeightsChecked) and e.checksum != e.trainer_checksum:
+    def sample(self, seq: int, e: SampleGenerated) -> Violation | None:
+        if e.aborted:
+            return None
+        state = self.of(e.engine, e.incarnation)
+        violation = _judge_sample(seq, e, state.at_pause or state, self.published)
+        if violation is not None:
+            return violation
+        completed = self.completed
+        if completed is None:
+            return None
+        newest = self.updates[completed[1].update_id][1].version  # type: ignore[attr-defined]
+        if version_number(e.version) < newest:
             return Violation(
                 NAME,
-                f"engine {e.engine}'s weights at version {e.version} differ from the "
-                f"trainer's (checksum {e.checksum} != {e.trainer_checksum})",
-                evidence(of(e.engine, current.get(e.engine, 0)).stamp, (seq, e)),
+                f"engine {e.engine} served version {e.version} after the update to "
+                f"{newest} completed",
+                (completed, (seq, e)),
             )
+        return None
+
+    def began(self, seq: int, e: UpdateBegan) -> None:
+        self.updates[e.update_id] = (seq, e)
+
+    def publication(self, seq: int, e: VersionPublished | LedgerRestored) -> None:
+        self.published[e.version] = (seq, e)
+        if isinstance(e, LedgerRestored):  # every process holds initial weights
+            for state in self.held.values():
+                state.unsynced = state.unsynced or (seq, e)
+
+    def run_started(self, seq: int, e: RunStarted) -> None:
+        for engine in e.engines:
+            self.of(engine, 0)
+
+    def started(self, seq: int, e: EngineStarted) -> None:
+        self.current[e.engine] = e.incarnation
+        self.of(e.engine, e.incarnation).unsynced = (seq, e) if self.published else None
+
+    def bucket(self, seq: int, e: BucketReceived) -> None:
+        for engine, incarnation in zip(e.engines, e.incarnations, strict=True):
+            state = self.of(engine, incarnation)
+            partial = state.partial
+            if partial is None or partial[1].update_id != e.update_id:  # type: ignore[attr-defined]
+                state.partial, state.buckets = (seq, e), set()
+            state.buckets.add(e.bucket)
+
+    def stamped(self, seq: int, e: EngineStamped) -> None:
+        state = self.of(e.engine, e.incarnation)
+        began = self.updates.get(e.update_id)
+        complete = (
+            state.partial is not None
+            and state.partial[1].update_id == e.update_id  # type: ignore[attr-defined]
+            and began is not None
+            and state.buckets == set(range(began[1].n_buckets))  # type: ignore[attr-defined]
+        )
+        state.version, state.stamp = e.version, (seq, e)
+        if complete:  # whole: the process now holds exactly this version
+            state.partial, state.buckets, state.unsynced = None, set(), None
+
+    def paused(self, seq: int, e: EnginesPaused) -> None:
+        for engine, incarnation in zip(e.engines, e.incarnations, strict=True):
+            state = self.of(engine, incarnation)
+            if state.at_pause is None:  # a second pause (a retried update) keeps the first
+                state.at_pause = dataclasses.replace(state, buckets=set(state.buckets))
+
+    def resumed(self, seq: int, e: EnginesResumed) -> None:
+        for engine, incarnation in zip(e.engines, e.incarnations, strict=True):
+            self.of(engine, incarnation).at_pause = None
+        began = self.updates.get(e.update_id)
+        if began and began[1].publishes and began[1].version in self.published:  # type: ignore[attr-defined]
+            self.completed = (seq, e)
+
+    def checked(self, seq: int, e: WeightsChecked) -> Violation | None:
+        if e.checksum == e.trainer_checksum:
+            return None
+        return Violation(
+            NAME,
+            f"engine {e.engine}'s weights at version {e.version} differ from the "
+            f"trainer's (checksum {e.checksum} != {e.trainer_checksum})",
+            evidence(self.of(e.engine, self.current.get(e.engine, 0)).stamp, (seq, e)),
+        )
+
+
+_HANDLERS: ByType[Callable[[_Judge, int, Any], Violation | None]] = ByType(
+    {
+        SampleGenerated: _Judge.sample,
+        UpdateBegan: _Judge.began,
+        VersionPublished: _Judge.publication,
+        LedgerRestored: _Judge.publication,
+        RunStarted: _Judge.run_started,
+        EngineStarted: _Judge.started,
+        BucketReceived: _Judge.bucket,
+        EngineStamped: _Judge.stamped,
+        EnginesPaused: _Judge.paused,
+        EnginesResumed: _Judge.resumed,
+        WeightsChecked: _Judge.checked,
+    }
+)
+_READ = tuple(_HANDLERS)
+
+
+def published_weights(history: History) -> Violation | None:
+    judge, handlers = _Judge(), _HANDLERS
+    for seq, e in select(history, *_READ):
+        handler = handlers[type(e)]
+        if handler is not None and (violation := handler(judge, seq, e)) is not None:
+            return violation
     return None
 
 

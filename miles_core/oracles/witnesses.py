@@ -56,7 +56,7 @@ from miles_core.events import (
     StepCommitted,
 )
 from miles_core.kinds import FaultKind, RunStatus, SampleOutcome
-from miles_core.oracles.base import Indexed, Violation
+from miles_core.oracles.base import Indexed, Violation, select
 
 NAME = "fault_witness"
 
@@ -72,6 +72,18 @@ _FOLLOWED = (
     EngineStateChanged,
 )
 """What the kill, start and restart witnesses read after their fault."""
+
+_PICKED = (
+    FaultInjected,
+    FaultScheduled,
+    AttemptBegan,
+    CellTrained,
+    BucketReceived,
+    HeartbeatMissed,
+    StepCommitted,
+    RunStarted,
+)
+"""The other events the index keeps (RunEnded is followed)."""
 
 
 @dataclass
@@ -93,7 +105,7 @@ class _Index:
     @classmethod
     def of(cls, history: History) -> _Index:
         index = cls()
-        for seq, e in history.indexed():
+        for seq, e in select(history, SampleGenerated, *_FOLLOWED, *_PICKED):
             if isinstance(e, SampleGenerated):
                 index.samples.append(e)
                 continue

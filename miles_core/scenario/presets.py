@@ -45,6 +45,20 @@ PRESETS: Mapping[str, Preset] = {
         ),
         _LARGE_MODEL_TIMING,
     ),
+    # The production preset at the scale users run: 512 trainer GPUs as 64 cells of
+    # TP x PP = 8, 1,024 rollout GPUs as 256 engines of TP4 (the simulator's speed goal is
+    # measured on it: ``python -m sim bench --preset production-64x256``).
+    "production-64x256": Preset(
+        WorldShape(
+            num_cells=64,
+            gpus_per_cell=8,
+            num_engines=256,
+            gpus_per_engine=4,
+            param_bytes=61 * 10**9,
+            num_tensors=1024,
+        ),
+        _LARGE_MODEL_TIMING,
+    ),
     # Kimi-K2: 1.04T parameters, one byte each in FP8 (scales and the few BF16 tensors left
     # out); 256 GPUs as 128 trainer GPUs and 8 engines of TP16 (checkpoint-engine's 256xH20
     # run used TP16 instances), NCCL broadcast from one source rank.
