@@ -65,7 +65,7 @@ class Producer:
     async def _generate_sample(self, group_id: int, prompt_id: int, index: int) -> Sample:
         ctx = self.ctx
         engine, incarnation = await self.engines.pick()
-        self.engines.load[engine] += 1
+        self.engines.acquire(engine)
         request = GenerateRequest(group_id=group_id, prompt_id=prompt_id, sample=index)
         sent = ctx.rt.now()
         outcome, result = SampleOutcome.ENGINE_FAILED, None
@@ -77,7 +77,7 @@ class Producer:
         except RouterFailure:
             outcome = SampleOutcome.ROUTER_FAILED
         finally:
-            self.engines.load[engine] -= 1
+            self.engines.release(engine)
         ctx.emit(
             SampleGenerated,
             group_id=group_id,

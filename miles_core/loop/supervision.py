@@ -16,6 +16,7 @@ The states and their transitions are miles_core.engines' table.
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Callable
 
 from miles_core.engines import EngineState
@@ -29,19 +30,61 @@ class EngineSupervisor:
         self.ctx = ctx
         self.on_unsynced = on_unsynced
         self.load: dict[str, int] = dict.fromkeys(ctx.engines.ids, 0)
+        """Requests in flight per engine (``acquire`` / ``release`` keep it)."""
+        self._by_load: dict[int, list[str]] = {}
+        """The serving engines by their load, each list sorted by id: ``pick``'s candidates
+        without a scan of every engine per request (256 engines, 512 requests a step)."""
+        self._indexed: tuple[str, ...] | None = None
+        """The serving engines ``_by_load`` holds (rebuilt when the set changes)."""
+        self._members: frozenset[str] = frozenset()
 
     def serving(self) -> tuple[str, ...]:
         return self.ctx.engines.serving()
 
     async def pick(self) -> tuple[str, int]:
-        """The engine (and its process) for the next request; waits while none serves."""
+        """The engine (and its process) for the next request; waits while none serves.
+
+        The serving engine with the fewest requests in flight; a tie is drawn from the
+        "router" stream among the tied engines sorted by id."""
         ctx = self.ctx
         while not (candidates := ctx.engines.serving()):
             await ctx.engines_changed.wait()
-        load = self.load
-        least = min(load[e] for e in candidates)
-        engine = ctx.rt.rng("router").choice(sorted(e for e in candidates if load[e] == least))
+        if candidates is not self._indexed:
+            self._index(candidates)
+        by_load = self._by_load
+        engine = ctx.rt.rng("router").choice(by_load[min(by_load)])
         return engine, ctx.engines.incarnation(engine)
+
+    def acquire(self, engine: str) -> None:
+        """A request was sent to ``engine``."""
+        self._move(engine, 1)
+
+    def release(self, engine: str) -> None:
+        """A request to ``engine`` ended (answered or not)."""
+        self._move(engine, -1)
+
+    def _index(self, serving: tuple[str, ...]) -> None:
+        by_load: dict[int, list[str]] = {}
+        for engine in sorted(serving):
+            by_load.setdefault(self.load[engine], []).append(engine)
+        self._by_load, self._indexed, self._members = by_load, serving, frozenset(serving)
+
+    def _move(self, engine: str, delta: int) -> None:
+        before = self.load[engine]
+        self.load[engine] = after = before + delta
+        if engine not in self._members:
+            return
+        by_load = self._by_load
+        old = by_load[before]
+        if len(old) == 1:
+            del by_load[before]
+        else:
+            del old[bisect_left(old, engine)]
+        new = by_load.get(after)
+        if new is None:
+            by_load[after] = [engine]
+        else:
+            insort(new, engine)
 
     def failed(self, engine: str, incarnation: int, reason: str) -> None:
         """A call to that process failed: out of rotation, unless it was already replaced.
