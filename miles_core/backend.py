@@ -212,6 +212,13 @@ class WeightTransport(Protocol):
         raises CellFailure or EngineFailure naming who failed."""
         ...
 
+    async def send_bucket_each(
+        self, update_id: int, source_cell: int, bucket: Bucket, engines: Mapping[str, int]
+    ) -> tuple[Delivery, ...]:
+        """p2p: the bucket to each engine on its own link, all at once (one Delivery per
+        engine, as that many ``send_bucket`` calls would return); raises as send_bucket."""
+        ...
+
 
 class WorldObserver(Protocol):
     """What a world tells the control plane without being asked."""

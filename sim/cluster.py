@@ -77,27 +77,49 @@ class SimTransport:
     async def send_bucket(
         self, update_id: int, source_cell: int, bucket: Bucket, engines: Mapping[str, int]
     ) -> Delivery:
-        del update_id
+        """One collective to every engine: as slow as its slowest link."""
+        seconds = self._link_seconds(source_cell, bucket, engines)
+        await self._send(source_cell, bucket, engines, seconds)
+        return Delivery(tuple(engines), seconds)
+
+    async def send_bucket_each(
+        self, update_id: int, source_cell: int, bucket: Bucket, engines: Mapping[str, int]
+    ) -> tuple[Delivery, ...]:
+        """p2p: each engine on its own link, all at once; the source is busy until the
+        slowest arrives (its own bandwidth is not shared between the links in this model)."""
+        links = {e: self._link_seconds(source_cell, bucket, {e: i}) for e, i in engines.items()}
+        await self._send(source_cell, bucket, engines, max(links.values()))
+        return tuple(Delivery((e,), seconds) for e, seconds in links.items())
+
+    def _link_seconds(self, source_cell: int, bucket: Bucket, engines: Mapping[str, int]) -> float:
         cluster = self.cluster
         t = cluster.timing
-        source = cluster.cells[source_cell]
-        processes = [cluster.engines[e] for e in engines]
-        for process in processes:  # a process not in the update's group fails the collective
-            process.check(engines[process.id])
         local = (
             all(cluster.engine_nodes[e] <= cluster.cell_nodes[source_cell] for e in engines)
             and len(cluster.cell_nodes[source_cell]) == 1
         )
         rate = t.nvlink_bytes_per_second if local else t.link_bytes_per_second
         # a slow link is slower in every way: its latency and its bandwidth
-        seconds = (t.link_latency_seconds + bucket.nbytes / rate) * cluster.slowdown("link")
+        return (t.link_latency_seconds + bucket.nbytes / rate) * cluster.slowdown("link")
+
+    async def _send(
+        self,
+        source_cell: int,
+        bucket: Bucket,
+        engines: Mapping[str, int],
+        seconds: float,
+    ) -> None:
+        cluster = self.cluster
+        source = cluster.cells[source_cell]
+        processes = [cluster.engines[e] for e in engines]
+        for process in processes:  # a process not in the update's group fails the collective
+            process.check(engines[process.id])
         if await source.work(seconds):
             raise source.failure(f"killed sending bucket {bucket.index}")
         for process in processes:  # a receiver that died meanwhile fails the collective too
             process.check(engines[process.id])
         # the bucket arrived; a fault here strikes before the updater's next step
         cluster.faults.fire(FaultPoint.AFTER_BUCKET, cell=source_cell, bucket=bucket.index)
-        return Delivery(tuple(engines), seconds)
 
 
 def _place(world: WorldShape, rng: random.Random) -> Placement:

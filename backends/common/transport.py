@@ -275,3 +275,12 @@ class HandleTransport(_Fanout):
         }
         await self._all(calls, source_cell)
         return await self._delivered(update_id, source_cell, bucket, engines, started)
+
+    async def send_bucket_each(
+        self, update_id: int, source_cell: int, bucket: Bucket, engines: Mapping[str, int]
+    ) -> tuple[Delivery, ...]:
+        """p2p by handles: the bucket is packed once and its handle sent to every engine at
+        once; one Delivery per engine."""
+        started = self.world.rt.now()
+        await self.send_bucket(update_id, source_cell, bucket, engines)
+        return tuple(Delivery((e,), self.world.rt.now() - started) for e in sorted(engines))

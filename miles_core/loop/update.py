@@ -49,7 +49,7 @@ from miles_core.loop.context import RunContext
 from miles_core.loop.supervision import EngineSupervisor
 from miles_core.loop.train import Trainer
 from miles_core.runtime import Task
-from miles_core.transfer import Bucket, lora_unit, plan_buckets, plan_transfer
+from miles_core.transfer import Bucket, TransferMode, lora_unit, plan_buckets, plan_transfer
 from miles_core.weight_update import (
     BeginUpdate,
     EndUpdate,
@@ -218,15 +218,22 @@ class Updater:
     async def _send_bucket(
         self, update_id: int, cell: int, action: SendBucket, targets: dict[str, int]
     ) -> None:
+        """Broadcast: one call to every engine. p2p: one link per engine, all sent at once
+        (sent in turn, each engine waited for the one before it: backends/bench measured
+        0.75x of the GB/s with 2 and 4 engines)."""
         ctx = self.ctx
         bucket = self.buckets[action.bucket]
         plan = plan_transfer(ctx.config.transfer_mode, (bucket,), tuple(targets))
-        for transfer in plan.transfers:  # broadcast: one call; p2p: one per engine
-            for engine in transfer.targets:
-                if not ctx.engines.current(engine, targets[engine]):
-                    raise EngineFailure(engine, "its process was replaced during the update")
-            to = {e: targets[e] for e in transfer.targets}
-            delivery = await ctx.cluster.transport.send_bucket(update_id, cell, bucket, to)
+        to = {e: targets[e] for transfer in plan.transfers for e in transfer.targets}
+        for engine in to:
+            if not ctx.engines.current(engine, to[engine]):
+                raise EngineFailure(engine, "its process was replaced during the update")
+        transport = ctx.cluster.transport
+        if plan.mode is TransferMode.P2P:
+            deliveries = await transport.send_bucket_each(update_id, cell, bucket, to)
+        else:
+            deliveries = (await transport.send_bucket(update_id, cell, bucket, to),)
+        for delivery in deliveries:
             ctx.emit(
                 BucketReceived,
                 update_id=update_id,
