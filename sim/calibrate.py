@@ -4,14 +4,15 @@
     python -m sim predict PRESET [--bucket-mib 512] [--mode broadcast|p2p] [--calibration fit.json]
 
 The simulator charges every send ``link_latency_seconds + bytes / bandwidth``
-(sim.cluster.SimTransport: a broadcast is one send to all engines, p2p one send
-per engine, in turn). A bench run measured one bucketed method at several
-bucket sizes; with ``sends`` and ``bytes`` counted the way the simulator counts
-them, each measurement is one equation ``seconds = latency * sends + bytes /
-bandwidth``, and least squares over the bucket sizes gives latency and
-bandwidth. ``predict`` replays a whole update through SimTransport itself (the
-preset's placement decides NVLink or the inter-node link), so the prediction
-is the simulator's model and nothing else.
+(sim.cluster.SimTransport: a broadcast is one send to all engines; p2p one send
+per engine, all at once, so a bucket takes one link's send). A bench run
+measured one bucketed method at several bucket sizes; with ``sends`` and
+``bytes`` counted the way the simulator counts them, each measurement is one
+equation ``seconds = latency * sends + bytes / bandwidth``, and least squares
+over the bucket sizes gives latency and bandwidth. ``predict`` replays a whole
+update through SimTransport itself (the preset's placement decides NVLink or
+the inter-node link), so the prediction is the simulator's model and nothing
+else.
 """
 
 from __future__ import annotations
@@ -80,14 +81,11 @@ def least_squares(points: Sequence[tuple[int, int, float]]) -> Fit:
 
 def points_of(summary: Mapping[str, Any], mode: str, method: str) -> list[tuple[int, int, float]]:
     """(sends, bytes, median seconds) of one method in one mode, counted as SimTransport does."""
-    receivers = int(summary["config"]["receivers"])
-    payload = int(summary["payload_bytes"])
-    per_target = 1 if mode == TransferMode.BROADCAST else receivers
+    payload = int(summary["payload_bytes"])  # p2p's links run at once: one send per bucket
     points = []
     for r in summary["results"]:
         if (r["mode"], r["method"]) == (mode, method) and r["bucket_bytes"]:
-            sends = int(r["buckets"]) * per_target
-            points.append((sends, payload * per_target, float(r["seconds"]["median"])))
+            points.append((int(r["buckets"]), payload, float(r["seconds"]["median"])))
     return sorted(points)
 
 
@@ -116,10 +114,14 @@ def predict_update_seconds(
     buckets = plan_buckets(cluster.units, buffer_size)
 
     async def update() -> float:
+        transport = cluster.transport
         for bucket in buckets:
-            for transfer in plan_transfer(mode, (bucket,), cluster.engine_ids).transfers:
-                targets = dict.fromkeys(transfer.targets, 0)  # the first process of each
-                await cluster.transport.send_bucket(0, 0, bucket, targets)
+            plan = plan_transfer(mode, (bucket,), cluster.engine_ids)
+            targets = {e: 0 for t in plan.transfers for e in t.targets}  # the first processes
+            if plan.mode is TransferMode.P2P:  # as the update loop sends: every link at once
+                await transport.send_bucket_each(0, 0, bucket, targets)
+            else:
+                await transport.send_bucket(0, 0, bucket, targets)
         return rt.now()
 
     seconds = rt.run(update())
