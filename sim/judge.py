@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shlex
 import time
+import traceback
 from dataclasses import dataclass
 
 from miles_core.coverage import CoverageCell, coverage_cells
@@ -77,9 +78,33 @@ class SeedOutcome:
         return not self.failed
 
 
+CRASHED = "crashed"
+"""The verdict of a seed whose drawing or run raised outside the world (a crash is never a
+pass: it is a failing seed with its replay line and traceback, and the sweep goes on)."""
+
+
 def judge(task: SeedTask) -> SeedOutcome:
     """Run and judge one seed (in a Ray worker, or here)."""
     started = time.perf_counter()
+    try:
+        return _judged(task, started)
+    except Exception:
+        return SeedOutcome(
+            source=task.source,
+            seed=task.seed,
+            failed=(CRASHED,),
+            oracles=(CRASHED,),
+            status=CRASHED,
+            hash="",
+            cells=(),
+            replay=task.replay(),
+            seconds=time.perf_counter() - started,
+            aim=task.aim,
+            failure=traceback.format_exc(),
+        )
+
+
+def _judged(task: SeedTask, started: float) -> SeedOutcome:
     with planted(task.plant):
         scenario = task.drawn()
         result = run_scenario(scenario, task.seed, task.steps)
@@ -107,4 +132,4 @@ def judge_many(tasks: list[SeedTask]) -> list[SeedOutcome]:
     return [judge(task) for task in tasks]
 
 
-__all__ = ["SeedOutcome", "SeedTask", "judge", "judge_many"]
+__all__ = ["CRASHED", "SeedOutcome", "SeedTask", "judge", "judge_many"]

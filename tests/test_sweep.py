@@ -25,6 +25,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from miles_core.scenario import load_scenario_file
+from sim.judge import CRASHED, SeedTask, judge
 from sim.plants import PLANTS, planted
 from sim.run import run_scenario
 from sim.shrink import ddmin
@@ -155,3 +156,18 @@ def test_ddmin_keeps_exactly_what_the_failure_needs(items: list[int], needed: se
 
     assert ddmin(items, fails) == [x for x in items if x in needed]
     assert all(set(c) <= set(items) for c in calls)
+
+
+def test_a_seed_that_crashes_is_a_failure_with_its_replay_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sim.judge
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("an injector's own bug")
+
+    monkeypatch.setattr(sim.judge, "run_scenario", broken)
+    outcome = judge(SeedTask("swarm", 3))
+    assert not outcome.ok and outcome.failed == (CRASHED,)
+    assert outcome.replay == "python -m sim run swarm --seed 3"
+    assert "an injector's own bug" in outcome.failure
