@@ -186,18 +186,26 @@ def phase_windows(history: Iterable[Event], phase: str) -> list[tuple[float, flo
 
 # -- the cells a fault can reach ----------------------------------------------------------------
 
-_ANY = frozenset(PHASES)
+_ANY = frozenset(PHASES) - {"paused"}
+"""What a time can land in. Not ``paused``: pausing, flushing and opening the update
+session take no simulated time (sim/engine.py's control calls answer at once), so no
+moment falls between an update's start and its first bucket; a real world's calls take
+time, and its maps may show the cell."""
 _POINT_PHASES: dict[str, frozenset[str]] = {
     FaultPoint.BEFORE_ALLREDUCE.value: frozenset({"allreduce"}),
     FaultPoint.DURING_HEAL.value: frozenset({"healing"}),
     # bucket k < last arrives mid-update; the last one opens the window before the stamp
     FaultPoint.AFTER_BUCKET.value: frozenset({"bucket_first", "bucket_middle", "stamping"}),
+    # a step begins once the update before it has ended and before its attempt (and any
+    # heal, which an attempt begins) starts
+    FaultPoint.STEP_BEGIN.value: frozenset({"generating"}),
 }
 
 
 def reachable(kind: str, how: str) -> frozenset[str]:
-    """The phases a fault of ``kind`` scheduled as ``how`` can strike in: a point pins its
-    phase down; a time, mid-generation and a recovery can fall in any."""
+    """The phases a fault of ``kind`` scheduled as ``how`` can strike in, in the simulator:
+    a point pins its phase down; a time, mid-generation and a recovery can fall in any
+    phase that lasts."""
     del kind  # every kind reaches what its trigger reaches
     return _POINT_PHASES.get(how, _ANY)
 

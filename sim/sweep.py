@@ -30,6 +30,8 @@ CHUNK = 8
 """Seeds per task: a seed takes tens of milliseconds, a task's round trip a few."""
 AIM_SHARE = 2
 """One seed in AIM_SHARE of the swarm's is aimed while reachable cells are empty."""
+AIM_TRIES = 25
+"""Aimed seeds a cell gets before it is left to chance (a phase too short to land in)."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,8 @@ class Tally:
     """Ray node id -> seeds judged there."""
     aimed: int = 0
     aimed_hit: int = 0
+    aims_missed: dict[CoverageCell, int] = field(default_factory=dict)
+    """cell -> aimed seeds that missed it."""
 
     def add(self, outcome: SeedOutcome) -> None:
         self.seeds += 1
@@ -65,18 +69,20 @@ class Tally:
             self.coverage[cell] = self.coverage.get(cell, 0) + 1
         if outcome.aim is not None:
             self.aimed += 1
-            self.aimed_hit += outcome.aim in outcome.cells
+            hit = outcome.aim in outcome.cells
+            self.aimed_hit += hit
+            if not hit:
+                self.aims_missed[outcome.aim] = self.aims_missed.get(outcome.aim, 0) + 1
         if not outcome.ok:
             self.failures.append(outcome)
         self.hashes[_key(outcome.source, outcome.seed, outcome.aim)] = outcome.hash
 
     def empty_aimable(self) -> list[CoverageCell]:
-        """Reachable cells the swarm can aim at that no seed has hit yet, in map order."""
+        """Reachable cells the swarm can aim at that no seed has hit yet and that fewer than
+        AIM_TRIES aimed seeds have missed, in map order."""
+        cells = [CoverageCell(k, h, p) for (k, h) in AIMABLE for p in sorted(reachable(k, h))]
         return [
-            CoverageCell(kind, how, phase)
-            for (kind, how) in AIMABLE
-            for phase in sorted(reachable(kind, how))
-            if CoverageCell(kind, how, phase) not in self.coverage
+            c for c in cells if c not in self.coverage and self.aims_missed.get(c, 0) < AIM_TRIES
         ]
 
 
