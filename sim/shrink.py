@@ -6,8 +6,10 @@ fails, then one at a time), the cells and the engines (the fewest that still
 fail). Every candidate is a whole run under the same seed, judged by the same
 oracles; a candidate the scenario checks refuse (a fault at a step the shorter
 run never reaches, a cell the smaller world lacks) is simply not taken. What
-fails is the oracle the original run failed, not any oracle: a shrunk scenario
-that fails something else is another bug.
+fails is the oracle the original run failed, with the same kind of evidence (the
+type of its first evidence event, and the fault's kind when that event is a
+fault), not any oracle: a shrunk scenario that fails something else, or the
+same oracle over another fault, is another bug.
 """
 
 from __future__ import annotations
@@ -19,12 +21,23 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from miles_core.errors import ConfigError
+from miles_core.oracles import Violation
 from miles_core.scenario import Scenario
 from miles_core.scenario.faults import target_cell, target_engine
 from sim.plants import planted
 from sim.run import run_scenario
 
 T = TypeVar("T")
+
+
+def signature(violation: Violation) -> tuple[str, ...]:
+    """What makes two violations the same failure: the oracle, the type of the first event
+    of its evidence and, if that event is a fault, the fault's kind."""
+    if not violation.evidence:
+        return (violation.oracle,)
+    event = violation.evidence[0][1]
+    kind = getattr(event, "fault", None)
+    return (violation.oracle, type(event).__name__, "" if kind is None else str(kind))
 
 
 def ddmin(items: Sequence[T], fails: Callable[[list[T]], bool]) -> list[T]:
@@ -58,13 +71,18 @@ class Shrinker:
     seed: int
     oracle: str
     plant: str | None = None
+    signature: tuple[str, ...] | None = None
+    """The original violation's signature(); None: any violation of the oracle."""
     runs: int = 0
 
     def fails(self, scenario: Scenario) -> bool:
         self.runs += 1
         with planted(self.plant):
             result = run_scenario(scenario, self.seed)
-        return result.verdicts.get(self.oracle) is not None
+        violation = result.verdicts.get(self.oracle)
+        if violation is None:
+            return False
+        return self.signature is None or signature(violation) == self.signature
 
     def candidate(self, scenario: Scenario, **changes: object) -> Scenario | None:
         """``scenario`` with ``changes`` (``steps`` goes to the loop), or None if refused."""
@@ -133,4 +151,4 @@ def shrink(scenario: Scenario, shrinker: Shrinker) -> Scenario:
     return _faults(shrinker, scenario)  # a smaller world may need fewer faults still
 
 
-__all__ = ["Shrinker", "ddmin", "shrink"]
+__all__ = ["Shrinker", "ddmin", "shrink", "signature"]

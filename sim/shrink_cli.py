@@ -25,7 +25,7 @@ from miles_core.scenario import save_scenario_file
 from sim.aim import parse_aim
 from sim.plants import check_plant, planted
 from sim.run import run_scenario
-from sim.shrink import Shrinker, shrink
+from sim.shrink import Shrinker, shrink, signature
 
 
 def _own_flags() -> argparse.ArgumentParser:
@@ -70,7 +70,8 @@ def main(argv: list[str]) -> int:
         what = own.oracle or "any oracle"
         print(f"the run does not fail {what} (failed: {failed or 'none'}): nothing to shrink")
         return 2
-    shrinker = Shrinker(args.seed, own.oracle or failed[0], args.plant)
+    oracle = own.oracle or failed[0]
+    shrinker = Shrinker(args.seed, oracle, args.plant, signature(first.verdicts[oracle]))
     small = shrink(scenario, shrinker)
     name = f"shrunk from seed {args.seed}: fails {shrinker.oracle}"
     origin = shlex.join(["python", "-m", "sim", "run", *_run_argv(rest)])

@@ -171,3 +171,20 @@ def test_a_seed_that_crashes_is_a_failure_with_its_replay_line(
     assert not outcome.ok and outcome.failed == (CRASHED,)
     assert outcome.replay == "python -m sim run swarm --seed 3"
     assert "an injector's own bug" in outcome.failure
+
+
+def test_a_shrink_keeps_the_same_failure_not_just_the_same_oracle() -> None:
+    """fault_witness failing over a start_cell is another failure than over a restart."""
+    from miles_core.events import FaultInjected
+    from miles_core.kinds import FaultKind
+    from miles_core.oracles import Violation
+    from sim.shrink import signature
+
+    def witness(kind: FaultKind) -> Violation:
+        fault = FaultInjected(t=1.0, index=0, fault=kind)
+        return Violation("fault_witness", "had no effect", ((3, fault),))
+
+    restart = signature(witness(FaultKind.RESTART_ENGINE))
+    assert restart == signature(witness(FaultKind.RESTART_ENGINE))
+    assert restart != signature(witness(FaultKind.START_CELL))
+    assert signature(Violation("progress", "stalled")) == ("progress",)
