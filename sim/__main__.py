@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import shlex
 import sys
 import time
 
@@ -45,7 +44,7 @@ from miles_core.report import (
 from miles_core.scenario import SCENARIOS, Scenario, save_scenario_file
 from sim.aim import parse_aim
 from sim.plants import check_plant, planted
-from sim.run import run_scenario
+from sim.run import replay_command, run_scenario
 from sim.scenarios import find_scenario
 from sim.swarm import SWARM, SWARM_TOTAL_LOSS, swarm_scenario
 
@@ -69,15 +68,15 @@ def _scenario(args: argparse.Namespace) -> Scenario:
 
 
 def _replay(args: argparse.Namespace, steps: int) -> str:
-    command = ["python", "-m", "sim", "run", args.scenario, "--seed", str(args.seed)]
-    command += ["--steps", str(steps)]
-    if args.check_every is not None:
-        command += ["--check-every", str(args.check_every)]
-    if args.aim is not None:
-        command += ["--aim", args.aim.key()]
-    if args.plant is not None:
-        command += ["--plant", args.plant]
-    return shlex.join(command + flags_argv(given_flags(args, OWN_FLAGS)))
+    extra = [] if args.check_every is None else ["--check-every", str(args.check_every)]
+    return replay_command(
+        args.scenario,
+        args.seed,
+        steps,
+        aim=None if args.aim is None else args.aim.key(),
+        plant=args.plant,
+        extra=[*extra, *flags_argv(given_flags(args, OWN_FLAGS))],
+    )
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -8,7 +8,6 @@ faults hit and, for a failing seed only, what is needed to replay and read it
 
 from __future__ import annotations
 
-import shlex
 import time
 import traceback
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from miles_core.coverage import CoverageCell, coverage_cells
 from miles_core.scenario import Scenario
 from miles_core.scenario.dump import scenario_to_toml
 from sim.plants import planted
-from sim.run import run_scenario
+from sim.run import replay_command, run_scenario
 from sim.swarm import SWARM, SWARM_TOTAL_LOSS, swarm_scenario
 
 DEFAULT_SWARM_STEPS = 12
@@ -45,14 +44,8 @@ class SeedTask:
 
     def replay(self) -> str:
         """The command that replays this seed's run exactly."""
-        command = ["python", "-m", "sim", "run", self.source, "--seed", str(self.seed)]
-        if self.steps is not None:
-            command += ["--steps", str(self.steps)]
-        if self.aim is not None:
-            command += ["--aim", self.aim.key()]
-        if self.plant is not None:
-            command += ["--plant", self.plant]
-        return shlex.join(command)
+        aim = None if self.aim is None else self.aim.key()
+        return replay_command(self.source, self.seed, self.steps, aim=aim, plant=self.plant)
 
 
 @dataclass(frozen=True)

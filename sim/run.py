@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import shlex
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -46,6 +47,27 @@ class SimResult:
         """The command that replays a named scenario's run exactly."""
         steps = self.scenario.loop.steps
         return f"python -m sim run {self.scenario.name} --seed {self.seed} --steps {steps}"
+
+
+def replay_command(
+    source: str,
+    seed: int,
+    steps: int | None = None,
+    *,
+    aim: str | None = None,
+    plant: str | None = None,
+    extra: Sequence[str] = (),
+) -> str:
+    """The one line that replays a run: ``python -m sim run SOURCE --seed N`` and the
+    options it was run with (``extra``: any further flags, already spelt)."""
+    command = ["python", "-m", "sim", "run", source, "--seed", str(seed)]
+    if steps is not None:
+        command += ["--steps", str(steps)]
+    if aim is not None:
+        command += ["--aim", aim]
+    if plant is not None:
+        command += ["--plant", plant]
+    return shlex.join([*command, *extra])
 
 
 class OracleStop(BaseException):

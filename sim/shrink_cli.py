@@ -24,7 +24,7 @@ from miles_core.report import check_writable
 from miles_core.scenario import save_scenario_file
 from sim.aim import parse_aim
 from sim.plants import check_plant, planted
-from sim.run import run_scenario
+from sim.run import replay_command, run_scenario
 from sim.shrink import Shrinker, shrink, signature
 
 
@@ -77,9 +77,7 @@ def main(argv: list[str]) -> int:
     origin = shlex.join(["python", "-m", "sim", "run", *_run_argv(rest)])
     small = dataclasses.replace(small, name="shrunk", description=f"{name} (from: {origin})")
     save_scenario_file(out, small.with_run(seed=args.seed))
-    replay = ["python", "-m", "sim", "run", str(out), "--seed", str(args.seed)]
-    if args.plant is not None:
-        replay += ["--plant", args.plant]
+    replay = replay_command(str(out), args.seed, plant=args.plant)
     print(
         f"{name} after {shrinker.runs} runs: faults {len(scenario.faults)} -> "
         f"{len(small.faults)}, steps {scenario.loop.steps} -> {small.loop.steps}, cells "
@@ -88,7 +86,7 @@ def main(argv: list[str]) -> int:
     )
     for fault in small.faults:
         print(f"  {fault}")
-    print(f"wrote {out}\nreplay: {shlex.join(replay)}")
+    print(f"wrote {out}\nreplay: {replay}")
     return 0
 
 

@@ -61,8 +61,9 @@ class Tally:
     aims_missed: dict[CoverageCell, int] = field(default_factory=dict)
     """cell -> aimed seeds that missed it."""
 
-    def add(self, outcome: SeedOutcome) -> None:
+    def add(self, outcome: SeedOutcome, node: str) -> None:
         self.seeds += 1
+        self.per_node[node] = self.per_node.get(node, 0) + 1
         for oracle in outcome.oracles:
             self.oracles.setdefault(oracle, [0, 0])[oracle in outcome.failed] += 1
         for cell in set(outcome.cells):
@@ -200,8 +201,7 @@ def sweep(
             yield task
 
     def judged(outcome: SeedOutcome, node: str) -> None:
-        run.tally.add(outcome)
-        run.tally.per_node[node] = run.tally.per_node.get(node, 0) + 1
+        run.tally.add(outcome, node)
         on_outcome(outcome)
 
     started = time.perf_counter()

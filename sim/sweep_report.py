@@ -16,6 +16,7 @@ from typing import Any
 from miles_core.coverage import PHASES, CoverageCell, reachable
 from sim.aim import AIMABLE
 from sim.judge import SeedOutcome
+from sim.run import replay_command
 from sim.sweep import SweepRun, Tally
 
 SHOWN_FAILURES = 20
@@ -135,9 +136,7 @@ def write_out(out: Path, info: dict[str, Any], tally: Tally) -> list[str]:
         folder = out / "failures" / _folder_name(outcome)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "scenario.toml").write_text(outcome.scenario_toml)
-        replay = f"python -m sim run {folder / 'scenario.toml'} --seed {outcome.seed}"
-        if info["plant"] is not None:
-            replay += f" --plant {info['plant']}"
+        replay = replay_command(str(folder / "scenario.toml"), outcome.seed, plant=info["plant"])
         text = f"{outcome.failure}\n\nreplay: {outcome.replay}\nor: {replay}\n"
         (folder / "failure.txt").write_text(text)
     if tally.failures:
