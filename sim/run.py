@@ -75,8 +75,11 @@ class OracleStop(BaseException):
     take it for its own failure and end the run as crashed)."""
 
     def __init__(self, violation: Violation) -> None:
-        super().__init__(str(violation))
+        super().__init__(violation)  # rebuildable from its args (the runtime copies failures)
         self.violation = violation
+
+    def __str__(self) -> str:
+        return str(self.violation)
 
 
 def _live_checker(history: History, every: int) -> Callable[[Event], None]:

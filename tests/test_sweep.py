@@ -31,6 +31,7 @@ from sim.plants import PLANTS, planted
 from sim.run import run_scenario
 from sim.shrink import ddmin
 from sim.shrink_cli import main as shrink_main
+from sim.swarm import swarm_scenario
 from sim.sweep_cli import main as sweep_main
 from tests.ray_cluster import leftovers
 
@@ -210,3 +211,11 @@ def test_a_shrink_keeps_the_same_failure_not_just_the_same_oracle() -> None:
     assert restart == signature(witness(FaultKind.RESTART_ENGINE))
     assert restart != signature(witness(FaultKind.START_CELL))
     assert signature(Violation("progress", "stalled")) == ("progress",)
+
+
+def test_check_every_stops_at_the_first_violation_of_a_planted_bug() -> None:
+    """--check-every's stop travels through the simulator's copy of failures intact."""
+    with planted("stamp_by_engine_id"):
+        result = run_scenario(swarm_scenario(8), 8, check_every=1)
+    assert "update_order" in result.report.reason
+    assert result.verdicts["update_order"] is not None
