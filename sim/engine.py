@@ -20,6 +20,7 @@ plane.
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 from miles_core.backend import EngineFailure, GenerateRequest, GenerateResult, RequestRefused
@@ -44,6 +45,9 @@ class _Request:
         self.kept_kv = False
         self.recompute = False
         self.first = True
+        self.aborted = False
+        """An abort of every request (an abort-mode pause, a version update that aborts)
+        reached it while the engine held it: it ends aborted, whatever woke it first."""
         self.holds_pages = False
         """It holds KV pages: decoding, or frozen in place (a retracted one holds none)."""
 
@@ -109,6 +113,9 @@ class SimEngine(_Mortal):
         if mode is not PauseMode.IN_PLACE:
             for job in self.jobs:
                 job.holds_pages = False
+        if mode is None or mode is PauseMode.ABORT:
+            for job in self.jobs:
+                job.aborted = True
         self._interrupt.set()
         self._interrupt = self.rt.signal()
 
@@ -130,7 +137,7 @@ class SimEngine(_Mortal):
 
     async def _generate(self, job: _Request) -> GenerateResult:
         while job.done < job.total:
-            if self.paused and await self._wait_paused(job.death):
+            if self.paused and await self._wait_paused(job):
                 return self._result(job, aborted=True)  # abort_all while it waited
             if job.death.is_set():  # its process was replaced while it waited to go on
                 raise self.failure("killed while the request waited")
@@ -140,15 +147,15 @@ class SimEngine(_Mortal):
             interrupted = await self._decode(job)
             if interrupted is None:
                 continue
-            mode = self._interrupt_mode
-            if mode is None or mode is PauseMode.ABORT:
+            if job.aborted:
                 return self._result(job, aborted=True)
+            mode = self._interrupt_mode
             job.recompute = mode is PauseMode.RETRACT
-            if mode is PauseMode.IN_PLACE and self.paused and await self._wait_paused(job.death):
+            if mode is PauseMode.IN_PLACE and self.paused and await self._wait_paused(job):
                 return self._result(job, aborted=True)
         if self.hung:
             await self.answer()
-        return self._result(job, aborted=False)
+        return self._result(job, aborted=job.aborted)
 
     async def _decode(self, job: _Request) -> bool | None:
         """Prefill (if retracted) and decode until done (None) or interrupted (True)."""
@@ -180,17 +187,15 @@ class SimEngine(_Mortal):
         job.done = job.total if outcome == 0 else job.done + (self.rt.now() - began) / per_token
         return True if outcome == 2 else None
 
-    async def _wait_paused(self, death: SimSignal) -> bool:
+    async def _wait_paused(self, job: _Request) -> bool:
         """Wait while the engine is paused (a queued, retracted or frozen request); True when
-        an abort of every request ended it meanwhile."""
-        while self.paused:
-            interrupt = self._interrupt
-            woke = await self.rt.wait_any([self._resumed, death, interrupt])
+        an abort of every request ended it meanwhile (whether the abort's signal or the
+        resume's woke it first)."""
+        while self.paused and not job.aborted:
+            woke = await self.rt.wait_any([self._resumed, job.death, self._interrupt])
             if woke == 1:
                 raise self.failure("killed while the request waited")
-            if woke == 2 and self._interrupt_mode is None:
-                return True
-        return False
+        return job.aborted
 
     def _result(self, job: _Request, aborted: bool) -> GenerateResult:
         versions = tuple(job.spans) or (self.version,)
@@ -262,7 +267,11 @@ class SimEngine(_Mortal):
 
 
 class EngineHandle:
-    """Calls to one process of an engine; they fail once that process is gone."""
+    """Calls to one process of an engine; they fail once that process is gone.
+
+    Each method checks the process and hands back the engine's own call to await
+    (no coroutine of the handle's around each of a run's hundreds of thousands of
+    control calls); a call to a gone process raises EngineFailure at once."""
 
     def __init__(self, engine: SimEngine, incarnation: int) -> None:
         self.engine = engine
@@ -273,26 +282,26 @@ class EngineHandle:
         self.engine.check(self.incarnation)
         return self.engine
 
-    async def pause(self, mode: PauseMode) -> None:
-        await self._check().pause(mode)
+    def pause(self, mode: PauseMode) -> Awaitable[None]:
+        return self._check().pause(mode)
 
-    async def resume(self) -> None:
-        await self._check().resume()
+    def resume(self) -> Awaitable[None]:
+        return self._check().resume()
 
-    async def flush_cache(self) -> None:
-        await self._check().flush_cache()
+    def flush_cache(self) -> Awaitable[None]:
+        return self._check().flush_cache()
 
-    async def begin_update(self) -> None:
-        await self._check().begin_update()
+    def begin_update(self) -> Awaitable[None]:
+        return self._check().begin_update()
 
-    async def end_update(self) -> None:
-        await self._check().end_update()
+    def end_update(self) -> Awaitable[None]:
+        return self._check().end_update()
 
-    async def stamp(self, version: int, abort_all_requests: bool = True) -> None:
-        await self._check().stamp(version, abort_all_requests)
+    def stamp(self, version: int, abort_all_requests: bool = True) -> Awaitable[None]:
+        return self._check().stamp(version, abort_all_requests)
 
-    async def unload_adapter(self, adapter: str) -> None:
-        await self._check().unload_adapter(adapter)
+    def unload_adapter(self, adapter: str) -> Awaitable[None]:
+        return self._check().unload_adapter(adapter)
 
-    async def health(self) -> None:
+    async def health(self) -> None:  # spawned as a task: a gone process fails inside it
         await self._check().health()

@@ -25,17 +25,17 @@ PER_TOKEN = TIMING.decode_seconds_per_token * (1 + TIMING.concurrency_slowdown)
 """One request alone on the engine decodes at this many seconds per token."""
 
 
-def _world() -> tuple[SimRuntime, SimCluster, EngineHandle]:
-    rt = SimRuntime(0)
+def _world(seed: int = 0) -> tuple[SimRuntime, SimCluster, EngineHandle]:
+    rt = SimRuntime(seed)
     cluster = SimCluster(rt, WorldShape(num_engines=1), TIMING)
     return rt, cluster, cluster.engine("engine-0", 0)
 
 
 def _with_request(
-    control: Callable[[SimRuntime, EngineHandle], Coroutine[Any, Any, None]],
+    control: Callable[[SimRuntime, EngineHandle], Coroutine[Any, Any, None]], seed: int = 0
 ) -> tuple[GenerateResult, float]:
     """A request, ``control`` run beside it; the result and the request's decode seconds."""
-    rt, _, engine = _world()
+    rt, _, engine = _world(seed)
 
     async def main() -> GenerateResult:
         request = rt.spawn(engine.engine.generate(0, GenerateRequest(0, 0, 0)), "request")
@@ -87,6 +87,15 @@ def test_abort_mode_ends_the_request() -> None:
 def test_the_version_update_aborts_unless_told_not_to(abort_all: bool) -> None:
     result, _ = _with_request(_update(PauseMode.RETRACT, abort_all_requests=abort_all))
     assert result.aborted is abort_all
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_an_abort_reaches_a_waiting_request_whichever_signal_wakes_it_first(seed: int) -> None:
+    """The stamp's abort and the resume right after it wake the retracted request at one
+    instant; the seed orders the two. Either way the request was aborted while the engine
+    held it (it once went on decoding when the resume woke it first)."""
+    result, _ = _with_request(_update(PauseMode.RETRACT, abort_all_requests=True), seed)
+    assert result.aborted and result.versions == (None,)
 
 
 @pytest.mark.parametrize(
