@@ -8,7 +8,7 @@ backends over asyncio and Ray. Nothing here imports either.
 Rules the orchestration code keeps, so that both worlds run it identically:
 
 - time comes from ``rt.now()`` and passes through ``await rt.sleep(dt)``;
-- concurrency is ``rt.spawn(coro, name)``, joined with ``await task``,
+- concurrency is ``rt.spawn(coro, name[, eager])``, joined with ``await task``,
   ``rt.wait_any`` or ``rt.wait_all``; a task is stopped with ``task.cancel``,
   which raises Cancelled inside it at its current await;
 - waiting for a condition is a ``rt.signal()``, set once;
@@ -70,7 +70,12 @@ class Runtime(Protocol):
 
     def sleep(self, seconds: float) -> Awaitable[None]: ...
 
-    def spawn(self, coro: Coroutine[Any, Any, T], name: str) -> Task[T]: ...
+    def spawn(self, coro: Coroutine[Any, Any, T], name: str, eager: bool = False) -> Task[T]:
+        """Run ``coro`` concurrently. ``eager``: the spawner awaits it straight away (or
+        awaits nothing in between that it relies on), so the task may run its first step
+        now, before spawn returns; the simulator does, which spares it the start event of
+        each of thousands of short calls. A real runtime may start it later."""
+        ...
 
     def signal(self) -> Signal: ...
 

@@ -172,6 +172,11 @@ class _Sleep(Timeout):
         return (yield self)
 
 
+_STARTED = Event.__new__(Event)
+"""What an eager task's first step is sent: an event processed already, with no value."""
+_STARTED.callbacks, _STARTED._ok, _STARTED._value = None, True, None
+
+
 class SimTask:
     """A coroutine stepped by the callbacks of the events it awaits.
 
@@ -179,25 +184,31 @@ class SimTask:
     fails with its exception, scheduled as a ``simpy.Process`` schedules itself.
     """
 
-    __slots__ = ("_coro", "_env", "_started", "_target", "event", "name")
+    __slots__ = ("_coro", "_env", "_in_spawn", "_started", "_target", "event", "name")
 
-    def __init__(self, env: SeededEnvironment, coro: Coroutine[Any, Any, Any], name: str) -> None:
+    def __init__(
+        self, env: SeededEnvironment, coro: Coroutine[Any, Any, Any], name: str, eager: bool
+    ) -> None:
         self.name = name
         self._coro = coro
         self._env = env
         self._started = False
         self.event = done = Event.__new__(Event)  # Event(env), without the call
         done.env, done.callbacks = env, []
-        start = Event.__new__(Event)  # SimPy's Initialize: urgent, so a cancel cannot overtake it
-        start.env, start.callbacks = env, [self._step]
-        start._ok, start._value = True, None
-        heappush(env._queue, (env._now, URGENT, env._tiebreak(32), next(env._eid), start))
-        self._target = start
+        self._in_spawn = eager
+        if eager:  # its first step now, inside the spawner: no start event
+            self._target = _STARTED
+            self._step(_STARTED)
+            self._in_spawn = False
+        else:  # SimPy's Initialize: urgent, so a cancel cannot overtake it
+            self._target = start = Event.__new__(Event)
+            start.env, start.callbacks, start._ok, start._value = env, [self._step], True, None
+            heappush(env._queue, (env._now, URGENT, env._tiebreak(32), next(env._eid), start))
 
     def _step(self, event: Event) -> None:
         """Send the event's outcome into the coroutine; run it to its next real wait."""
         env, coro = self._env, self._coro
-        env._active_task = self
+        outer, env._active_task = env._active_task, self  # an eager spawn or a finish nests
         self._started = True
         while True:
             try:
@@ -235,12 +246,24 @@ class SimTask:
                 self._target = target
                 break
             event = target  # already processed: go on with its outcome at once
-        env._active_task = None
+        env._active_task = outer
 
     def _finish(self, ok: bool, value: Any) -> None:
+        """The task's end reaches its waiters now, as the end of its step (not one more event
+        later): a task's end is most of a run's events otherwise. The run's own stop waits
+        for the event, as SimPy schedules it."""
         done, env = self.event, self._env
         done._ok, done._value = ok, value
-        heappush(env._queue, (env._now, NORMAL, env._tiebreak(32), next(env._eid), done))
+        callbacks = done.callbacks
+        if self._in_spawn:  # it ended in its eager first step: nobody awaits it yet
+            if ok:
+                done.callbacks = None  # processed: awaiting it goes on at once
+            else:  # its waiter gets the failure as an event; with none, the run crashes
+                heappush(env._queue, (env._now, NORMAL, env._tiebreak(32), next(env._eid), done))
+        elif StopSimulation.callback in callbacks:
+            heappush(env._queue, (env._now, NORMAL, env._tiebreak(32), next(env._eid), done))
+        else:
+            _process_now(done, callbacks)
 
     def _interrupt(self, interruption: Event) -> None:
         """SimPy's Interruption: take the task off its target and throw Cancelled into it."""
@@ -282,6 +305,16 @@ class SimTask:
         return (yield self.event)
 
 
+def _process_now(event: Event, callbacks: list[Any]) -> None:
+    """Process a triggered event at once, inside the step that triggered it: what
+    ``SeededEnvironment._process`` does with a queued one, the crash check included."""
+    event.callbacks = None
+    for callback in callbacks:
+        callback(event)
+    if not event._ok and not hasattr(event, "_defused"):
+        raise _copy(event._value)  # a failure nobody waited for crashes the run
+
+
 class SimSignal:
     __slots__ = ("event",)
 
@@ -307,23 +340,28 @@ class SimSignal:
 
 
 class _Condition(Event):
-    """SimPy's AnyOf / AllOf with the same scheduling, minus the ConditionValue.
+    """SimPy's AnyOf / AllOf minus the ConditionValue, decided without an event of its own.
 
     Its value is what the awaiting code wants: for any, the index of the first
-    of its events (in list order) already processed; for all, every value.
+    of its events (in list order) already processed; for all, every value. It is
+    processed the moment it is decided, inside the callback of the event that
+    decided it, so its waiter goes on in that step; SimPy would queue it as one
+    more event, and every wait would cost two. Decided while it is built (one of
+    its events has been processed already), it is processed at once, and the
+    await goes on without waiting.
     """
 
     def __init__(
         self, env: SeededEnvironment, waitables: Sequence[SimTask | SimSignal], any_: bool
     ) -> None:
         self.env = env
-        self.callbacks = []
         # the events behind the waitables, defused: the waiter receives the first failure;
         # a later failure among them has been waited for too and must not crash the run
         self._events = events = [w.event for w in waitables]
         self._any = any_
         self._count = 0
         if not events:  # SimPy: an empty condition triggers at once
+            self.callbacks = []
             if any_:  # no first one to name (SimPy's path raised at the await too)
                 self._ok, self._value = False, RuntimeError("wait_any of no waitables")
                 self._defused = True
@@ -331,15 +369,22 @@ class _Condition(Event):
                 self._ok, self._value = True, []
             env.schedule(self)
             return
-        check = self._check  # not kept on self: a bound method there would be a cycle
+        self.callbacks = None  # while it is built, a check only records the outcome
         for event in events:
             event._defused = True
+        check = self._check  # not kept on self: a bound method there would be a cycle
+        for event in events:
             callbacks = event.callbacks
             if callbacks is None:
                 check(event)
+                if self._value is not PENDING:
+                    break
             else:
                 callbacks.append(check)
-        self.callbacks.append(self._build)
+        if self._value is PENDING:
+            self.callbacks = [self._build]
+        else:
+            self._build(self)
 
     def _check(self, event: Event) -> None:
         if self._value is not PENDING:
@@ -352,17 +397,16 @@ class _Condition(Event):
             self._ok, self._value = True, None
         else:
             return
-        env = self.env
-        heappush(env._queue, (env._now, NORMAL, env._tiebreak(32), next(env._eid), self))
+        if self.callbacks is not None:
+            _process_now(self, self.callbacks)
 
     def _build(self, event: Event) -> None:
         events = self._events
-        if events:
-            check = self._check
-            for sub in events:
-                callbacks = sub.callbacks
-                if callbacks and check in callbacks:
-                    callbacks.remove(check)
+        check = self._check
+        for sub in events:
+            callbacks = sub.callbacks
+            if callbacks and check in callbacks:
+                callbacks.remove(check)
         if not self._ok:
             return
         if self._any:
@@ -390,8 +434,8 @@ class SimRuntime:
             raise ValueError(f"sleep needs seconds >= 0, got {seconds}")
         return _Sleep(self.env, seconds)
 
-    def spawn(self, coro: Coroutine[Any, Any, T], name: str) -> SimTask:
-        return SimTask(self.env, coro, name)
+    def spawn(self, coro: Coroutine[Any, Any, T], name: str, eager: bool = False) -> SimTask:
+        return SimTask(self.env, coro, name, eager)
 
     def signal(self) -> SimSignal:
         return SimSignal(self.env)

@@ -210,3 +210,89 @@ def test_a_zero_delay_loop_is_reported_as_a_livelock() -> None:
 
     with pytest.raises(Livelock, match="livelock at t=0: 500 events without time advancing"):
         rt.run(spin())
+
+
+def test_an_eager_task_runs_its_first_step_before_spawn_returns() -> None:
+    rt = SimRuntime(seed=9)
+    order: list[str] = []
+
+    async def answer(name: str) -> str:
+        order.append(f"{name} starts")
+        return name
+
+    async def main() -> list[str]:
+        lazy = rt.spawn(answer("lazy"), "lazy")
+        eager = rt.spawn(answer("eager"), "eager", eager=True)
+        order.append("spawned")
+        return await rt.wait_all([lazy, eager])
+
+    assert rt.run(main()) == ["lazy", "eager"]
+    assert order == ["eager starts", "spawned", "lazy starts"]
+
+
+def test_calls_that_answer_at_once_cost_no_simpy_event() -> None:
+    """Eager tasks that end in their first step, joined: nothing to queue (a large run makes
+    hundreds of thousands of such control calls); a task that waits still costs its wait."""
+    rt = SimRuntime(seed=10)
+
+    async def answer(engine: int) -> int:
+        return engine
+
+    async def main() -> list[int]:
+        tasks = [rt.spawn(answer(e), f"pause-{e}", eager=True) for e in range(256)]
+        return await rt.wait_all(tasks)
+
+    assert rt.run(main()) == list(range(256))
+    assert rt.env.processed == 1  # main's own end; no start, no end, no condition event
+
+    waits = SimRuntime(seed=10)
+
+    async def slow() -> None:
+        await waits.sleep(1)
+
+    async def joined() -> float:
+        await waits.wait_all([waits.spawn(slow(), "slow", eager=True)])
+        return waits.now()
+
+    assert waits.run(joined()) == 1.0
+    assert waits.env.processed == 2  # the sleep, and main's end
+
+
+def test_an_eager_task_that_fails_at_once_fails_its_awaiter_or_else_the_run() -> None:
+    rt = SimRuntime(seed=11)
+
+    async def refuse() -> None:
+        raise ValueError("engine-3 refused the pause")
+
+    async def awaited() -> str:
+        try:
+            await rt.spawn(refuse(), "pause-3", eager=True)
+        except ValueError as error:
+            return str(error)
+        return "no failure"
+
+    assert rt.run(awaited()) == "engine-3 refused the pause"
+
+    unawaited = SimRuntime(seed=11)
+
+    async def forgotten() -> None:
+        unawaited.spawn(refuse(), "pause-3", eager=True)
+        await unawaited.sleep(1)
+
+    with pytest.raises(ValueError, match="engine-3 refused the pause"):  # a crash, not a pass
+        unawaited.run(forgotten())
+
+
+def test_a_waiter_goes_on_at_the_instant_its_task_ends() -> None:
+    rt = SimRuntime(seed=12)
+
+    async def worker() -> float:
+        await rt.sleep(2)
+        return rt.now()
+
+    async def main() -> tuple[float, float, int]:
+        ended = await rt.spawn(worker(), "worker")
+        first = await rt.wait_any([rt.spawn(worker(), "again"), rt.timer(5)])
+        return ended, rt.now(), first
+
+    assert rt.run(main()) == (2.0, 4.0, 0)

@@ -87,7 +87,9 @@ class AsyncioRuntime:
             raise ValueError(f"sleep needs seconds >= 0, got {seconds}")
         await asyncio.sleep(seconds)
 
-    def spawn(self, coro: Coroutine[Any, Any, T], name: str) -> AioTask:
+    def spawn(self, coro: Coroutine[Any, Any, T], name: str, eager: bool = False) -> AioTask:
+        """``eager`` is allowed, not required (asyncio's eager tasks came in Python 3.12):
+        the task starts at the loop's next turn either way."""
         return AioTask(self._loop.create_task(coro, name=name), name)
 
     def signal(self) -> AioSignal:
