@@ -5,6 +5,7 @@ A failure message ends with the command that replays the run.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import pytest
@@ -24,6 +25,7 @@ from miles_core.events import (
     GroupRecycled,
     HealBegan,
     HealEnded,
+    HeartbeatMissed,
     QuorumChanged,
     RunStatus,
     SampleGenerated,
@@ -32,6 +34,7 @@ from miles_core.events import (
     UpdateBegan,
     VersionPublished,
 )
+from miles_core.scenario.faults import make_fault
 from sim.run import SimResult, run_scenario
 from sim.scenarios import SCENARIOS
 
@@ -295,6 +298,25 @@ def test_a_heartbeat_false_positive_stops_the_cell_and_heals_it_back() -> None:
     assert suspected.t - mute.t >= 3 * 1.0  # three timeouts of 1 s at least: the detection delay
     assert of(result, QuorumChanged, lambda e: e.members == (0,))
     assert of(result, HealEnded, lambda e: e.dst_cell == 1 and e.ok)
+
+
+def test_every_cell_is_pinged_at_once_so_two_muted_cells_miss_together() -> None:
+    """miles runs one heartbeat checker per cell: a muted cell's timeout does not delay the
+    next cell's ping (a checker that pinged in turn would send cell 2's a timeout later)."""
+    base = SCENARIOS["heartbeat_false_positive"]
+    mute = [make_fault("drop_heartbeat", cell=c, at=9.0, duration=12.0) for c in (1, 2)]
+    scenario = dataclasses.replace(
+        base,
+        world=dataclasses.replace(base.world, num_cells=4),
+        faults=(*mute, make_fault("start_cell", cell=1, point="step_begin", step=5)),
+    )
+    result = run_scenario(scenario, 0)
+    missed: dict[int, list[float]] = {1: [], 2: []}
+    for e in of(result, HeartbeatMissed):
+        missed[e.cell].append(e.sent)
+    assert missed[1] and missed[1] == missed[2]
+    suspected = of(result, CellStateChanged, lambda e: e.reason == "missed 3 heartbeats")
+    assert {e.cell for e in suspected} == {1, 2} and len({e.t for e in suspected}) == 1
 
 
 def _step_seconds(result: SimResult) -> list[float]:

@@ -1,5 +1,10 @@
 """miles' trainer heartbeat checker: N missed heartbeats in a row fail a cell.
 
+Every alive cell is pinged at once, each with its own timeout, as miles' one
+checker per cell does (miles/utils/ft_utils/health_checker.py,
+SimpleHealthChecker); a round ends when all have answered or the timeout ran
+out, and the next begins an interval later.
+
 Each miss is recorded (HeartbeatMissed), so a dropped heartbeat is visible in
 the history whether or not it led to a failure. The checker pauses while
 weights are updated or cells healed, as miles' does, so that a busy cell is
@@ -20,13 +25,26 @@ class HeartbeatMonitor:
         self.ctx = ctx
         self.trainer = trainer
 
-    async def _answered(self, cell: int) -> bool:
-        ctx = self.ctx
-        reply = ctx.rt.spawn(ctx.cluster.cell(cell).heartbeat(), f"heartbeat-{cell}")
-        timeout = ctx.rt.timer(ctx.config.heartbeat_timeout)
-        answered = await ctx.rt.wait_any([reply, timeout]) == 0
-        if not answered:
-            reply.cancel("heartbeat timed out")
+    async def _round(self, cells: list[int]) -> list[bool]:
+        """Ping every cell at once, each against the timeout (miles runs one
+        SimpleHealthChecker per cell, each on its own): which answered in time."""
+        rt = self.ctx.rt
+        answered = [False] * len(cells)
+        everyone = rt.signal()
+        left = len(cells)
+
+        async def ping(i: int, cell: int) -> None:
+            nonlocal left
+            await self.ctx.cluster.cell(cell).heartbeat()
+            answered[i] = True
+            left -= 1
+            if not left:
+                everyone.set()
+
+        replies = [rt.spawn(ping(i, c), f"heartbeat-{c}", eager=True) for i, c in enumerate(cells)]
+        await rt.wait_any([everyone, rt.timer(self.ctx.config.heartbeat_timeout)])
+        for reply in replies:
+            reply.cancel("heartbeat timed out")  # a no-op for those that answered
         return answered
 
     async def run(self, interval: float) -> None:
@@ -37,13 +55,16 @@ class HeartbeatMonitor:
             await ctx.rt.sleep(interval)
             if ctx.monitor_paused or len(ctx.cells.alive()) < 2:
                 continue
-            for cell in ctx.cells.alive():
-                sent = ctx.rt.now()
-                answered = await self._answered(cell)
-                if ctx.monitor_paused or ctx.cells.state(cell) is not CellState.ALIVE:
+            cells = list(ctx.cells.alive())
+            sent = ctx.rt.now()
+            answered = await self._round(cells)
+            for cell, ok in zip(cells, answered, strict=True):
+                if ctx.monitor_paused:  # an update or a heal began: busy cells are not dead
                     break
-                misses[cell] = 0 if answered else misses[cell] + 1
-                if not answered:
+                if ctx.cells.state(cell) is not CellState.ALIVE:
+                    continue
+                misses[cell] = 0 if ok else misses[cell] + 1
+                if not ok:
                     ctx.emit(HeartbeatMissed, cell=cell, misses=misses[cell], sent=sent)
                 if misses[cell] >= threshold:
                     misses[cell] = 0

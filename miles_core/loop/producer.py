@@ -64,7 +64,9 @@ class Producer:
 
     async def _generate_sample(self, group_id: int, prompt_id: int, index: int) -> Sample:
         ctx = self.ctx
-        engine, incarnation = await self.engines.pick()
+        engines = self.engines
+        picked = engines.pick_now() if ctx.engines.serving() else await engines.pick()
+        engine, incarnation = picked
         self.engines.acquire(engine)
         request = GenerateRequest(group_id=group_id, prompt_id=prompt_id, sample=index)
         sent = ctx.rt.now()
@@ -104,7 +106,7 @@ class Producer:
         rt = self.ctx.rt
         n = self.ctx.config.n_samples_per_prompt
         tasks = [
-            rt.spawn(self._generate_sample(group_id, prompt_id, i), f"g{group_id}s{i}")
+            rt.spawn(self._generate_sample(group_id, prompt_id, i), f"g{group_id}s{i}", eager=True)
             for i in range(n)
         ]
         samples = await rt.wait_all(tasks)

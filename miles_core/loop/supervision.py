@@ -42,13 +42,18 @@ class EngineSupervisor:
         return self.ctx.engines.serving()
 
     async def pick(self) -> tuple[str, int]:
-        """The engine (and its process) for the next request; waits while none serves.
-
-        The serving engine with the fewest requests in flight; a tie is drawn from the
-        "router" stream among the tied engines sorted by id."""
+        """The engine (and its process) for the next request; waits while none serves."""
         ctx = self.ctx
-        while not (candidates := ctx.engines.serving()):
+        while not ctx.engines.serving():
             await ctx.engines_changed.wait()
+        return self.pick_now()
+
+    def pick_now(self) -> tuple[str, int]:
+        """The serving engine with the fewest requests in flight, and its process; a tie is
+        drawn from the "router" stream among the tied engines sorted by id. At least one
+        engine must serve (``pick`` waits for one)."""
+        ctx = self.ctx
+        candidates = ctx.engines.serving()
         if candidates is not self._indexed:
             self._index(candidates)
         by_load = self._by_load

@@ -80,27 +80,34 @@ class Updater:
     # -- calls to engines ---------------------------------------------------------------
 
     async def _call(
-        self, engine: str, incarnation: int, method: str, *args: Any
+        self,
+        engine: str,
+        incarnation: int,
+        method: str,
+        args: tuple[Any, ...],
+        answered: Callable[[str], None],
     ) -> EngineFailure | None:
-        """One call to an engine process; its failure, if any. With fault tolerance, a
-        process that does not answer within the health check's timeout has failed (a hung
-        engine must not hold the update); without it, the call waits, as miles' would."""
+        """One call to an engine process; ``answered(engine)`` if it succeeded, else its
+        failure. With fault tolerance, a process that does not answer within the health
+        check's timeout has failed (a hung engine must not hold the update); without it,
+        the call waits, as miles' would."""
         ctx = self.ctx
         if not ctx.engines.current(engine, incarnation):
             return EngineFailure(engine, "its process was replaced during the update")
-        call = getattr(ctx.cluster.engine(engine, incarnation), method)(*args)
         try:
+            call = getattr(ctx.cluster.engine(engine, incarnation), method)(*args)
             if not ctx.config.use_fault_tolerance:
                 await call
-                return None
-            task = ctx.rt.spawn(call, f"{method}-{engine}.{incarnation}")
-            timeout = ctx.config.rollout_health_check_timeout
-            if await ctx.rt.wait_any([task, ctx.rt.timer(timeout)]) == 1:
-                task.cancel(f"{method} timed out")
-                return EngineFailure(engine, f"no answer to {method} within {timeout:g}s")
-            await task
+            else:
+                task = ctx.rt.spawn(call, f"{method}-{engine}.{incarnation}")
+                timeout = ctx.config.rollout_health_check_timeout
+                if await ctx.rt.wait_any([task, ctx.rt.timer(timeout)]) == 1:
+                    task.cancel(f"{method} timed out")
+                    return EngineFailure(engine, f"no answer to {method} within {timeout:g}s")
+                await task
         except EngineFailure as failure:
             return failure
+        answered(engine)
         return None
 
     async def _each(
@@ -111,16 +118,13 @@ class Updater:
         answered: Callable[[str], None] = lambda engine: None,
     ) -> list[EngineFailure]:
         """Call every engine at once; ``answered(engine)`` as each succeeds; the failures,
-        in engine order, once all ended."""
-
-        async def one(engine: str) -> EngineFailure | None:
-            failure = await self._call(engine, targets[engine], method, *args)
-            if failure is None:
-                answered(engine)
-            return failure
-
-        rt = self.ctx.rt
-        tasks = [rt.spawn(one(e), f"{method}-{e}") for e in targets]
+        in engine order, once all ended. Each call starts at once (an eager task): an
+        engine's answer to a control call usually needs no wait at all."""
+        rt, call = self.ctx.rt, self._call
+        tasks = [
+            rt.spawn(call(e, i, method, args, answered), f"{method}-{e}", eager=True)
+            for e, i in targets.items()
+        ]
         return [f for f in await rt.wait_all(tasks) if f is not None]
 
     # -- one action of the sequence ------------------------------------------------------
