@@ -984,6 +984,49 @@ def test_an_event_of_an_update_that_never_began_is_caught() -> None:
     assert "EnginesPaused for an update that never began" in violation.message
 
 
+def test_update_order_names_the_first_wrong_process_in_the_events_order() -> None:
+    """The judges check an event's processes as a set, then name the first wrong one."""
+    three = ("e0", "e1", "e2")
+    h = hist(
+        start(engines=three),
+        began(0, 1, engines=three),
+        paused(0, ("e0",), (0,)),
+        bucket(0, 0, 2, ("e0", "e2", "e1"), (0, 0, 0)),
+    )
+    violation = update_order(h)
+    assert violation is not None and "bucket 0 reached e2 (process 0)" in violation.message
+    # e2 got one bucket of two from process 0 and none from process 1: the most is named
+    h = hist(
+        start(engines=three),
+        began(0, 1, engines=three),
+        paused(0, three, (0, 0, 0)),
+        paused(0, ("e2",), (1,))[0],
+        bucket(0, 0, 2, three, (0, 0, 0)),
+        *[spec for k in (0, 1) for spec in [bucket(0, k, 2, ("e0", "e1"), (0, 0))]],
+        *stamp(0, 1, "e0"),
+        *stamp(0, 1, "e1"),
+        publish(0, 1),
+    )
+    violation = update_order(h)
+    assert violation is not None
+    assert "published before e2 (named in the transfer plan) was stamped; it received 1 of 2" in (
+        violation.message
+    )
+
+
+def test_the_oracles_judge_a_growing_history_as_a_fresh_one() -> None:
+    """The type index is kept per history and extended (the live checks judge it often)."""
+    specs = [start(), *update(0, 1), sample(0, 0, 1), *update(1, 2), sample(1, 1, 1)]
+    growing = hist(*specs[:4])
+    for end in range(4, len(specs) + 1):
+        growing.extend(list(hist(*specs[:end]))[len(growing) :])
+        fresh = hist(*specs[:end])
+        assert str(published_weights(growing)) == str(published_weights(fresh))
+        assert str(update_order(growing)) == str(update_order(fresh))
+    violation = published_weights(growing)
+    assert violation is not None and "reported version 1 but was stamped 2" in violation.message
+
+
 # buckets 0 and 5 of a 2-bucket update: bucket 1 never arrived, yet the process is stamped
 MISSING_BUCKET_1 = [began(0, 1), paused(0), bucket(0, 0), bucket(0, 5), stamp(0, 1)]
 

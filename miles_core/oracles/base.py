@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import functools
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, islice
 from typing import Generic, TypeVar
@@ -61,31 +63,67 @@ def run_ended(history: History) -> Indexed | None:
     return next(iter(select(history, RunEnded)), None)
 
 
+Process = tuple[str, int]
+"""An engine process: the engine's id and its incarnation."""
+
+
+@functools.lru_cache(maxsize=64)
+def process_set(engines: tuple[str, ...], incarnations: tuple[int, ...]) -> frozenset[Process]:
+    """The processes an update event names, as a set, built once per distinct list: every
+    event of an update names the same few hundred, and the oracles check them all at
+    once (C set operations) before walking them one by one."""
+    return frozenset(zip(engines, incarnations, strict=True))
+
+
 def evidence(*items: Indexed | None) -> tuple[Indexed, ...]:
     """The given (seq, event) pairs that exist, in history order."""
     return tuple(sorted((x for x in items if x is not None), key=lambda x: x[0]))
 
 
 class _KindIndex:
-    """A history's events grouped by class, in history order, grown as the history grows."""
+    """A history's events by class (the positions of each class's events, in history order),
+    grown as the history grows.
+
+    It keeps a position per event, not a (seq, event) pair: a million-event history
+    indexed as pairs allocates a million tuples, and the collector walks them all.
+    """
 
     def __init__(self) -> None:
-        self.size = 0
-        self.last: Event | None = None
-        self.by_kind: dict[type, list[Indexed]] = {}
+        self.events: list[Event] = []
+        self.by_kind: defaultdict[type, list[int]] = defaultdict(list)
 
     def update(self, history: History) -> None:
-        size = len(history)
-        if size < self.size or (self.size and history[self.size - 1] is not self.last):
-            self.size, self.last, self.by_kind = 0, None, {}  # not what it indexed: start over
+        events = self.events
+        if len(history) < len(events) or (events and history[len(events) - 1] is not events[-1]):
+            events = self.events = []  # not what it indexed: start over
+            self.by_kind.clear()
+        start = len(events)
+        events.extend(islice(history, start, None))
         by_kind = self.by_kind
-        for seq, e in islice(history.indexed(), self.size, None):
-            kind = by_kind.get(type(e))
-            if kind is None:
-                kind = by_kind[type(e)] = []
-            kind.append((seq, e))
-        self.size = size
-        self.last = history[size - 1] if size else None
+        for seq, kind in enumerate(map(type, islice(events, start, None)), start):
+            by_kind[kind].append(seq)
+
+
+class Selection(Sequence[Indexed]):
+    """The (seq, event) pairs at some positions of a history, in history order.
+
+    Iterating makes no pair that the loop does not keep (zip reuses its tuple).
+    """
+
+    __slots__ = ("_events", "_seqs")
+
+    def __init__(self, seqs: list[int], events: list[Event]) -> None:
+        self._seqs, self._events = seqs, events
+
+    def __len__(self) -> int:
+        return len(self._seqs)
+
+    def __iter__(self) -> Iterator[Indexed]:
+        return zip(self._seqs, map(self._events.__getitem__, self._seqs), strict=True)
+
+    def __getitem__(self, i: int) -> Indexed:  # type: ignore[override]
+        seq = self._seqs[i]
+        return seq, self._events[seq]
 
 
 _INDEXES: WeakKeyDictionary[History, _KindIndex] = WeakKeyDictionary()
@@ -104,10 +142,10 @@ def select(history: History, *kinds: type[Event]) -> Sequence[Indexed]:
     if index is None:
         index = _INDEXES[history] = _KindIndex()
     index.update(history)
-    runs = [pairs for kind, pairs in index.by_kind.items() if issubclass(kind, kinds)]
+    runs = [seqs for kind, seqs in index.by_kind.items() if issubclass(kind, kinds)]
     if len(runs) == 1:
-        return runs[0]
-    return sorted(chain.from_iterable(runs))  # seqs are unique: events are never compared
+        return Selection(runs[0], index.events)
+    return Selection(sorted(chain.from_iterable(runs)), index.events)
 
 
 def forget(history: History) -> None:

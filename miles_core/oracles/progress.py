@@ -16,6 +16,7 @@ from miles_core.errors import ConfigError
 from miles_core.events import (
     EngineStamped,
     EngineStateChanged,
+    Event,
     FaultInjected,
     History,
     RunEnded,
@@ -43,13 +44,13 @@ def progress(history: History, window: float) -> Violation | None:
     last_fault: Indexed | None = None
     all_commits: list[Indexed] = []
     publications: list[Indexed] = []
-    engine_events: list[Indexed] = []
+    engine_events: list[Event] = []  # events, not pairs: a stamp per engine per update
     followed = (StepCommitted, EngineStateChanged, EngineStamped, VersionPublished, FaultInjected)
     for seq, e in select(history, *followed, RunStarted, RunEnded):
         if isinstance(e, StepCommitted):
             all_commits.append((seq, e))
         elif isinstance(e, EngineStateChanged | EngineStamped):
-            engine_events.append((seq, e))
+            engine_events.append(e)
         elif isinstance(e, VersionPublished):
             publications.append((seq, e))
         elif isinstance(e, FaultInjected):
@@ -83,7 +84,7 @@ def progress(history: History, window: float) -> Violation | None:
     stamped: dict[str, float] = {}
     if started:
         live = {eng: started[1].t for eng in started[1].engines}
-    for _, e in engine_events:
+    for e in engine_events:
         if isinstance(e, EngineStateChanged):
             if e.new is EngineState.DOWN:
                 live.pop(e.engine, None)

@@ -21,30 +21,37 @@ NAME = "requests_kept"
 
 def requests_kept(history: History) -> Violation | None:
     mode = PauseMode.RETRACT
-    pauses: dict[str, list[Indexed]] = {}  # engine -> its pauses, in order
+    pauses: list[Indexed] = []  # every pause, in order; searched by engine only on a violation
     for seq, e in select(history, RunStarted, EnginesPaused, SampleGenerated):
-        if isinstance(e, RunStarted):
-            mode = e.pause_mode
-        elif isinstance(e, EnginesPaused):
-            for engine in e.engines:
-                pauses.setdefault(engine, []).append((seq, e))
-        elif isinstance(e, SampleGenerated):
+        if isinstance(e, SampleGenerated):
             problem = _judge(mode, e)
             if problem is not None:
-                during = [p for p in pauses.get(e.engine, ()) if e.sent <= p[1].t <= e.t]
+                during = [
+                    p
+                    for p in pauses
+                    if e.engine in p[1].engines and e.sent <= p[1].t <= e.t  # type: ignore[attr-defined]
+                ]
                 return Violation(NAME, problem, (*during[-1:], (seq, e)))
+        elif isinstance(e, RunStarted):
+            mode = e.pause_mode
+        elif isinstance(e, EnginesPaused):
+            pauses.append((seq, e))
     return None
 
 
 def _judge(mode: PauseMode, e: SampleGenerated) -> str | None:
-    where = f"engine {e.engine}'s request for group {e.group_id} (sample {e.sample})"
     if mode is not PauseMode.ABORT and e.outcome is SampleOutcome.ABORTED:
         return (
-            f"{where} was aborted under pause mode {mode.value}: an update must pause it, not "
-            "end it (a version update without abort_all_requests: false aborts everything)"
+            f"{_where(e)} was aborted under pause mode {mode.value}: an update must pause it, "
+            "not end it (a version update without abort_all_requests: false aborts everything)"
         )
     if mode is PauseMode.RETRACT and e.kept_kv:
-        return f"{where} kept KV across an update under retract, which recomputes it"
+        return f"{_where(e)} kept KV across an update under retract, which recomputes it"
     if mode is PauseMode.ABORT and len(set(e.all_versions)) > 1 and not e.aborted:
-        return f"{where} lived across an update under abort (versions {list(e.all_versions)})"
+        return f"{_where(e)} lived across an update under abort (versions {list(e.all_versions)})"
     return None
+
+
+def _where(e: SampleGenerated) -> str:
+    """The request, as a message names it (built only for a violation: one a sample costs)."""
+    return f"engine {e.engine}'s request for group {e.group_id} (sample {e.sample})"

@@ -17,7 +17,9 @@ NAME = "bounded_staleness"
 
 def _oldest(sample: SampleGenerated) -> int:
     """The oldest version a sample's tokens came from (miles' oldest_weight_version)."""
-    return min(version_number(v) for v in sample.all_versions)
+    if not sample.versions:  # one span: the reported version (most samples)
+        return version_number(sample.version)
+    return min(map(version_number, sample.versions))
 
 
 def bounded_staleness(history: History, bound: int | None = None) -> Violation | None:
@@ -30,12 +32,13 @@ def bounded_staleness(history: History, bound: int | None = None) -> Violation |
         started = run_started(history)
         bound = started[1].max_weight_staleness if started else None  # type: ignore[union-attr]
     oldest: dict[int, Indexed] = {}
+    oldest_version: dict[int, int] = {}  # _oldest of each group's oldest sample, kept
     got: dict[int, Indexed] = {}
     for seq, e in select(history, SampleGenerated, GroupGot, GroupTrained):
         if isinstance(e, SampleGenerated) and not e.aborted:
-            prev = oldest.get(e.group_id)
-            if prev is None or _oldest(e) < _oldest(prev[1]):  # type: ignore[arg-type]
-                oldest[e.group_id] = (seq, e)
+            version, prev = _oldest(e), oldest_version.get(e.group_id)
+            if prev is None or version < prev:
+                oldest[e.group_id], oldest_version[e.group_id] = (seq, e), version
         elif isinstance(e, GroupGot):
             got[e.group_id] = (seq, e)
         elif isinstance(e, GroupTrained):

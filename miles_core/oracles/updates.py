@@ -39,41 +39,52 @@ from miles_core.events import (
     VersionPublished,
 )
 from miles_core.kinds import PauseMode
-from miles_core.oracles.base import ByType, Indexed, Violation, select
+from miles_core.oracles.base import ByType, Indexed, Process, Violation, process_set, select
 
 NAME = "update_order"
-
-
-Process = tuple[str, int]
 
 
 @dataclass
 class _Update:
     began: Indexed
     mode: PauseMode
-    paused: dict[Process, Indexed] = field(default_factory=dict)
+    paused: set[Process] = field(default_factory=set)
     flushed: set[Process] = field(default_factory=set)
     opened: set[Process] = field(default_factory=set)
     closed: set[Process] = field(default_factory=set)
-    received: dict[Process, set[int]] = field(default_factory=dict)
-    stamped: dict[Process, Indexed] = field(default_factory=dict)
+    arrived: dict[int, set[Process]] = field(default_factory=dict)
+    """The processes each bucket reached: a bucket to 256 engines is one set update."""
+    stamped: set[Process] = field(default_factory=set)
     published: Indexed | None = None
     aborted: Indexed | None = None
     plan: frozenset[str] = frozenset()
     """The engines of its transfer plan, as a set: a bucket to 256 engines asks 256 times."""
-    all_buckets: frozenset[int] = frozenset()
+    event: UpdateBegan = field(init=False)
+    _whole: set[Process] | None = None
+    """The processes that received every bucket (None: a bucket arrived since it was
+    computed)."""
 
     def __post_init__(self) -> None:
-        self.plan = frozenset(self.event.engines)
-        self.all_buckets = frozenset(range(self.event.n_buckets))
-
-    @property
-    def event(self) -> UpdateBegan:
         assert isinstance(self.began[1], UpdateBegan)
-        return self.began[1]
+        self.event = self.began[1]
+        self.plan = frozenset(self.event.engines)
 
-    def stamped_engines(self) -> dict[str, int]:
-        return {engine: inc for engine, inc in self.stamped}
+    def receive(self, bucket: int, processes: frozenset[Process]) -> None:
+        self.arrived.setdefault(bucket, set()).update(processes)
+        self._whole = None
+
+    def received(self, process: Process) -> int:
+        """How many of the update's buckets reached the process."""
+        return sum(process in reached for reached in self.arrived.values())
+
+    def has_every_bucket(self, process: Process) -> bool:
+        """Whether every bucket of the update reached the process (only valid buckets are
+        recorded, so having as many as the update has is having all of them)."""
+        n = self.event.n_buckets
+        if self._whole is None:
+            reached = [self.arrived.get(b, set()) for b in range(n)]
+            self._whole = set.intersection(*reached) if n else set()
+        return not n or process in self._whole
 
 
 def update_order(history: History) -> Violation | None:
@@ -97,17 +108,13 @@ def update_order(history: History) -> Violation | None:
                 f"update {e.update_id} recorded {e.type_name} after it was aborted",  # type: ignore[attr-defined]
                 (update.aborted, (seq, e)),
             )
-        violation = _step(judge, update, seq, e)
-        if violation is not None:
-            return violation
+        problem = judge(update, seq, e)  # what is wrong with it, if anything; recorded if not
+        if problem is not None:
+            return _violation(update, problem, seq, e)
     return None
 
 
-def _step(judge: _Judge, update: _Update, seq: int, e: Event) -> Violation | None:
-    """What is wrong with one event of an update, if anything; records it otherwise."""
-    problem = judge(update, seq, e)
-    if problem is None:
-        return None
+def _violation(update: _Update, problem: str, seq: int, e: Event) -> Violation:
     began = update.event
     return Violation(
         NAME,
@@ -116,28 +123,37 @@ def _step(judge: _Judge, update: _Update, seq: int, e: Event) -> Violation | Non
     )
 
 
+def _processes(e: Any) -> frozenset[Process]:
+    """The processes an event names, as a set: each judge first checks them all at once
+    and walks them in order only to name the first that is wrong."""
+    return process_set(e.engines, e.incarnations)
+
+
 def _paused(update: _Update, seq: int, e: EnginesPaused) -> str | None:
-    for process in zip(e.engines, e.incarnations, strict=True):
-        update.paused[process] = (seq, e)
+    update.paused |= _processes(e)
     return None
-
-
-def _processes(e: Any) -> list[Process]:
-    return list(zip(e.engines, e.incarnations, strict=True))
 
 
 def _flushed(update: _Update, seq: int, e: EnginesFlushed) -> str | None:
     if update.mode is PauseMode.IN_PLACE:
         return ": flushed the cache under in_place, whose frozen requests still hold their KV"
-    for process in _processes(e):
-        if process not in update.paused:
-            return f": {process[0]} (process {process[1]}) was flushed before it was paused"
-        update.flushed.add(process)
-    return None
+    processes = _processes(e)
+    if processes <= update.paused:
+        update.flushed |= processes
+        return None
+    engine, inc = next(
+        p for p in zip(e.engines, e.incarnations, strict=True) if p not in update.paused
+    )
+    return f": {engine} (process {inc}) was flushed before it was paused"
 
 
 def _opened(update: _Update, seq: int, e: UpdateSessionOpened) -> str | None:
-    for process in _processes(e):
+    processes = _processes(e)
+    flushed = update.mode is PauseMode.IN_PLACE or processes <= update.flushed
+    if processes <= update.paused and flushed:
+        update.opened |= processes
+        return None
+    for process in zip(e.engines, e.incarnations, strict=True):
         if process not in update.paused:
             return f": {process[0]} (process {process[1]}) opened its session unpaused"
         if update.mode is not PauseMode.IN_PLACE and process not in update.flushed:
@@ -145,16 +161,18 @@ def _opened(update: _Update, seq: int, e: UpdateSessionOpened) -> str | None:
                 f": {process[0]} (process {process[1]}) opened its session before its cache "
                 f"was flushed (pause mode {update.mode.value})"
             )
-        update.opened.add(process)
-    return None
+    raise AssertionError("a process was unpaused or unflushed")
 
 
 def _closed(update: _Update, seq: int, e: UpdateSessionClosed) -> str | None:
-    for process in _processes(e):
-        if process not in update.stamped:
-            return f": {process[0]} (process {process[1]}) closed its session unstamped"
-        update.closed.add(process)
-    return None
+    processes = _processes(e)
+    if processes <= update.stamped:
+        update.closed |= processes
+        return None
+    engine, inc = next(
+        p for p in zip(e.engines, e.incarnations, strict=True) if p not in update.stamped
+    )
+    return f": {engine} (process {inc}) closed its session unstamped"
 
 
 def _bucket(update: _Update, seq: int, e: BucketReceived) -> str | None:
@@ -164,43 +182,48 @@ def _bucket(update: _Update, seq: int, e: BucketReceived) -> str | None:
             f": bucket {e.bucket} of {e.n_buckets} arrived, but the update has buckets "
             f"0..{began.n_buckets - 1}"
         )
-    plan, paused, opened, received = update.plan, update.paused, update.opened, update.received
-    for process in zip(e.engines, e.incarnations, strict=True):
-        engine, inc = process
-        if engine not in plan:
+    processes = _processes(e)
+    if (
+        update.plan.issuperset(e.engines)
+        and processes <= update.paused
+        and processes <= update.opened
+    ):
+        update.receive(e.bucket, processes)
+        return None
+    return _misdelivered(update, e)
+
+
+def _misdelivered(update: _Update, e: BucketReceived) -> str:
+    """The first process, in the event's order, that a bucket should not have reached."""
+    for engine, inc in zip(e.engines, e.incarnations, strict=True):
+        if engine not in update.plan:
             return f": bucket {e.bucket} reached {engine}, not in its plan"
-        if process not in paused:
+        if (engine, inc) not in update.paused:
             return (
                 f": bucket {e.bucket} reached {engine} (process {inc}), which was not paused for "
                 "this update"
             )
-        if process not in opened:
+        if (engine, inc) not in update.opened:
             return (
                 f": bucket {e.bucket} reached {engine} (process {inc}) outside an update "
                 "session (/begin_weight_update)"
             )
-        got = received.get(process)
-        if got is None:
-            received[process] = {e.bucket}
-        else:
-            got.add(e.bucket)
-    return None
+    raise AssertionError("every process was ready for the bucket")
 
 
 def _stamped(update: _Update, seq: int, e: EngineStamped) -> str | None:
     began = update.event
     process = (e.engine, e.incarnation)
-    got = update.received.get(process, set())
     if e.engine not in update.plan or e.version != began.version:
         return f": {e.engine} was stamped {e.version}, which this update does not carry to it"
-    if got != update.all_buckets:
+    if not update.has_every_bucket(process):
         return (
-            f": {e.engine} (process {e.incarnation}) was stamped after it received {len(got)} "
-            f"of {began.n_buckets} buckets"
+            f": {e.engine} (process {e.incarnation}) was stamped after it received "
+            f"{update.received(process)} of {began.n_buckets} buckets"
         )
     if process not in update.opened or process in update.closed:
         return f": {e.engine} (process {e.incarnation}) was stamped outside its update session"
-    update.stamped[process] = (seq, e)
+    update.stamped.add(process)
     return None
 
 
@@ -208,16 +231,15 @@ def _published(update: _Update, seq: int, e: VersionPublished) -> str | None:
     began = update.event
     if not began.publishes or e.version != began.version:
         return f" published version {e.version}"
-    missing = sorted(set(began.engines) - set(update.stamped_engines()))
+    missing = sorted(set(began.engines) - {engine for engine, _ in update.stamped})
     if missing:
-        got = max(
-            (len(b) for (eng, _), b in update.received.items() if eng == missing[0]), default=0
-        )
+        reached = set().union(*update.arrived.values())
+        got = max((update.received(p) for p in reached if p[0] == missing[0]), default=0)
         return (
             f": version {e.version} was published before {missing[0]} (named in the transfer "
             f"plan) was stamped; it received {got} of {began.n_buckets} buckets"
         )
-    unclosed = sorted(p for p in update.stamped if p not in update.closed)
+    unclosed = sorted(update.stamped - update.closed)
     if unclosed:
         return f": version {e.version} was published before {unclosed[0][0]}'s session closed"
     update.published = (seq, e)
@@ -231,12 +253,15 @@ def _resumed(update: _Update, seq: int, e: EnginesResumed) -> str | None:
             f": engines {list(e.engines)} resumed before version {began.version} was published "
             "(they may serve it while the rollout side believes an older one)"
         )
+    processes = _processes(e)
+    if processes <= update.stamped and processes <= update.closed:
+        return None
     for engine, inc in zip(e.engines, e.incarnations, strict=True):
         if (engine, inc) not in update.stamped:
             return f": {engine} (process {inc}) resumed without being stamped by this update"
         if (engine, inc) not in update.closed:
             return f": {engine} (process {inc}) resumed before its update session closed"
-    return None
+    raise AssertionError("every process was stamped and closed")
 
 
 def _aborted(update: _Update, seq: int, e: UpdateAborted) -> str | None:

@@ -31,7 +31,29 @@ def monotonic_versions(history: History) -> Violation | None:
     last_got: Indexed | None = None
     kinds = (VersionPublished, LedgerRestored, EngineStamped, SampleGenerated, GroupGot)
     for seq, e in select(history, *kinds):
-        if isinstance(e, VersionPublished):
+        # the most common events first: samples, then stamps
+        if isinstance(e, SampleGenerated):
+            if e.aborted:
+                continue
+            prev = last_sample.get(e.engine)
+            if prev is not None and version_number(e.version) < version_number(prev[1].version):
+                return Violation(
+                    NAME,
+                    f"engine {e.engine} generated under version {e.version} after "
+                    f"{prev[1].version}",
+                    (prev, (seq, e)),
+                )
+            last_sample[e.engine] = (seq, e)
+        elif isinstance(e, EngineStamped):
+            prev = last_stamp.get(e.engine)
+            if prev is not None and e.version < prev[1].version:
+                return Violation(
+                    NAME,
+                    f"engine {e.engine} stamped {e.version} after {prev[1].version}",
+                    (prev, (seq, e)),
+                )
+            last_stamp[e.engine] = (seq, e)
+        elif isinstance(e, VersionPublished):
             if last_published is not None and e.version <= last_published[1].version:
                 return Violation(
                     NAME,
@@ -42,25 +64,6 @@ def monotonic_versions(history: History) -> Violation | None:
             last_published = (seq, e)
         elif isinstance(e, LedgerRestored):  # a resumed run continues its checkpoint's sequence
             last_published = (seq, e)
-        elif isinstance(e, EngineStamped):
-            prev = last_stamp.get(e.engine)
-            if prev is not None and e.version < prev[1].version:
-                return Violation(
-                    NAME,
-                    f"engine {e.engine} stamped {e.version} after {prev[1].version}",
-                    (prev, (seq, e)),
-                )
-            last_stamp[e.engine] = (seq, e)
-        elif isinstance(e, SampleGenerated) and not e.aborted:
-            prev = last_sample.get(e.engine)
-            if prev is not None and version_number(e.version) < version_number(prev[1].version):
-                return Violation(
-                    NAME,
-                    f"engine {e.engine} generated under version {e.version} after "
-                    f"{prev[1].version}",
-                    (prev, (seq, e)),
-                )
-            last_sample[e.engine] = (seq, e)
         elif isinstance(e, GroupGot) and e.current_version is not None:
             if last_got is not None and e.current_version < last_got[1].current_version:
                 return Violation(

@@ -17,9 +17,7 @@ on a real network it may arrive after the update's first bucket.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from miles_core.events import (
@@ -36,25 +34,82 @@ from miles_core.events import (
     VersionPublished,
     WeightsChecked,
 )
-from miles_core.oracles.base import ByType, Indexed, Violation, evidence, select, version_number
+from miles_core.oracles.base import (
+    ByType,
+    Indexed,
+    Process,
+    Violation,
+    evidence,
+    process_set,
+    select,
+    version_number,
+)
 
 NAME = "published_weights"
 
 
-@dataclass
 class _Held:
     """What one engine process holds."""
 
-    version: int | None = None
-    stamp: Indexed | None = None
-    partial: Indexed | None = None
-    """The first bucket of an update this process has not completed."""
-    buckets: set[int] = field(default_factory=set)
-    unsynced: Indexed | None = None
-    """Why it must be stamped before it serves: a start (or a resume) after a publication."""
-    at_pause: _Held | None = None
-    """What it held when it was paused, until it resumes (responses arriving meanwhile were
-    generated before the pause)."""
+    __slots__ = ("at_pause", "partial", "since", "stamp", "unsynced", "version")
+
+    def __init__(self) -> None:
+        self.version: int | None = None
+        self.stamp: Indexed | None = None
+        self.partial: Indexed | None = None
+        """The first bucket of an update this process has not completed."""
+        self.since = 0
+        """Where, in that update's arrivals, its part begins (the buckets it holds came
+        from there on)."""
+        self.unsynced: Indexed | None = None
+        """Why it must be stamped before it serves: a start (or a resume) after a
+        publication."""
+        self.at_pause: _Held | None = None
+        """What it held when it was paused, until it resumes (responses arriving meanwhile
+        were generated before the pause)."""
+
+    def copy(self) -> _Held:
+        held = _Held()
+        held.version, held.stamp, held.partial = self.version, self.stamp, self.partial
+        held.since, held.unsynced = self.since, self.unsynced
+        return held
+
+
+class _Arrivals:
+    """The buckets of one update, as they arrived: which processes each reached.
+
+    A bucket to 256 engines is one entry, not 256 set insertions; whether a process
+    holds the whole update is asked of the processes that got every bucket since
+    their part began, worked out once per starting point with C set operations.
+    """
+
+    def __init__(self) -> None:
+        self.log: list[tuple[int, frozenset[Process]]] = []
+        self.holding: set[Process] = set()
+        """The processes whose unfinished part is of this update."""
+        self._whole: dict[tuple[int, int], tuple[int, set[Process]]] = {}
+
+    def whole(self, since: int, n_buckets: int) -> set[Process]:
+        """The processes that got exactly buckets 0..n_buckets-1 from ``since`` on."""
+        key = (since, n_buckets)
+        known = self._whole.get(key)
+        if known is None or known[0] != len(self.log):
+            known = self._whole[key] = (len(self.log), _whole(self.log[since:], n_buckets))
+        return known[1]
+
+
+def _whole(log: list[tuple[int, frozenset[Process]]], n_buckets: int) -> set[Process]:
+    """The processes that every bucket in 0..n_buckets-1 reached and no other bucket did."""
+    reached: dict[int, set[Process]] = {}
+    for bucket, processes in log:
+        reached.setdefault(bucket, set()).update(processes)
+    if not n_buckets:  # a part always holds the bucket that began it
+        return set()
+    whole = set.intersection(*(reached.get(b, set()) for b in range(n_buckets)))
+    for bucket, processes in reached.items():
+        if not 0 <= bucket < n_buckets:
+            whole -= processes
+    return whole
 
 
 class _Judge:
@@ -65,8 +120,11 @@ class _Judge:
         self.updates: dict[int, Indexed] = {}
         self.completed: Indexed | None = None
         """The resume of the newest completed publishing update."""
-        self.held: dict[tuple[str, int], _Held] = {}
+        self.newest: int = 0
+        """The version that update published."""
+        self.held: dict[Process, _Held] = {}
         self.current: dict[str, int] = {}
+        self.arrivals: dict[int, _Arrivals] = {}
 
     def of(self, engine: str, incarnation: int) -> _Held:
         key = (engine, incarnation)
@@ -78,25 +136,22 @@ class _Judge:
     def sample(self, seq: int, e: SampleGenerated) -> Violation | None:
         if e.aborted:
             return None
-        state = self.of(e.engine, e.incarnation)
+        state = self.held.get((e.engine, e.incarnation)) or self.of(e.engine, e.incarnation)
         violation = _judge_sample(seq, e, state.at_pause or state, self.published)
-        if violation is not None:
+        if violation is not None or self.completed is None:
             return violation
-        completed = self.completed
-        if completed is None:
-            return None
-        newest = self.updates[completed[1].update_id][1].version  # type: ignore[attr-defined]
-        if version_number(e.version) < newest:
+        if version_number(e.version) < self.newest:
             return Violation(
                 NAME,
                 f"engine {e.engine} served version {e.version} after the update to "
-                f"{newest} completed",
-                (completed, (seq, e)),
+                f"{self.newest} completed",
+                (self.completed, (seq, e)),
             )
         return None
 
     def began(self, seq: int, e: UpdateBegan) -> None:
         self.updates[e.update_id] = (seq, e)
+        self._newest()
 
     def publication(self, seq: int, e: VersionPublished | LedgerRestored) -> None:
         self.published[e.version] = (seq, e)
@@ -113,38 +168,50 @@ class _Judge:
         self.of(e.engine, e.incarnation).unsynced = (seq, e) if self.published else None
 
     def bucket(self, seq: int, e: BucketReceived) -> None:
-        for engine, incarnation in zip(e.engines, e.incarnations, strict=True):
-            state = self.of(engine, incarnation)
-            partial = state.partial
-            if partial is None or partial[1].update_id != e.update_id:  # type: ignore[attr-defined]
-                state.partial, state.buckets = (seq, e), set()
-            state.buckets.add(e.bucket)
+        """A process not yet holding part of this update begins one here; the others add
+        the bucket to theirs (recorded once, for all of them, in the update's arrivals)."""
+        processes = process_set(e.engines, e.incarnations)
+        arrivals = self.arrivals.get(e.update_id)
+        if arrivals is None:
+            arrivals = self.arrivals[e.update_id] = _Arrivals()
+        for process in processes - arrivals.holding:
+            state = self.of(*process)
+            if state.partial is not None:
+                self.arrivals[state.partial[1].update_id].holding.discard(process)  # type: ignore[attr-defined]
+            state.partial, state.since = (seq, e), len(arrivals.log)
+        arrivals.holding |= processes
+        arrivals.log.append((e.bucket, processes))
 
     def stamped(self, seq: int, e: EngineStamped) -> None:
-        state = self.of(e.engine, e.incarnation)
-        began = self.updates.get(e.update_id)
-        complete = (
-            state.partial is not None
-            and state.partial[1].update_id == e.update_id  # type: ignore[attr-defined]
-            and began is not None
-            and state.buckets == set(range(began[1].n_buckets))  # type: ignore[attr-defined]
-        )
+        process = (e.engine, e.incarnation)
+        state = self.held.get(process) or self.of(*process)
         state.version, state.stamp = e.version, (seq, e)
-        if complete:  # whole: the process now holds exactly this version
-            state.partial, state.buckets, state.unsynced = None, set(), None
+        partial, began = state.partial, self.updates.get(e.update_id)
+        if partial is None or partial[1].update_id != e.update_id or began is None:  # type: ignore[attr-defined]
+            return
+        arrivals = self.arrivals[e.update_id]
+        if process in arrivals.whole(state.since, began[1].n_buckets):  # type: ignore[attr-defined]
+            arrivals.holding.discard(process)  # whole: it now holds exactly this version
+            state.partial, state.unsynced = None, None
 
     def paused(self, seq: int, e: EnginesPaused) -> None:
-        for engine, incarnation in zip(e.engines, e.incarnations, strict=True):
-            state = self.of(engine, incarnation)
+        for process in process_set(e.engines, e.incarnations):
+            state = self.held.get(process) or self.of(*process)
             if state.at_pause is None:  # a second pause (a retried update) keeps the first
-                state.at_pause = dataclasses.replace(state, buckets=set(state.buckets))
+                state.at_pause = state.copy()
 
     def resumed(self, seq: int, e: EnginesResumed) -> None:
-        for engine, incarnation in zip(e.engines, e.incarnations, strict=True):
-            self.of(engine, incarnation).at_pause = None
+        for process in process_set(e.engines, e.incarnations):
+            (self.held.get(process) or self.of(*process)).at_pause = None
         began = self.updates.get(e.update_id)
         if began and began[1].publishes and began[1].version in self.published:  # type: ignore[attr-defined]
             self.completed = (seq, e)
+            self._newest()
+
+    def _newest(self) -> None:
+        """The version the newest completed update published, as its UpdateBegan says now."""
+        if self.completed is not None:
+            self.newest = self.updates[self.completed[1].update_id][1].version  # type: ignore[attr-defined]
 
     def checked(self, seq: int, e: WeightsChecked) -> Violation | None:
         if e.checksum == e.trainer_checksum:
@@ -188,14 +255,14 @@ def _judge_sample(
     seq: int, e: SampleGenerated, state: _Held, published: dict[int, Indexed]
 ) -> Violation | None:
     """What is wrong with the weights a completed sample came from, if anything."""
-    unpublished = [v for v in e.all_versions if v is not None and v not in published]
-    if unpublished:
-        return Violation(
-            NAME,
-            f"engine {e.engine} generated tokens under version {unpublished[0]}, which was "
-            "never published (or not yet)",
-            evidence(state.stamp, (seq, e)),
-        )
+    for version in e.all_versions:
+        if version is not None and version not in published:
+            return Violation(
+                NAME,
+                f"engine {e.engine} generated tokens under version {version}, which was "
+                "never published (or not yet)",
+                evidence(state.stamp, (seq, e)),
+            )
     if state.partial is not None:
         return Violation(
             NAME,
