@@ -182,6 +182,8 @@ class SimCluster:
         self._exchanges: dict[tuple[int, int], Exchange] = {}
         self._impairments: dict[str, tuple[float, float]] = {}
         """what -> (factor, until): slow cells and links, router delays and failures."""
+        self._heartbeat_reply: tuple[float, Awaitable[None] | None] = (-1.0, None)
+        """(when pinged, the reply's wait) shared by the healthy cells pinged at that instant."""
 
     # -- the Cluster protocol ---------------------------------------------------------
 
@@ -209,6 +211,18 @@ class SimCluster:
     def slowdown(self, what: str) -> float:
         factor, until = self._impairments.get(what, (1.0, 0.0))
         return factor if self.rt.now() < until else 1.0
+
+    def heartbeat_reply(self) -> Awaitable[None]:
+        """The wait for a healthy cell's heartbeat reply: one wait for every cell pinged at
+        this instant (a round pings all at once, and all healthy ones answer after the same
+        reply time), so a 64-cell round costs one event, not 64. The order in which the
+        cells' replies are taken within a round changes nothing: the round goes on once
+        all have answered or its timeout ran out."""
+        now, reply = self._heartbeat_reply
+        if reply is None or now != self.rt.now():
+            reply = self.rt.sleep(self.timing.heartbeat_reply_seconds)
+            self._heartbeat_reply = (self.rt.now(), reply)
+        return reply
 
     def impaired(self, what: str) -> bool:
         return self.rt.now() < self._impairments.get(what, (1.0, 0.0))[1]

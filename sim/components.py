@@ -108,7 +108,7 @@ class SimCell(_Mortal):
         coroutine around each of a large run's hundreds of thousands of heartbeats)."""
         if self.dead or self.cluster.impaired(self._heartbeat):
             return self._heartbeat_when_healthy()
-        return self.rt.sleep(self.cluster.timing.heartbeat_reply_seconds)
+        return self.cluster.heartbeat_reply()
 
     async def _heartbeat_when_healthy(self) -> None:
         """A dead or muted cell answers nothing until it is back (polled ten times per reply
