@@ -51,3 +51,18 @@ def test_the_swarm_alone_catches_the_restart_before_stamp_bug() -> None:
     """The window was reachable only by hand; the swarm's drawn fault points reach it."""
     _, swarm = sweep("stamp_by_engine_id")
     assert swarm["update_order"] > 0
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_no_sample_is_recorded_after_the_run_ended_when_an_abort_lands_at_its_end(
+    seed: int,
+) -> None:
+    """Planted, the last update's version stamp aborts every request at the instant the run
+    ends. The requests' samples belong to groups the run's end cancels, so they must end
+    with them, not record SampleGenerated after RunEnded (end_state failed on swarm seeds
+    1, 5 and 11 when a group's cancel left its sample tasks running). The plant's own
+    oracle, requests_kept, is what may fail."""
+    with planted("version_update_aborts_all"):
+        result = run_scenario(swarm_scenario(seed), seed)
+    replay = f"python -m sim run swarm --seed {seed} --plant version_update_aborts_all"
+    assert not result.verdicts["end_state"], f"{result.failures()}\nreplay: {replay}"
