@@ -8,7 +8,10 @@ cooperative scheduling (SimPy or asyncio alike).
 
 from __future__ import annotations
 
-from miles_core.runtime import Runtime, Signal
+from collections.abc import Sequence
+from typing import Any
+
+from miles_core.runtime import Runtime, Signal, Task
 
 
 class Notifier:
@@ -41,3 +44,17 @@ class Lock:
     def release(self) -> None:
         self._held = False
         self._released.notify()
+
+
+async def join_all(rt: Runtime, tasks: Sequence[Task[Any]], reason: str) -> list[Any]:
+    """Every task's result, in order (``rt.wait_all``). If the wait ends in an exception (the
+    waiter was cancelled because the run ended, or a task crashed), the tasks still running
+    are cancelled: none outlives its waiter to record on, or act for, a run that has ended
+    (a group's samples did: SampleGenerated after RunEnded). Any exception, not only
+    Cancelled: asyncio cancels with its own CancelledError."""
+    try:
+        return await rt.wait_all(tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel(reason)  # a no-op for those that ended
+        raise

@@ -393,6 +393,8 @@ class _Condition(Event):
         if not event._ok:
             event._defused = True
             self._ok, self._value = False, event._value
+            if isinstance(event._value, Cancelled):  # as SimTask.cancel: a cancelled task
+                self._defused = True  # is no crash when nobody awaits this (its waiter left)
         elif self._any or self._count == len(self._events):
             self._ok, self._value = True, None
         else:

@@ -42,9 +42,11 @@ class HeartbeatMonitor:
                 everyone.set()
 
         replies = [rt.spawn(ping(i, c), f"heartbeat-{c}", eager=True) for i, c in enumerate(cells)]
-        await rt.wait_any([everyone, rt.timer(self.ctx.config.heartbeat_timeout)])
-        for reply in replies:
-            reply.cancel("heartbeat timed out")  # a no-op for those that answered
+        try:
+            await rt.wait_any([everyone, rt.timer(self.ctx.config.heartbeat_timeout)])
+        finally:  # timed out, or the checker was cancelled: no ping outlives its round
+            for reply in replies:
+                reply.cancel("heartbeat timed out")  # a no-op for those that answered
         return answered
 
     async def run(self, interval: float) -> None:

@@ -41,8 +41,7 @@ from miles_core.events import (
 from miles_core.kinds import PutFate, SampleOutcome
 from miles_core.loop.context import RunContext
 from miles_core.loop.supervision import EngineSupervisor
-from miles_core.runtime import Cancelled
-from miles_core.sync import Notifier
+from miles_core.sync import Notifier, join_all
 
 
 class Producer:
@@ -110,12 +109,7 @@ class Producer:
             rt.spawn(self._generate_sample(group_id, prompt_id, i), f"g{group_id}s{i}", eager=True)
             for i in range(n)
         ]
-        try:
-            samples = await rt.wait_all(tasks)
-        except Cancelled:  # the run ended: its requests must not record a sample after it
-            for task in tasks:
-                task.cancel("its group was cancelled")
-            raise
+        samples = await join_all(rt, tasks, "its group was cancelled")
         group = Group(group_id, prompt_id, tuple(samples))
         del self._in_flight[group_id]
         queued = await self._put(group)

@@ -49,6 +49,7 @@ from miles_core.loop.context import RunContext
 from miles_core.loop.supervision import EngineSupervisor
 from miles_core.loop.train import Trainer
 from miles_core.runtime import Task
+from miles_core.sync import join_all
 from miles_core.transfer import Bucket, TransferMode, lora_unit, plan_buckets, plan_transfer
 from miles_core.weight_update import (
     BeginUpdate,
@@ -125,7 +126,8 @@ class Updater:
             rt.spawn(call(e, i, method, args, answered), f"{method}-{e}", eager=True)
             for e, i in targets.items()
         ]
-        return [f for f in await rt.wait_all(tasks) if f is not None]
+        results = await join_all(rt, tasks, "the update was cancelled")
+        return [f for f in results if f is not None]
 
     # -- one action of the sequence ------------------------------------------------------
 
