@@ -218,10 +218,11 @@ class SimCluster:
         reply time), so a 64-cell round costs one event, not 64. The order in which the
         cells' replies are taken within a round changes nothing: the round goes on once
         all have answered or its timeout ran out."""
-        now, reply = self._heartbeat_reply
-        if reply is None or now != self.rt.now():
+        now = self.rt.now()
+        pinged, reply = self._heartbeat_reply
+        if pinged != now or reply is None:
             reply = self.rt.sleep(self.timing.heartbeat_reply_seconds)
-            self._heartbeat_reply = (self.rt.now(), reply)
+            self._heartbeat_reply = (now, reply)
         return reply
 
     def impaired(self, what: str) -> bool:

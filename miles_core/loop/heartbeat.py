@@ -46,7 +46,7 @@ class HeartbeatMonitor:
             await rt.wait_any([everyone, rt.timer(self.ctx.config.heartbeat_timeout)])
         finally:  # timed out, or the checker was cancelled: no ping outlives its round
             for reply in replies:
-                reply.cancel("heartbeat timed out")  # a no-op for those that answered
+                reply.cancel("its heartbeat round ended")  # a no-op for those that answered
         return answered
 
     async def run(self, interval: float) -> None:
