@@ -186,11 +186,11 @@ def phase_windows(history: Iterable[Event], phase: str) -> list[tuple[float, flo
 
 # -- the cells a fault can reach ----------------------------------------------------------------
 
-_ANY = frozenset(PHASES) - {"paused"}
-"""What a time can land in. Not ``paused``: pausing, flushing and opening the update
-session take no simulated time (sim/engine.py's control calls answer at once), so no
-moment falls between an update's start and its first bucket; a real world's calls take
-time, and its maps may show the cell."""
+_ANY = frozenset(PHASES)
+"""What a time can land in: every phase that lasts. ``paused`` (pausing, flushing, opening
+the update session) and ``stamping`` last as long as the engines' control calls take: in
+the simulator the world's ``control_reply_seconds``, which the swarm draws (0 for some
+seeds: then those windows close, and a map of only such runs leaves them empty)."""
 _POINT_PHASES: dict[str, frozenset[str]] = {
     FaultPoint.BEFORE_ALLREDUCE.value: frozenset({"allreduce"}),
     FaultPoint.DURING_HEAL.value: frozenset({"healing"}),

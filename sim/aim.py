@@ -37,6 +37,7 @@ AIMABLE: dict[tuple[str, str], str] = {
     ("kill_cell", "before_allreduce"): CELL,
     ("kill_cell", "after_bucket"): CELL,
     ("kill_cell", "during_heal"): CELL,
+    ("start_cell", AT_TIME): CELL,
     ("kill_engine", AT_TIME): ENGINE,
     ("restart_engine", AT_TIME): ENGINE,
     ("restart_engine", "after_bucket"): ENGINE,
@@ -78,6 +79,10 @@ def adjust(aim: CoverageCell, world: WorldShape, loop: LoopConfig) -> tuple[Worl
     needs_two = aim.kind in ("kill_engine", "hang_engine") or aim.how == "mid_generation"
     if needs_two and world.num_engines < 2:
         world = dataclasses.replace(world, num_engines=2)
+    if aim.phase == "healing" and aim.how == AT_TIME and family(aim) == CELL:
+        wanted = 3 if aim.kind == "start_cell" else 2  # a heal's source stays up, and one more
+        if world.num_cells < wanted:
+            world = dataclasses.replace(world, num_cells=wanted)
     if aim.how in ("step_begin", "during_recovery") and aim.kind in ("kill_engine", "hang_engine"):
         loop = dataclasses.replace(loop, use_fault_tolerance=True)  # only recovery undoes it
     return world, loop
@@ -97,14 +102,50 @@ def _slot(d: _Draw, spacing: int) -> int:
     return slots[0] if slots else 1
 
 
-def _at_time(d: _Draw, aim: CoverageCell, probe: Probe) -> float:
-    """A time inside a span of the aimed phase (any time in the fault phase if none)."""
-    spans = [(a, min(b, d.fault_phase)) for a, b in phase_windows(probe(list(d.faults)), aim.phase)]
+def _at_time(
+    d: _Draw,
+    aim: CoverageCell,
+    probe: Probe,
+    extra: list[AnyFault] | None = None,
+    after: float = 0.0,
+) -> float:
+    """A time after ``after`` inside a span of the aimed phase, in the run with the faults
+    drawn so far and ``extra`` (any time in the fault phase if there is none)."""
+    history = probe([*d.faults, *(extra or [])])
+    spans = [(max(a, after), min(b, d.fault_phase)) for a, b in phase_windows(history, aim.phase)]
     spans = [(a, b) for a, b in spans if b > a]
     if not spans:
-        return d.rng.uniform(0.0, d.fault_phase)
+        return d.rng.uniform(after, max(after, d.fault_phase))
     start, end = d.rng.choice(spans)
     return d.rng.uniform(start, end)
+
+
+def _unslow(d: _Draw, cells: set[int]) -> None:
+    """A slow window on a cell that dies would have nothing to slow: the kill wins."""
+    d.faults[:] = [f for f in d.faults if not (f.kind is FaultKind.SLOW_CELL and f.cell in cells)]  # type: ignore[attr-defined]
+
+
+def _heal_then(d: _Draw, aim: CoverageCell, probe: Probe, s: int) -> list[AnyFault]:
+    """A time in ``healing``: a cell (not 0, the heal's source) dies before an allreduce
+    and is started at the next step, which heals it; the aimed kill or start strikes
+    during that heal. A start needs a cell that is down: a second one dies with the first
+    (adjust gave the world a third cell, which stays up)."""
+    F = make_fault
+    healed, *others = d.rng.sample(range(1, d.world.num_cells), d.world.num_cells - 1)
+    _unslow(d, {healed, *others})
+    setup = [
+        F("kill_cell", cell=healed, point="before_allreduce", step=s),
+        F("start_cell", cell=healed, point="step_begin", step=s + 1),
+    ]
+    if aim.kind == "start_cell":
+        started = others[0]
+        setup.append(F("kill_cell", cell=started, point="before_allreduce", step=s))
+        return [*setup, F("start_cell", cell=started, at=_at_time(d, aim, probe, setup))]
+    # the healed cell itself, or (with a third cell up) another one
+    killed = d.rng.choice([healed, *others])
+    t = _at_time(d, aim, probe, setup)
+    restart = F("start_cell", cell=killed, at=t + d.rng.uniform(0.5, d.step_seconds))
+    return [*setup, F("kill_cell", cell=killed, at=t), restart]
 
 
 def _cell_faults(d: _Draw, aim: CoverageCell, probe: Probe) -> list[AnyFault]:
@@ -117,8 +158,13 @@ def _cell_faults(d: _Draw, aim: CoverageCell, probe: Probe) -> list[AnyFault]:
         cell = d.rng.choice([c for c in spared if c > 0] or [1])
     else:
         cell = d.rng.choice(spared or [0])
-    # a slow window on a cell that dies would have nothing to slow: the kill wins
-    d.faults[:] = [f for f in d.faults if not (f.kind is FaultKind.SLOW_CELL and f.cell == cell)]  # type: ignore[attr-defined]
+    if aim.how == AT_TIME and aim.phase == "healing":
+        return _heal_then(d, aim, probe, s)
+    _unslow(d, {cell})
+    if aim.how == AT_TIME and aim.kind == "start_cell":  # down a little before, started in it
+        before = _at_time(d, aim, probe) - d.rng.uniform(0.5, d.step_seconds)
+        kill = F("kill_cell", cell=cell, at=max(0.0, before))
+        return [kill, F("start_cell", cell=cell, at=_at_time(d, aim, probe, [kill], kill.when.at))]  # type: ignore[union-attr]
     if aim.how == AT_TIME:
         t = _at_time(d, aim, probe)
         restart = F("start_cell", cell=cell, at=t + d.rng.uniform(0.5, d.step_seconds))

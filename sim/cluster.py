@@ -182,8 +182,8 @@ class SimCluster:
         self._exchanges: dict[tuple[int, int], Exchange] = {}
         self._impairments: dict[str, tuple[float, float]] = {}
         """what -> (factor, until): slow cells and links, router delays and failures."""
-        self._heartbeat_reply: tuple[float, Awaitable[None] | None] = (-1.0, None)
-        """(when pinged, the reply's wait) shared by the healthy cells pinged at that instant."""
+        self._replies: dict[str, tuple[float, Awaitable[None]]] = {}
+        """what -> (when asked, the reply's wait) shared by every call of it at that instant."""
 
     # -- the Cluster protocol ---------------------------------------------------------
 
@@ -218,11 +218,19 @@ class SimCluster:
         reply time), so a 64-cell round costs one event, not 64. The order in which the
         cells' replies are taken within a round changes nothing: the round goes on once
         all have answered or its timeout ran out."""
+        return self._shared_reply("heartbeat", self.timing.heartbeat_reply_seconds)
+
+    def control_reply(self) -> Awaitable[None]:
+        """The round trip of an engine control call, shared as heartbeat_reply is: an update
+        calls its 256 engines at one instant, and one event answers them all."""
+        return self._shared_reply("control", self.timing.control_reply_seconds)
+
+    def _shared_reply(self, what: str, seconds: float) -> Awaitable[None]:
         now = self.rt.now()
-        pinged, reply = self._heartbeat_reply
-        if pinged != now or reply is None:
-            reply = self.rt.sleep(self.timing.heartbeat_reply_seconds)
-            self._heartbeat_reply = (now, reply)
+        asked, reply = self._replies.get(what, (-1.0, None))
+        if asked != now or reply is None:
+            reply = self.rt.sleep(seconds)
+            self._replies[what] = (now, reply)
         return reply
 
     def impaired(self, what: str) -> bool:

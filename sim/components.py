@@ -97,8 +97,14 @@ class SimCell(_Mortal):
         return TrainReport(outcome, members, seconds)
 
     async def ping(self) -> None:
+        """A control call to the cell's rank 0: a dead cell fails it at once; a live one
+        answers after the world's control_reply_seconds, unless it died meanwhile."""
         if self.dead:
             raise self.failure("dead")
+        if self.cluster.timing.control_reply_seconds:
+            await self.cluster.control_reply()
+            if self.dead:
+                raise self.failure("died before it answered")
 
     def stop(self) -> None:
         self.cluster.kill_cell(self.index)

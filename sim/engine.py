@@ -269,9 +269,12 @@ class SimEngine(_Mortal):
 class EngineHandle:
     """Calls to one process of an engine; they fail once that process is gone.
 
-    Each method checks the process and hands back the engine's own call to await
-    (no coroutine of the handle's around each of a run's hundreds of thousands of
-    control calls); a call to a gone process raises EngineFailure at once."""
+    A control call takes the world's ``control_reply_seconds`` (one wait shared by every
+    call made at that instant, ``SimCluster.control_reply``); the engine acts when it
+    ends, if the process addressed is still the one running, as an HTTP call to a
+    replaced server would fail. With no reply time, each method hands back the engine's
+    own call to await (no coroutine of the handle's around each of a run's hundreds of
+    thousands of control calls); a call to a gone process raises EngineFailure at once."""
 
     def __init__(self, engine: SimEngine, incarnation: int) -> None:
         self.engine = engine
@@ -282,26 +285,36 @@ class EngineHandle:
         self.engine.check(self.incarnation)
         return self.engine
 
+    def _control(self, method: str, *args: object) -> Awaitable[None]:
+        engine = self._check()
+        if not engine.cluster.timing.control_reply_seconds:
+            return getattr(engine, method)(*args)
+        return self._after_reply(method, args)
+
+    async def _after_reply(self, method: str, args: tuple[object, ...]) -> None:
+        await self.engine.cluster.control_reply()
+        await getattr(self._check(), method)(*args)
+
     def pause(self, mode: PauseMode) -> Awaitable[None]:
-        return self._check().pause(mode)
+        return self._control("pause", mode)
 
     def resume(self) -> Awaitable[None]:
-        return self._check().resume()
+        return self._control("resume")
 
     def flush_cache(self) -> Awaitable[None]:
-        return self._check().flush_cache()
+        return self._control("flush_cache")
 
     def begin_update(self) -> Awaitable[None]:
-        return self._check().begin_update()
+        return self._control("begin_update")
 
     def end_update(self) -> Awaitable[None]:
-        return self._check().end_update()
+        return self._control("end_update")
 
     def stamp(self, version: int, abort_all_requests: bool = True) -> Awaitable[None]:
-        return self._check().stamp(version, abort_all_requests)
+        return self._control("stamp", version, abort_all_requests)
 
     def unload_adapter(self, adapter: str) -> Awaitable[None]:
-        return self._check().unload_adapter(adapter)
+        return self._control("unload_adapter", adapter)
 
     async def health(self) -> None:  # spawned as a task: a gone process fails inside it
         await self._check().health()

@@ -15,9 +15,12 @@ around them is thinner (a task is a callback, not a generator driving a
 generator, and a condition does not build a ConditionValue nobody reads).
 
 Determinism: the environment breaks ties between events scheduled for the
-same instant and priority with a random key drawn from the root seed, not by
+same instant and priority with a pseudo-random key drawn from the root seed, not by
 insertion order, so a schedule that only works in one interleaving of
-simultaneous events fails for some seed instead of passing by accident. Every
+simultaneous events fails for some seed instead of passing by accident. The key
+depends on the instant and on how many events were scheduled for it before, not
+on events for other instants: one more fault at time t leaves the run before t
+as it was. Every
 named RNG stream is derived from (root seed, name) with sha256, so streams are
 independent of each other and of PYTHONHASHSEED.
 """
@@ -27,6 +30,7 @@ from __future__ import annotations
 import random
 from collections.abc import Coroutine, Generator, Sequence
 from heapq import heappop, heappush
+from inspect import iscoroutine
 from typing import Any, TypeVar
 
 import simpy
@@ -75,7 +79,9 @@ class SeededEnvironment(simpy.Environment):
 
     def __init__(self, seed: int, max_events_per_instant: int = 200_000) -> None:
         super().__init__()
-        self._tiebreak = random.Random(derive_seed(seed, "simpy.tiebreak")).getrandbits
+        self._salt = derive_seed(seed, "simpy.tiebreak")
+        self._ties: dict[SimTime, int] = {}
+        """target time -> events scheduled for it so far (see ``_tie``)."""
         self._limit = max_events_per_instant
         self._instant = -1.0
         self._at_instant = 0
@@ -135,6 +141,7 @@ class SeededEnvironment(simpy.Environment):
                     raise _copy(event._value)  # a failure nobody waited for crashes the run
                 processed += 1
                 if now != instant:
+                    self._ties.pop(instant, None)  # nothing is scheduled for a past time
                     instant, at = now, 0
                 else:
                     at += 1
@@ -146,10 +153,20 @@ class SeededEnvironment(simpy.Environment):
         finally:
             self._instant, self._at_instant, self.processed = instant, at, processed
 
+    def _tie(self, at: SimTime) -> int:
+        """The tie-break of the next event scheduled for time ``at``: drawn from the seed, the
+        time and how many events were scheduled for that time before it. So events for
+        other times never shift it: a fault added at time t leaves every tie before t as it
+        was (one stream for all events did: one more timer drawn at the start changed the
+        order of every simultaneous event after it)."""
+        ties = self._ties
+        n = ties.get(at, 0)
+        ties[at] = n + 1
+        return hash((self._salt, at, n))
+
     def schedule(self, event: Event, priority: EventPriority = NORMAL, delay: SimTime = 0) -> None:
-        heappush(
-            self._queue, (self._now + delay, priority, self._tiebreak(32), next(self._eid), event)
-        )
+        at = self._now + delay
+        heappush(self._queue, (at, priority, self._tie(at), next(self._eid), event))
 
 
 class _Sleep(Timeout):
@@ -166,7 +183,8 @@ class _Sleep(Timeout):
         self._value = None
         self._delay = delay
         self._ok = True
-        heappush(env._queue, (env._now + delay, NORMAL, env._tiebreak(32), next(env._eid), self))
+        at = env._now + delay
+        heappush(env._queue, (at, NORMAL, env._tie(at), next(env._eid), self))
 
     def __await__(self) -> Generator[Event, Any, Any]:
         return (yield self)
@@ -203,7 +221,7 @@ class SimTask:
         else:  # SimPy's Initialize: urgent, so a cancel cannot overtake it
             self._target = start = Event.__new__(Event)
             start.env, start.callbacks, start._ok, start._value = env, [self._step], True, None
-            heappush(env._queue, (env._now, URGENT, env._tiebreak(32), next(env._eid), start))
+            heappush(env._queue, (env._now, URGENT, env._tie(env._now), next(env._eid), start))
 
     def _step(self, event: Event) -> None:
         """Send the event's outcome into the coroutine; run it to its next real wait."""
@@ -259,9 +277,9 @@ class SimTask:
             if ok:
                 done.callbacks = None  # processed: awaiting it goes on at once
             else:  # its waiter gets the failure as an event; with none, the run crashes
-                heappush(env._queue, (env._now, NORMAL, env._tiebreak(32), next(env._eid), done))
+                heappush(env._queue, (env._now, NORMAL, env._tie(env._now), next(env._eid), done))
         elif StopSimulation.callback in callbacks:
-            heappush(env._queue, (env._now, NORMAL, env._tiebreak(32), next(env._eid), done))
+            heappush(env._queue, (env._now, NORMAL, env._tie(env._now), next(env._eid), done))
         else:
             _process_now(done, callbacks)
 
@@ -273,7 +291,7 @@ class SimTask:
         if self._started:
             self._step(interruption)
         else:  # never ran: it fails with the interrupt, as an unstarted simpy.Process does
-            self._coro.close()
+            _close_unstarted(self._coro)
             self._finish(False, _copy(interruption._value))
 
     def done(self) -> bool:
@@ -305,6 +323,17 @@ class SimTask:
         return (yield self.event)
 
 
+def _close_unstarted(coro: Coroutine[Any, Any, Any]) -> None:
+    """Close a coroutine that never ran, and the coroutines handed to it to await (a wrapper
+    such as RunContext's guard is given one): those will never be awaited either, and
+    would each warn so when collected."""
+    frame = coro.cr_frame
+    handed = [v for v in frame.f_locals.values() if iscoroutine(v)] if frame is not None else []
+    coro.close()
+    for inner in handed:
+        inner.close()
+
+
 def _process_now(event: Event, callbacks: list[Any]) -> None:
     """Process a triggered event at once, inside the step that triggered it: what
     ``SeededEnvironment._process`` does with a queued one, the crash check included."""
@@ -330,7 +359,7 @@ class SimSignal:
         if event._value is PENDING:
             event._ok, event._value = True, value
             env = event.env
-            heappush(env._queue, (env._now, NORMAL, env._tiebreak(32), next(env._eid), event))
+            heappush(env._queue, (env._now, NORMAL, env._tie(env._now), next(env._eid), event))
 
     def is_set(self) -> bool:
         return self.event._value is not PENDING

@@ -229,6 +229,21 @@ def _ordered(faults: list[AnyFault]) -> tuple[AnyFault, ...]:
     return (*(f for f in faults if f.point is not None), *timed)
 
 
+CONTROL_REPLIES = (0.0, 0.002, 0.01, 0.05)
+"""An engine control call's round trip, drawn per seed: with 0 the update's pause and stamp
+answer at once, as before; otherwise a fault at a time can strike between an update's
+start and its first bucket, or its last bucket and the stamp."""
+
+
+def _control_reply(seed: int, aim: CoverageCell | None) -> float:
+    """From a stream of its own, so the rest of the drawing is the same for either value;
+    an aim at a window that only control calls open gets a reply time that opens it."""
+    reply = random.Random(derive_seed(seed, "swarm.control")).choice(CONTROL_REPLIES)
+    if aim is not None and aim.phase in ("paused", "stamping") and reply == 0.0:
+        reply = CONTROL_REPLIES[-1]
+    return reply
+
+
 def swarm_scenario(
     seed: int, steps: int = 12, total_loss: bool = False, aim: CoverageCell | None = None
 ) -> Scenario:
@@ -241,7 +256,10 @@ def swarm_scenario(
     # 0/1 rewards give the filter work: a group of 2 is all equal half the time, so a step
     # may wait for twice the generation; the progress window makes room for that
     filtered = loop.dynamic_sampling_filter is not None
-    timing = TimeModel(reward_success_rate=0.5 if filtered else None)
+    timing = TimeModel(
+        reward_success_rate=0.5 if filtered else None,
+        control_reply_seconds=_control_reply(seed, aim),
+    )
     step_seconds = timing.train_step_seconds + timing.allreduce_seconds + 1.0
     shape = Scenario(SWARM, world=world, loop=loop)
     phase = 0.6 * steps * step_seconds

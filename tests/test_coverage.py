@@ -126,6 +126,13 @@ POINT_AIMS = [
     "hang_engine@step_begin:generating",
     "kill_engine@during_recovery:training",
     "fail_router@step_begin:generating",
+    # windows that control calls' round trips open (the swarm draws control_reply_seconds)
+    "kill_engine@at_time:paused",
+    "restart_engine@at_time:stamping",
+    "start_cell@at_time:stamping",
+    # a heal made for the aim: a cell killed and started again, the fault during its heal
+    "kill_cell@at_time:healing",
+    "start_cell@at_time:healing",
 ]
 
 

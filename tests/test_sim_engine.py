@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from miles_core.backend import GenerateRequest, GenerateResult, RequestRefused
+from miles_core.backend import EngineFailure, GenerateRequest, GenerateResult, RequestRefused
 from miles_core.kinds import PauseMode
 from miles_core.scenario import TimeModel, WorldShape
 from sim.cluster import SimCluster
@@ -128,3 +128,83 @@ def test_a_hung_engine_never_answers_a_health_check() -> None:
         return "answered" if await rt.wait_any([check, rt.timer(60.0)]) == 0 else "silent"
 
     assert rt.run(main()) == "silent"
+
+
+# -- control calls take a round trip ------------------------------------------------------
+
+REPLY = 0.05
+
+
+def _engines(n: int, reply: float = REPLY) -> tuple[SimRuntime, SimCluster]:
+    rt = SimRuntime(0)
+    timing = TimeModel(control_reply_seconds=reply)
+    return rt, SimCluster(rt, WorldShape(num_engines=n), timing)
+
+
+def test_a_control_call_answers_after_its_round_trip_and_the_engine_acts_then() -> None:
+    rt, cluster = _engines(1)
+    engine = cluster.engine("engine-0", 0)
+    seen: list[tuple[float, bool]] = []
+
+    async def main() -> None:
+        call = rt.spawn(engine.pause(PauseMode.RETRACT), "pause")
+        await rt.sleep(REPLY / 2)
+        seen.append((rt.now(), engine.engine.paused))  # on its way: not paused yet
+        await call
+        seen.append((rt.now(), engine.engine.paused))
+
+    rt.run(main())
+    assert seen == [(REPLY / 2, False), (REPLY, True)]
+
+
+def test_calls_made_at_one_instant_share_one_reply_wait() -> None:
+    """An update calls every engine at once: one wait (one SimPy event) answers them all,
+    and a call at a later instant gets a wait of its own."""
+    rt, cluster = _engines(32)
+    handles = [cluster.engine(e, 0) for e in cluster.engine_ids]
+
+    async def main() -> list[float]:
+        first = cluster.control_reply()
+        assert cluster.control_reply() is first
+        ends = []
+        for _ in range(2):
+            tasks = [rt.spawn(h.resume(), h.id, eager=True) for h in handles]
+            await rt.wait_all(tasks)
+            ends.append(rt.now())
+        assert cluster.control_reply() is not first
+        return ends
+
+    assert rt.run(main()) == [REPLY, 2 * REPLY]
+
+
+def test_a_process_replaced_during_the_round_trip_fails_the_call_and_is_left_alone() -> None:
+    """The window between the last bucket and the stamp, in time: the stamp addressed to the
+    process that received the buckets fails; the restarted process keeps no version."""
+    rt, cluster = _engines(1)
+    old = cluster.engine("engine-0", 0)
+
+    async def main() -> str:
+        call = rt.spawn(old.stamp(7, False), "stamp")
+        await rt.sleep(REPLY / 2)
+        cluster.engines["engine-0"].kill()
+        cluster.engines["engine-0"].start()
+        try:
+            await call
+        except EngineFailure as failure:
+            return failure.reason
+        return "answered"
+
+    reason = rt.run(main())
+    assert "replaced" in reason
+    assert cluster.engines["engine-0"].version is None
+
+
+def test_with_no_round_trip_a_call_acts_at_once() -> None:
+    rt, cluster = _engines(1, reply=0.0)
+    engine = cluster.engine("engine-0", 0)
+
+    async def main() -> float:
+        await engine.pause(PauseMode.RETRACT)
+        return rt.now()
+
+    assert rt.run(main()) == 0.0 and engine.engine.paused

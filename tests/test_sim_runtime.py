@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Coroutine
+from typing import Any
+
 import pytest
 
 from miles_core.runtime import Cancelled
@@ -296,3 +299,63 @@ def test_a_waiter_goes_on_at_the_instant_its_task_ends() -> None:
         return ended, rt.now(), first
 
     assert rt.run(main()) == (2.0, 4.0, 0)
+
+
+def test_ties_at_one_instant_do_not_depend_on_events_for_other_instants() -> None:
+    """The order of simultaneous events at t=1 is the same whether or not other events
+    (at 0.5, at 2) were scheduled first: what an aimed fault's probe relies on."""
+
+    def order(extra: tuple[float, ...]) -> list[str]:
+        rt = SimRuntime(seed=5)
+        seen: list[str] = []
+
+        async def at(name: str, t: float) -> None:
+            await rt.sleep(t)
+            seen.append(name)
+
+        async def main() -> None:
+            others = [rt.spawn(at(f"x{t}", t), f"x{t}", eager=True) for t in extra]
+            mine = [rt.spawn(at(n, 1.0), n, eager=True) for n in "abcdef"]
+            await rt.wait_all([*others, *mine])
+
+        rt.run(main())
+        return [n for n in seen if not n.startswith("x")]
+
+    assert order(()) == order((0.5,)) == order((2.0, 0.5, 3.0))
+
+
+def test_a_task_cancelled_before_it_ran_fails_with_cancelled_and_no_warning() -> None:
+    """Nor does the coroutine handed to it (RunContext.spawn wraps each task's coroutine in
+    a guard): neither will ever run, so both are closed, not left to warn that they were
+    never awaited when collected."""
+    import gc
+    import warnings
+
+    ran: list[bool] = []
+
+    def run() -> str:
+        rt = SimRuntime(seed=0)
+
+        async def body() -> None:
+            ran.append(True)
+
+        async def guard(inner: Coroutine[Any, Any, None]) -> None:
+            await inner
+
+        async def main() -> str:
+            task = rt.spawn(guard(body()), "never-ran")  # not eager: it has not started yet
+            task.cancel("stopped before it ran")
+            try:
+                await task
+            except Cancelled as cancelled:
+                return cancelled.reason
+            return "ran"
+
+        return rt.run(main())
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert run() == "stopped before it ran"
+        gc.collect()
+    assert ran == []
+    assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []

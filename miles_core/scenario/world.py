@@ -81,6 +81,11 @@ class TimeModel:
     """Within a node: a bucket whose source and targets share a node moves at this rate."""
     checkpoint_bytes_per_second: float = 2e9
     heartbeat_reply_seconds: float = 0.01
+    control_reply_seconds: float = 0.0
+    """An engine control call's round trip (pause, flush, begin and end of the update session,
+    the version stamp, resume, adapter unload): the engine acts when it ends. It opens the
+    windows between an update's start and its first bucket, and between its last bucket and
+    the stamp, that a fault at a time can land in (0: calls answer at once)."""
     router_failure_seconds: float = 0.5
     """How long a failing router takes to answer with an error."""
     reward_success_rate: float | None = None
@@ -88,7 +93,12 @@ class TimeModel:
     rewards, which miles' check_reward_nonzero_std filter drops); None: uniform in [0, 1)."""
 
     def __post_init__(self) -> None:
-        may_be_zero = {"concurrency_slowdown", "train_jitter", "link_latency_seconds"}
+        may_be_zero = {
+            "concurrency_slowdown",
+            "train_jitter",
+            "link_latency_seconds",
+            "control_reply_seconds",
+        }
         rate = self.reward_success_rate
         if rate is not None and not (
             isinstance(rate, int | float) and not isinstance(rate, bool) and 0 < rate < 1
