@@ -199,13 +199,17 @@ _POINT_PHASES: dict[str, frozenset[str]] = {
     # a step begins once the update before it has ended and before its attempt (and any
     # heal, which an attempt begins) starts
     FaultPoint.STEP_BEGIN.value: frozenset({"generating"}),
+    # halfway through a request: no request decodes from the moment the engines are paused
+    # until they are resumed, so never while a bucket is on its way or the stamp is due
+    # (the pause's own round trip is ``paused``, and requests decode through it)
+    FaultPoint.MID_GENERATION.value: _ANY - set(_BUCKET_PHASES),
 }
 
 
 def reachable(kind: str, how: str) -> frozenset[str]:
     """The phases a fault of ``kind`` scheduled as ``how`` can strike in, in the simulator:
-    a point pins its phase down; a time, mid-generation and a recovery can fall in any
-    phase that lasts."""
+    a point pins its phase down; a time and a recovery (a restart at any time makes one)
+    can fall in any phase that lasts, mid-generation in any where requests decode."""
     del kind  # every kind reaches what its trigger reaches
     return _POINT_PHASES.get(how, _ANY)
 

@@ -202,6 +202,11 @@ def _engine_faults(d: _Draw, aim: CoverageCell, probe: Probe) -> list[AnyFault]:
             F("kill_engine", engine=engine, point="mid_generation", after_step=s - 1),
             F("restart_engine", engine=engine, point="step_begin", step=s + 2),
         ]
+    if aim.how == "during_recovery" and aim.phase != "training":
+        # the process it strikes is made by a restart at a time inside the phase; fault
+        # tolerance (adjust turned it on) recovers the engine from the kill
+        kill = F("kill_engine", engine=engine, point="during_recovery")
+        return [kill, F("restart_engine", engine=engine, at=_at_time(d, aim, probe, [kill]))]
     faults = [F(aim.kind, engine=engine, point="step_begin", step=s)]  # fault tolerance undoes it
     if aim.how == "during_recovery":
         faults[0] = F("kill_engine", engine=engine, point="step_begin", step=s)

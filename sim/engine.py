@@ -171,13 +171,20 @@ class SimEngine(_Mortal):
             job.recompute = False
         per_token = t.decode_seconds_per_token * (1 + t.concurrency_slowdown * (self.in_flight + 1))
         seconds = (job.total - job.done) * per_token
+        faults, strike = self.cluster.faults, False
         if job.first:
             job.first = False
-            self.cluster.faults.fire(FaultPoint.MID_GENERATION, engine=self.id, delay=seconds / 2)
+            strike = faults.armed(FaultPoint.MID_GENERATION, engine=self.id)
         self.in_flight += 1
         job.holds_pages = True
         began, incarnation = self.rt.now(), self.incarnation
-        outcome = await self.work(seconds, interrupt, death=job.death)
+        if strike:  # a mid-generation kill strikes this process halfway, if the request gets
+            outcome = await self.work(seconds / 2, interrupt, death=job.death)  # that far
+            if outcome == 0:
+                faults.fire(FaultPoint.MID_GENERATION, engine=self.id)
+                outcome = await self.work(seconds / 2, interrupt, death=job.death)
+        else:
+            outcome = await self.work(seconds, interrupt, death=job.death)
         if self.incarnation == incarnation:  # a restart began a new count
             self.in_flight -= 1
         if outcome != 2:

@@ -140,11 +140,17 @@ def _recovered_by_fault_tolerance(d: _Draw, engine: str, step: int) -> None:
 
 
 def _engines_at_points(d: _Draw, rate: float) -> None:
+    """A mid-generation kill strikes at the first request of its engine that gets halfway
+    after its step, which may be steps later, after the restart drawn with it: without
+    fault tolerance that engine may then stay down, so only one such kill is drawn (two
+    could leave no engine up, a schedule no control plane survives)."""
+    lasting_kill = False
     for s in d.slots(d.rng.randint(0, round(2 * rate)), spacing=3):
         engine = f"engine-{d.rng.randrange(d.world.num_engines)}"
         if d.fault_tolerance and d.rng.random() < 0.4:
             _recovered_by_fault_tolerance(d, engine, s)
-        elif d.world.num_engines > 1 and d.rng.random() < 0.4:
+        elif d.world.num_engines > 1 and d.rng.random() < 0.4 and not lasting_kill:
+            lasting_kill = not d.fault_tolerance
             d.faults += [
                 make_fault("kill_engine", engine=engine, point="mid_generation", after_step=s - 1),
                 make_fault("restart_engine", engine=engine, point="step_begin", step=s + 2),

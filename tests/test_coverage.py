@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from miles_core.cells import Outcome
-from miles_core.coverage import CoverageCell, coverage_cells, phase_windows, reachable
+from miles_core.coverage import PHASES, CoverageCell, coverage_cells, phase_windows, reachable
 from miles_core.errors import ConfigError
 from miles_core.events import (
     AttemptBegan,
@@ -133,6 +133,9 @@ POINT_AIMS = [
     # a heal made for the aim: a cell killed and started again, the fault during its heal
     "kill_cell@at_time:healing",
     "start_cell@at_time:healing",
+    # a recovery made by a restart at a time inside the phase
+    "kill_engine@during_recovery:bucket_middle",
+    "kill_engine@during_recovery:stamping",
 ]
 
 
@@ -158,3 +161,12 @@ def test_aims_the_swarm_cannot_draw_are_refused_naming_the_flag() -> None:
     with pytest.raises(ConfigError, match="--aim"):
         parse_aim("kill_cell@at_time:lunch")
     assert parse_aim("kill_cell@at_time:healing") == CoverageCell("kill_cell", "at_time", "healing")
+
+
+def test_mid_generation_cannot_reach_phases_where_no_request_decodes() -> None:
+    """Engines are paused from before the first bucket until the resume: no request gets
+    halfway then. A restart, and so a recovery, can come at any time."""
+    mid = reachable("kill_engine", "mid_generation")
+    assert mid.isdisjoint({"bucket_first", "bucket_middle", "bucket_last", "stamping"})
+    assert {"generating", "training", "paused", "healing"} <= mid
+    assert reachable("kill_engine", "during_recovery") == frozenset(PHASES)

@@ -1251,6 +1251,22 @@ def test_a_restarted_engine_must_come_back_to_serve() -> None:
     assert fault_witness(hist(*base, up, stale)) is not None
 
 
+def test_a_restarted_process_killed_by_a_later_fault_before_it_served_is_no_violation() -> None:
+    """A kill drawn for a moment that came after the restart (a mid-generation kill waits for
+    a request to get halfway) struck the new process: the kill's own witness judges it."""
+    restart = fault(FaultKind.RESTART_ENGINE, engine="e0")
+    up = E(EngineStarted, engine="e0", incarnation=1, how="restarted")
+    unsynced = engine_state("e0", EngineState.DOWN, EngineState.UNSYNCED, 1)
+    kill = fault(FaultKind.KILL_ENGINE, 1, engine="e0", detail="mid_generation")
+    down = engine_state("e0", EngineState.UNSYNCED, EngineState.DOWN, 1)
+    assert fault_witness(hist(*update(0, 1), restart, up, unsynced, kill, down)) is None
+    # a fault on another engine excuses nothing
+    other = fault(FaultKind.KILL_ENGINE, 1, engine="e1", detail="mid_generation")
+    gone = engine_state("e1", EngineState.SERVING, EngineState.DOWN)
+    violation = fault_witness(hist(*update(0, 1), restart, up, unsynced, other, gone))
+    assert violation is not None and "never came to serve" in violation.message
+
+
 def _slow_cell(inside_seconds: float) -> History:
     return hist(
         attempt(0),

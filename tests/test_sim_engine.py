@@ -208,3 +208,68 @@ def test_with_no_round_trip_a_call_acts_at_once() -> None:
         return rt.now()
 
     assert rt.run(main()) == 0.0 and engine.engine.paused
+
+
+# -- a mid-generation kill strikes the process halfway through a request ------------------
+
+
+class _OneKill:
+    """Fault points with one mid-generation kill armed: it kills the engine when fired."""
+
+    def __init__(self) -> None:
+        self.cluster: SimCluster | None = None
+        self.fired_at: list[float] = []
+
+    def armed(self, point: object, **where: object) -> bool:
+        return not self.fired_at
+
+    def fire(self, point: object, **where: object) -> bool:
+        assert self.cluster is not None and not self.fired_at
+        self.fired_at.append(self.cluster.rt.now())
+        self.cluster.kill_engine(str(where["engine"]))
+        return True
+
+
+def _armed_world() -> tuple[SimRuntime, SimCluster, _OneKill]:
+    rt, faults = SimRuntime(0), _OneKill()
+    cluster = SimCluster(rt, WorldShape(num_engines=1), TIMING, faults=faults)
+    faults.cluster = cluster
+    return rt, cluster, faults
+
+
+def test_the_kill_strikes_halfway_through_the_request_on_its_process() -> None:
+    total = _total_tokens()
+    rt, cluster, faults = _armed_world()
+
+    async def main() -> str:
+        try:
+            await cluster.engines["engine-0"].generate(0, GenerateRequest(0, 0, 0))
+        except EngineFailure as failure:
+            return failure.reason
+        return "completed"
+
+    assert rt.run(main()) == "killed mid-generation"
+    assert faults.fired_at == [pytest.approx(total * PER_TOKEN / 2, rel=1e-9)]
+
+
+def test_a_request_that_ends_before_halfway_leaves_the_kill_armed_for_the_next() -> None:
+    """An abort before halfway: that request never got there, so the kill does not strike
+    then (it struck the process whatever ran on it, even a restarted one, before); the next
+    request that gets halfway takes it."""
+    rt, cluster, faults = _armed_world()
+    engine = cluster.engine("engine-0", 0)
+
+    async def main() -> GenerateResult:
+        first = rt.spawn(engine.engine.generate(0, GenerateRequest(0, 0, 0)), "first")
+        await rt.sleep(0.1)  # far below halfway (a request takes seconds)
+        await engine.pause(PauseMode.ABORT)
+        aborted = await first
+        assert faults.fired_at == []
+        await engine.resume()
+        await rt.sleep(1.0)
+        with pytest.raises(EngineFailure, match="killed mid-generation"):
+            await engine.engine.generate(0, GenerateRequest(1, 1, 0))
+        return aborted
+
+    assert rt.run(main()).aborted
+    assert len(faults.fired_at) == 1 and faults.fired_at[0] > 1.1

@@ -266,9 +266,15 @@ def _engine_restarted(fault: FaultInjected, seq: int, index: _Index) -> str | No
             and x.new is EngineState.SERVING
         ),
     )
-    if serving is None:
+    if serving is None and not _struck_again(engine, up[0], index):
         return f"engine {engine}'s new process {incarnation} (or a later one) never came to serve"
     return None
+
+
+def _struck_again(engine: str | None, since: int, index: _Index) -> bool:
+    """Another fault struck the engine after its new process started (a kill before it was
+    synced, say): that fault's own witness judges what became of it."""
+    return any(seq > since and e.engine == engine for seq, e in index.fired)  # type: ignore[union-attr]
 
 
 def _inside(t: float, windows: list[tuple[float, float]]) -> bool:

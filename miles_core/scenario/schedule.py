@@ -91,11 +91,20 @@ class FaultPoints(Protocol):
 
     def fire(self, point: FaultPoint, **where: Any) -> bool: ...
 
+    def armed(self, point: FaultPoint, **where: Any) -> bool:
+        """Whether a fault would fire here now (a world that must prepare a point's moment,
+        such as halfway through a request, asks before it does)."""
+        ...
+
 
 class NoFaults:
     """The points of a world run without faults: nothing fires."""
 
     def fire(self, point: FaultPoint, **where: Any) -> bool:
+        del point, where
+        return False
+
+    def armed(self, point: FaultPoint, **where: Any) -> bool:
         del point, where
         return False
 
@@ -105,6 +114,7 @@ class FaultSchedule:
 
     def __init__(self, faults: Sequence[AnyFault]) -> None:
         self.faults = tuple(faults)
+        self._points = frozenset(f.point for f in self.faults)
         self._fired: set[int] = set()
         self._committed = -1
         self._cell_states: dict[int, CellState] = {}
@@ -172,27 +182,23 @@ class FaultSchedule:
             return False
         return engine is None or "engine" not in where or where["engine"] == engine
 
+    def armed(self, point: FaultPoint, **where: Any) -> bool:
+        if point not in self._points:  # asked for every request: most runs have none there
+            return False
+        return any(
+            index not in self._fired and self._matches(fault, point, where)
+            for index, fault in enumerate(self.faults)
+        )
+
     def fire(self, point: FaultPoint, **where: Any) -> bool:
-        """Fire every fault that strikes here (after ``delay`` seconds, if given)."""
-        delay = float(where.pop("delay", 0.0))
+        """Fire every fault that strikes here, now."""
         fired = False
         for index, fault in enumerate(self.faults):
             if index in self._fired or not self._matches(fault, point, where):
                 continue
             fired = True
-            if delay > 0:
-                self._fired.add(index)  # claimed now; acts after the delay
-                assert self._rt is not None
-                self._rt.spawn(self._claimed(index, delay), f"fault-{index}")
-            else:
-                self._apply(index)
+            self._apply(index)
         return fired
-
-    async def _claimed(self, index: int, delay: float) -> None:
-        assert self._rt is not None
-        await self._rt.sleep(delay)
-        self._fired.discard(index)
-        self._apply(index)
 
     def _observe(self, event: Event) -> None:
         if isinstance(event, StepCommitted):
