@@ -509,6 +509,18 @@ class SimRuntime:
                     "scheduled"
                 ) from None
             raise
+        finally:
+            self._close_never_started()
         if not task.done():
             raise TimeoutError(f"main did not finish by t={until}")
         return task.result()
+
+    def _close_never_started(self) -> None:
+        """The run is over: a task still waiting for its first step never runs. Its
+        coroutine (and one handed to it) is closed, not left to warn when collected that
+        it was never awaited."""
+        for entry in self.env._queue:
+            for callback in entry[-1].callbacks or ():
+                task = getattr(callback, "__self__", None)
+                if isinstance(task, SimTask) and not task._started and not task.done():
+                    _close_unstarted(task._coro)

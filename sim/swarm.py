@@ -57,6 +57,7 @@ class _Draw:
     faults: list[AnyFault]
     killed_cells: set[int]
     fault_tolerance: bool = False
+    samples_per_step: int = 1
 
     def slots(self, count: int, spacing: int = 4) -> list[int]:
         """Steps at which to strike, ``spacing`` apart, inside the fault phase."""
@@ -143,13 +144,17 @@ def _engines_at_points(d: _Draw, rate: float) -> None:
     """A mid-generation kill strikes at the first request of its engine that gets halfway
     after its step, which may be steps later, after the restart drawn with it: without
     fault tolerance that engine may then stay down, so only one such kill is drawn (two
-    could leave no engine up, a schedule no control plane survives)."""
+    could leave no engine up, a schedule no control plane survives). It is drawn only where
+    a step's samples are at least the engines, so that the router, which sends each request
+    to the least loaded engine, gives every engine requests (with 2 samples a step and 4
+    engines, seed 5678's engine-3 drew none in 22 picks, and its kill never fired)."""
     lasting_kill = False
+    spread = d.samples_per_step >= d.world.num_engines
     for s in d.slots(d.rng.randint(0, round(2 * rate)), spacing=3):
         engine = f"engine-{d.rng.randrange(d.world.num_engines)}"
         if d.fault_tolerance and d.rng.random() < 0.4:
             _recovered_by_fault_tolerance(d, engine, s)
-        elif d.world.num_engines > 1 and d.rng.random() < 0.4 and not lasting_kill:
+        elif d.world.num_engines > 1 and d.rng.random() < 0.4 and spread and not lasting_kill:
             lasting_kill = not d.fault_tolerance
             d.faults += [
                 make_fault("kill_engine", engine=engine, point="mid_generation", after_step=s - 1),
@@ -270,7 +275,16 @@ def swarm_scenario(
     shape = Scenario(SWARM, world=world, loop=loop)
     phase = 0.6 * steps * step_seconds
     d = _Draw(
-        rng, world, steps, shape.n_buckets, step_seconds, phase, [], set(), loop.use_fault_tolerance
+        rng,
+        world,
+        steps,
+        shape.n_buckets,
+        step_seconds,
+        phase,
+        [],
+        set(),
+        loop.use_fault_tolerance,
+        loop.rollout_batch_size * loop.n_samples_per_prompt,
     )
     if total_loss:
         t = rng.uniform(0.1, 0.5) * d.fault_phase

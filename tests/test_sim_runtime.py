@@ -359,3 +359,28 @@ def test_a_task_cancelled_before_it_ran_fails_with_cancelled_and_no_warning() ->
         gc.collect()
     assert ran == []
     assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []
+
+
+def test_a_task_that_never_started_by_the_end_of_the_run_is_closed_without_warning() -> None:
+    """A run that stops (a crash mid-instant, say) with a task still waiting for its first
+    step: that coroutine, and the one handed to it, are closed, not left to warn."""
+    import gc
+    import warnings
+
+    def run() -> None:
+        rt = SimRuntime(seed=0)
+
+        async def body() -> None:
+            raise AssertionError("a task of a finished run ran")
+
+        async def guard(inner: Coroutine[Any, Any, None]) -> None:
+            await inner
+
+        rt.spawn(guard(body()), "late")  # not eager: its start event is queued
+        rt._close_never_started()  # what run() does on its way out, however it ends
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run()
+        gc.collect()
+    assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []

@@ -102,9 +102,13 @@ class Updater:
             else:
                 task = ctx.rt.spawn(call, f"{method}-{engine}.{incarnation}")
                 timeout = ctx.config.rollout_health_check_timeout
-                if await ctx.rt.wait_any([task, ctx.rt.timer(timeout)]) == 1:
-                    task.cancel(f"{method} timed out")
-                    return EngineFailure(engine, f"no answer to {method} within {timeout:g}s")
+                try:
+                    if await ctx.rt.wait_any([task, ctx.rt.timer(timeout)]) == 1:
+                        task.cancel(f"{method} timed out")
+                        return EngineFailure(engine, f"no answer to {method} within {timeout:g}s")
+                except BaseException:  # the update was cancelled: its call must not go on
+                    task.cancel(f"the update's {method} was cancelled")  # to act for it
+                    raise
                 await task
         except EngineFailure as failure:
             return failure

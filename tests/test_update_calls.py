@@ -1,0 +1,70 @@
+"""An update's call to one engine (``Updater._call``) ends with the update.
+
+With fault tolerance the call runs as a task of its own, raced against the health
+check's timeout. When the update is cancelled (the run ends, a failover), that task
+is cancelled with it: a pause or a stamp of an update nobody waits for any more must
+not reach the engine afterwards and change it unrecorded.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from miles_core.loop.update import Updater
+from miles_core.runtime import Cancelled
+from sim.runtime import SimRuntime
+
+
+class _Engine:
+    """An engine whose pause takes a second to act."""
+
+    def __init__(self, rt: SimRuntime) -> None:
+        self.rt = rt
+        self.paused_at: float | None = None
+
+    async def pause(self) -> None:
+        await self.rt.sleep(1.0)
+        self.paused_at = self.rt.now()
+
+
+def _updater(rt: SimRuntime, engine: _Engine) -> Updater:
+    updater = Updater.__new__(Updater)  # only what _call reads
+    updater.ctx = SimpleNamespace(  # type: ignore[assignment]
+        rt=rt,
+        engines=SimpleNamespace(current=lambda engine, incarnation: True),
+        cluster=SimpleNamespace(engine=lambda engine_id, incarnation: engine),
+        config=SimpleNamespace(use_fault_tolerance=True, rollout_health_check_timeout=5.0),
+    )
+    return updater
+
+
+def test_a_cancelled_update_cancels_its_call_to_the_engine() -> None:
+    rt = SimRuntime(0)
+    engine = _Engine(rt)
+    updater = _updater(rt, engine)
+
+    async def main() -> str:
+        call = rt.spawn(updater._call("engine-0", 0, "pause", (), lambda e: None), "call")
+        await rt.sleep(0.5)
+        call.cancel("the update was cancelled")
+        try:
+            await call
+        except Cancelled as cancelled:
+            reason = cancelled.reason
+        await rt.sleep(2.0)
+        return reason
+
+    assert rt.run(main()) == "the update was cancelled"
+    assert engine.paused_at is None  # the pause never acted for the cancelled update
+
+
+def test_a_call_that_answers_in_time_acts_and_is_answered() -> None:
+    rt = SimRuntime(0)
+    engine = _Engine(rt)
+    answered: list[str] = []
+
+    async def main() -> object:
+        return await _updater(rt, engine)._call("engine-0", 0, "pause", (), answered.append)
+
+    assert rt.run(main()) is None
+    assert engine.paused_at == 1.0 and answered == ["engine-0"]
