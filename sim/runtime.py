@@ -81,7 +81,9 @@ class SeededEnvironment(simpy.Environment):
         super().__init__()
         self._salt = derive_seed(seed, "simpy.tiebreak")
         self._ties: dict[SimTime, int] = {}
-        """target time -> events scheduled for it so far (see ``_tie``)."""
+        """later time -> events scheduled for it so far (see ``_tie``)."""
+        self._ties_now = 0
+        """Events scheduled for the current instant so far (most are: ``_tie_now``)."""
         self._limit = max_events_per_instant
         self._instant = -1.0
         self._at_instant = 0
@@ -128,6 +130,8 @@ class SeededEnvironment(simpy.Environment):
                     now, _, _, _, event = heappop(queue)
                 except IndexError:
                     raise EmptySchedule from None
+                if now != self._now:  # the count for the new instant, kept while it was later
+                    self._ties_now = self._ties.pop(now, 0)
                 self._now = now
                 callbacks, event.callbacks = event.callbacks, None
                 try:
@@ -141,7 +145,6 @@ class SeededEnvironment(simpy.Environment):
                     raise _copy(event._value)  # a failure nobody waited for crashes the run
                 processed += 1
                 if now != instant:
-                    self._ties.pop(instant, None)  # nothing is scheduled for a past time
                     instant, at = now, 0
                 else:
                     at += 1
@@ -159,10 +162,18 @@ class SeededEnvironment(simpy.Environment):
         other times never shift it: a fault added at time t leaves every tie before t as it
         was (one stream for all events did: one more timer drawn at the start changed the
         order of every simultaneous event after it)."""
+        if at == self._now:
+            return self._tie_now()
         ties = self._ties
         n = ties.get(at, 0)
         ties[at] = n + 1
         return hash((self._salt, at, n))
+
+    def _tie_now(self) -> int:
+        """``_tie`` for the current instant, without the dict: most events are for now."""
+        n = self._ties_now
+        self._ties_now = n + 1
+        return hash((self._salt, self._now, n))
 
     def schedule(self, event: Event, priority: EventPriority = NORMAL, delay: SimTime = 0) -> None:
         at = self._now + delay
@@ -221,7 +232,7 @@ class SimTask:
         else:  # SimPy's Initialize: urgent, so a cancel cannot overtake it
             self._target = start = Event.__new__(Event)
             start.env, start.callbacks, start._ok, start._value = env, [self._step], True, None
-            heappush(env._queue, (env._now, URGENT, env._tie(env._now), next(env._eid), start))
+            heappush(env._queue, (env._now, URGENT, env._tie_now(), next(env._eid), start))
 
     def _step(self, event: Event) -> None:
         """Send the event's outcome into the coroutine; run it to its next real wait."""
@@ -277,9 +288,9 @@ class SimTask:
             if ok:
                 done.callbacks = None  # processed: awaiting it goes on at once
             else:  # its waiter gets the failure as an event; with none, the run crashes
-                heappush(env._queue, (env._now, NORMAL, env._tie(env._now), next(env._eid), done))
+                heappush(env._queue, (env._now, NORMAL, env._tie_now(), next(env._eid), done))
         elif StopSimulation.callback in callbacks:
-            heappush(env._queue, (env._now, NORMAL, env._tie(env._now), next(env._eid), done))
+            heappush(env._queue, (env._now, NORMAL, env._tie_now(), next(env._eid), done))
         else:
             _process_now(done, callbacks)
 
@@ -359,7 +370,7 @@ class SimSignal:
         if event._value is PENDING:
             event._ok, event._value = True, value
             env = event.env
-            heappush(env._queue, (env._now, NORMAL, env._tie(env._now), next(env._eid), event))
+            heappush(env._queue, (env._now, NORMAL, env._tie_now(), next(env._eid), event))
 
     def is_set(self) -> bool:
         return self.event._value is not PENDING
