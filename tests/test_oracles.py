@@ -530,6 +530,31 @@ def test_a_response_arriving_while_its_engine_is_paused_is_judged_as_of_the_paus
     assert violation is not None and "holding part of update 0" in violation.message
 
 
+def test_a_response_from_a_resumed_engine_may_come_before_the_resume_is_recorded() -> None:
+    """Seen on the CPU backend under in_place (CI, in_place_long_generations): engine-1 was
+    stamped 1 and resumed, and its frozen request finished under 1 before the other engines
+    answered the resume, which EnginesResumed waits for."""
+    engines, incs = ("e0", "e1"), (0, 0)
+    stamped = [
+        start(engines=engines),
+        began(0, 1, engines),
+        *paused(0, engines, incs),
+        *[bucket(0, k, 2, engines, incs) for k in range(2)],
+        *stamp(0, 1, "e0"),
+        *stamp(0, 1, "e1"),
+    ]
+    early = hist(*stamped, publish(0, 1), sample(0, 0, 1, "e1"), resumed(0, engines, incs))
+    assert published_weights(early) is None
+    # the new version before it was published, or before this process was stamped, is not
+    unpublished = published_weights(hist(*stamped, sample(0, 0, 1, "e1")))
+    assert unpublished is not None and "version 1, which was never published" in unpublished.message
+    unstamped = hist(*stamped[:-2], publish(0, 1), sample(0, 0, 1, "e1"))
+    violation = published_weights(unstamped)
+    assert violation is not None and "engine e1 reported version 1 but was stamped None" in (
+        violation.message
+    )
+
+
 def test_engine_left_out_of_an_update_serving_old_weights_is_caught() -> None:
     h = hist(start(engines=("e0", "e1")), *update(0, 1, engines=("e0",)), sample(0, 0, None, "e1"))
     violation = published_weights(h)

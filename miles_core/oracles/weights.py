@@ -12,7 +12,11 @@ real world's weight checksums (WeightsChecked) must equal the trainer's.
 A response that arrives while its process is paused was generated before the
 pause (a paused engine generates nothing; EnginesPaused is recorded once the
 engine answered), so it is judged by what the process held when it was paused:
-on a real network it may arrive after the update's first bucket.
+on a real network it may arrive after the update's first bucket. One that
+reports the version the process was stamped with since was generated after
+the resume: EnginesResumed is recorded once every engine of the update has
+answered, and a resumed engine's response can come first (seen on the CPU
+backend under in_place), so it is judged by what the process holds now.
 """
 
 from __future__ import annotations
@@ -137,7 +141,10 @@ class _Judge:
         if e.aborted:
             return None
         state = self.held.get((e.engine, e.incarnation)) or self.of(e.engine, e.incarnation)
-        violation = _judge_sample(seq, e, state.at_pause or state, self.published)
+        held = state.at_pause
+        if held is None or e.version == state.version != held.version:
+            held = state  # not paused, or generated after a resume not yet recorded
+        violation = _judge_sample(seq, e, held, self.published)
         if violation is not None or self.completed is None:
             return violation
         if version_number(e.version) < self.newest:
