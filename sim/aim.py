@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from miles_core.coverage import AT_TIME, PHASES, CoverageCell, phase_windows
 from miles_core.errors import ConfigError
+from miles_core.events import SampleGenerated
 from miles_core.kinds import FaultKind
 from miles_core.loop import LoopConfig
 from miles_core.scenario import Scenario, WorldShape
@@ -125,6 +126,15 @@ def _unslow(d: _Draw, cells: set[int]) -> None:
     d.faults[:] = [f for f in d.faults if not (f.kind is FaultKind.SLOW_CELL and f.cell in cells)]  # type: ignore[attr-defined]
 
 
+def _healed(cell: int, s: int) -> list[AnyFault]:
+    """A heal of ``cell`` at step s + 1: it dies before step s's allreduce (holding that
+    exchange up until it is found dead) and is started as step s + 1 begins."""
+    return [
+        make_fault("kill_cell", cell=cell, point="before_allreduce", step=s),
+        make_fault("start_cell", cell=cell, point="step_begin", step=s + 1),
+    ]
+
+
 def _heal_then(d: _Draw, aim: CoverageCell, probe: Probe, s: int) -> list[AnyFault]:
     """A time in ``healing``: a cell (not 0, the heal's source) dies before an allreduce
     and is started at the next step, which heals it; the aimed kill or start strikes
@@ -133,10 +143,7 @@ def _heal_then(d: _Draw, aim: CoverageCell, probe: Probe, s: int) -> list[AnyFau
     F = make_fault
     healed, *others = d.rng.sample(range(1, d.world.num_cells), d.world.num_cells - 1)
     _unslow(d, {healed, *others})
-    setup = [
-        F("kill_cell", cell=healed, point="before_allreduce", step=s),
-        F("start_cell", cell=healed, point="step_begin", step=s + 1),
-    ]
+    setup = _healed(healed, s)
     if aim.kind == "start_cell":
         started = others[0]
         setup.append(F("kill_cell", cell=started, point="before_allreduce", step=s))
@@ -197,11 +204,13 @@ def _engine_faults(d: _Draw, aim: CoverageCell, probe: Probe) -> list[AnyFault]:
         bucket = _bucket(d, aim.phase)
         keys = {"point": "after_bucket", "bucket": bucket, "after_step": s - 1}
         return [F("restart_engine", engine=engine, **keys)]
-    if aim.how == "mid_generation":
+    if aim.how == "mid_generation" and aim.phase in ("generating", "training"):
         return [
             F("kill_engine", engine=engine, point="mid_generation", after_step=s - 1),
             F("restart_engine", engine=engine, point="step_begin", step=s + 2),
         ]
+    if aim.how == "mid_generation":
+        return _mid_generation_in(d, aim, probe, s)
     if aim.how == "during_recovery" and aim.phase != "training":
         # the process it strikes is made by a restart at a time inside the phase; fault
         # tolerance (adjust turned it on) recovers the engine from the kill
@@ -212,6 +221,40 @@ def _engine_faults(d: _Draw, aim: CoverageCell, probe: Probe) -> list[AnyFault]:
         faults[0] = F("kill_engine", engine=engine, point="step_begin", step=s)
         faults.append(F("kill_engine", engine=engine, point="during_recovery", after_step=s - 1))
     return faults
+
+
+def _mid_generation_in(d: _Draw, aim: CoverageCell, probe: Probe, s: int) -> list[AnyFault]:
+    """A mid-generation kill armed at the start of a span of the phase (``after_time``),
+    on an engine the probe saw decoding across it: it strikes the first of that engine's
+    requests to get halfway after it, in the phase if one gets there before it ends.
+    ``healing`` and ``allreduce`` last while a cell is healed, or holds up an exchange it
+    died before: a cell other than 0 (the heal's source) does both here, in place of the
+    swarm's own cell faults (two sets could leave no cell alive). ``paused`` lasts one
+    round trip of the pause before requests stop decoding: it is rarely hit."""
+    F = make_fault
+    setup: list[AnyFault] = []
+    if aim.phase in ("healing", "allreduce"):
+        cell = d.rng.randrange(1, d.world.num_cells)
+        dropped = (FaultKind.KILL_CELL, FaultKind.STOP_CELL, FaultKind.START_CELL)
+        d.faults[:] = [f for f in d.faults if f.kind not in dropped]
+        _unslow(d, {cell})
+        setup = _healed(cell, s)
+    history = probe([*d.faults, *setup])
+    spans = [(a, min(b, d.fault_phase)) for a, b in phase_windows(history, aim.phase)]
+    requests = [e for e in history if isinstance(e, SampleGenerated) and not e.aborted]
+    inside = sorted(  # a span's start, and an engine with requests decoding across it
+        {(a, e.engine) for a, b in spans if b > a for e in requests if e.sent < a < e.t}
+    )
+    if inside:
+        t, engine = d.rng.choice(inside)
+    else:  # no request got halfway in the phase: any time in the fault phase
+        t, engine = (
+            d.rng.uniform(0.0, d.fault_phase),
+            f"engine-{d.rng.randrange(d.world.num_engines)}",
+        )
+    restart = F("restart_engine", engine=engine, at=t + d.rng.uniform(1.0, 2.0) * d.step_seconds)
+    kill = F("kill_engine", engine=engine, point="mid_generation", after_time=t)
+    return [*setup, kill, restart]
 
 
 def aimed_faults(d: _Draw, aim: CoverageCell, probe: Probe) -> list[AnyFault]:

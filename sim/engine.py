@@ -174,7 +174,8 @@ class SimEngine(_Mortal):
         faults, strike = self.cluster.faults, False
         if job.first:
             job.first = False
-            strike = faults.armed(FaultPoint.MID_GENERATION, engine=self.id)
+            halfway = self.rt.now() + seconds / 2  # an after_time is judged then
+            strike = faults.armed(FaultPoint.MID_GENERATION, by=halfway, engine=self.id)
         self.in_flight += 1
         job.holds_pages = True
         began, incarnation = self.rt.now(), self.incarnation

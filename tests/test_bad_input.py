@@ -43,7 +43,7 @@ SOURCE = "bad.toml"
 LOOP_KEYS = tuple(f.name for f in dataclasses.fields(LoopConfig))
 SIM_KEYS = tuple(sorted(SHAPE_KEYS | TIME_KEYS))
 PARAM_KEYS = ("cell", "engine", "duration", "factor", "seconds")
-TRIGGER_KEYS = ("at", "step", "bucket", "after_step")
+TRIGGER_KEYS = ("at", "step", "bucket", "after_step", "after_time")
 FAULT_KEYS = ("kind", "point", *TRIGGER_KEYS, *PARAM_KEYS)
 
 
@@ -347,6 +347,24 @@ CORPUS: list[tuple[str, str, str, tuple[str, ...]]] = [
         ("would be ignored",),
     ),
     (
+        "after-time-negative",
+        fault_toml(kind="kill_engine", engine="engine-0", point="mid_generation", after_time=-2.0),
+        "faults[0] (kill_engine).after_time",
+        (">= 0",),
+    ),
+    (
+        "after-time-string",
+        fault_toml(kind="kill_engine", engine="engine-0", point="mid_generation", after_time="3"),
+        "faults[0] (kill_engine).after_time",
+        (),
+    ),
+    (
+        "step-begin-with-after-time",
+        fault_toml(kind="kill_cell", cell=0, point="step_begin", step=1, after_time=3.0),
+        "faults[0] (kill_cell).after_time",
+        ("would be ignored",),
+    ),
+    (
         "at-with-step",
         fault_toml(kind="kill_cell", cell=0, at=1.0, step=1),
         "faults[0] (kill_cell).step",
@@ -537,7 +555,7 @@ def test_world_counts_take_no_floats(key: str, value: Any) -> None:
 # -- every fault kind at every point it takes, and a key that point would ignore -----------
 
 PARAM_VALUES = {"cell": 0, "engine": "engine-0", "duration": 5.0, "factor": 2.0, "seconds": 1.0}
-TRIGGER_VALUES = {"at": 1.0, "step": 1, "bucket": 1, "after_step": 1}
+TRIGGER_VALUES = {"at": 1.0, "step": 1, "bucket": 1, "after_step": 1, "after_time": 2.5}
 
 
 def _fault(kind: FaultKind, point: FaultPoint | None) -> dict[str, Any]:
@@ -570,7 +588,7 @@ def test_each_kind_and_point_loads_and_rejects_a_key_it_would_ignore(
             continue
         stray = fault | {key: TRIGGER_VALUES.get(key, PARAM_VALUES.get(key))}
         assert_names(load_error(fault_toml(**stray)), f"{where}.{key}", "would be ignored")
-    for key in fault.keys() - {"kind", "point", "after_step"}:  # after_step is optional
+    for key in fault.keys() - {"kind", "point", "after_step", "after_time"}:  # optional keys
         missing = {k: v for k, v in fault.items() if k != key}
         error = load_error(fault_toml(**missing))
         assert error.field in (f"{where}.{key}", where), str(error)

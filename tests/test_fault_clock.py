@@ -24,13 +24,18 @@ def _before(history: object, t: float) -> list[object]:
 
 
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("kind", ["kill_cell", "restart_engine"])
+@pytest.mark.parametrize("kind", ["kill_cell", "restart_engine", "mid_generation"])
 def test_one_more_fault_at_a_time_changes_nothing_before_it(seed: int, kind: str) -> None:
+    """mid_generation: a kill armed by after_time splits a request's decode at its halfway
+    only if that is after the time, so nothing is scheduled for an earlier moment."""
     base = swarm_scenario(seed)
     without = run_scenario(base, seed).history
     t = 0.5 * without[-1].t
-    target = {"cell": 1} if kind == "kill_cell" else {"engine": "engine-0"}
-    extra = make_fault(kind, at=t, **target)
+    if kind == "mid_generation":
+        extra = make_fault("kill_engine", engine="engine-0", point=kind, after_time=t)
+    else:
+        target = {"cell": 1} if kind == "kill_cell" else {"engine": "engine-0"}
+        extra = make_fault(kind, at=t, **target)
     with_it = run_scenario(dataclasses.replace(base, faults=(*base.faults, extra)), seed).history
     before, after = _before(without, t), _before(with_it, t)
     assert len(before) > 20
@@ -39,3 +44,32 @@ def test_one_more_fault_at_a_time_changes_nothing_before_it(seed: int, kind: str
         f"the runs part at #{first}: {before[first] if first is not None else ''}\n"
         f"replay: python -m sim run swarm --seed {seed}"
     )
+
+
+@pytest.mark.parametrize("after_time", [3.0, 9.5])
+def test_a_mid_generation_kill_armed_by_time_strikes_the_first_halfway_after_it(
+    after_time: float,
+) -> None:
+    """Requests that got halfway before the time are spared; the kill strikes at the first
+    halfway after it, on its engine (engine_crash_mid_generation arms it by step instead)."""
+    from miles_core.events import EngineExited, FaultInjected, SampleGenerated
+    from sim.scenarios import SCENARIOS
+
+    base = SCENARIOS["engine_crash_mid_generation"]
+    kill = make_fault(
+        "kill_engine", engine="engine-1", point="mid_generation", after_time=after_time
+    )
+    history = run_scenario(dataclasses.replace(base, faults=(kill,)), 0).history
+    [struck] = [e for e in history if isinstance(e, FaultInjected)]
+    assert struck.t >= after_time
+    exited = [e for e in history if isinstance(e, EngineExited) and e.engine == "engine-1"]
+    assert exited and exited[0].t == struck.t
+    halfway = [  # requests of engine-1 that ran undisturbed and got halfway after the time
+        e.t - e.engine_seconds / 2
+        for e in history
+        if isinstance(e, SampleGenerated)
+        and e.engine == "engine-1"
+        and e.engine_seconds
+        and len(set(e.all_versions)) == 1
+    ]
+    assert not [h for h in halfway if after_time <= h < struck.t - 1e-9]

@@ -5,15 +5,18 @@ A fault is what it does (its kind and target) and when it strikes (its trigger):
     trigger              keys                 strikes
     at                   at                   at that many seconds into the run
     before_allreduce     step                 a cell has done step ``step``'s forward/backward
-    after_bucket         bucket, after_step?  bucket ``bucket`` of an update reached its engines
-    during_heal          after_step?          a checkpoint is on its way to a healing cell
-    mid_generation       after_step?          an engine is halfway through a request
+    after_bucket         bucket, ARMED        bucket ``bucket`` of an update reached its engines
+    during_heal          ARMED                a checkpoint is on its way to a healing cell
+    mid_generation       ARMED                an engine is halfway through a request
     step_begin           step                 training step ``step`` begins
-    during_recovery      after_step?          a new engine process is starting, not yet serving
+    during_recovery      ARMED                a new engine process is starting, not yet serving
 
-Steps count from 0. ``after_step`` arms a point only once that step committed
-(the first matching moment after it fires the fault); without it the first
-matching moment does. Each point takes exactly the keys above: a key a point
+Steps count from 0. ARMED is ``after_step?`` and ``after_time?``: ``after_step``
+arms a point only once that step committed, ``after_time`` only from that many
+seconds into the run (the first matching moment after both fires the fault);
+without them the first matching moment does. A time puts a point fault in a
+window that no step boundary names (a request halfway through while a cell
+heals, say). Each point takes exactly the keys above: a key a point
 would ignore is an error, not a silent no-op. A cell fault at a point fires
 only at that cell's moment (the updater's bucket, a healing cell).
 
@@ -58,18 +61,21 @@ class BeforeAllreduce:
 class AfterBucket:
     bucket: int
     after_step: int | None = None
+    after_time: float | None = None
     point: ClassVar[FaultPoint | None] = FaultPoint.AFTER_BUCKET
 
 
 @dataclass(frozen=True)
 class DuringHeal:
     after_step: int | None = None
+    after_time: float | None = None
     point: ClassVar[FaultPoint | None] = FaultPoint.DURING_HEAL
 
 
 @dataclass(frozen=True)
 class MidGeneration:
     after_step: int | None = None
+    after_time: float | None = None
     point: ClassVar[FaultPoint | None] = FaultPoint.MID_GENERATION
 
 
@@ -82,6 +88,7 @@ class StepBegin:
 @dataclass(frozen=True)
 class DuringRecovery:
     after_step: int | None = None
+    after_time: float | None = None
     point: ClassVar[FaultPoint | None] = FaultPoint.DURING_RECOVERY
 
 
@@ -364,7 +371,7 @@ def _trigger(cls: type[Trigger], data: Mapping[str, Any], where: str) -> Trigger
                 point = cls.point.value if cls.point else "a fault at a time"
                 raise ConfigError(key, f"is missing for {point}", f"set {f.name}")
             continue
-        if f.name == "at":
+        if f.name in ("at", "after_time"):
             value = check_value(float, data[f.name], key)
             if value < 0:
                 raise ConfigError(key, f"got {value!r}", "pass seconds >= 0")

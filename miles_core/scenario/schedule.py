@@ -7,9 +7,11 @@ a killed process, a new one, a slower step are reported by the world itself,
 the way it reports them without any fault, and the oracles judge those reports.
 
 Each fault fires once. ``after_step`` arms a point fault once that step has
-committed. A start_cell acts only once the control plane has stopped the cell
-(an operator restarts what the control plane gave up on, not a cell it still
-believes alive).
+committed, ``after_time`` once the run's clock has reached that time (a world
+that prepares a point's moment asks whether it will be armed by then). A
+start_cell acts only once the control plane has stopped the cell (an operator
+restarts what the control plane gave up on, not a cell it still believes
+alive).
 """
 
 from __future__ import annotations
@@ -91,9 +93,10 @@ class FaultPoints(Protocol):
 
     def fire(self, point: FaultPoint, **where: Any) -> bool: ...
 
-    def armed(self, point: FaultPoint, **where: Any) -> bool:
-        """Whether a fault would fire here now (a world that must prepare a point's moment,
-        such as halfway through a request, asks before it does)."""
+    def armed(self, point: FaultPoint, by: float | None = None, **where: Any) -> bool:
+        """Whether a fault would fire here now, or at time ``by`` if that is when the point's
+        moment comes (a world that must prepare the moment, such as halfway through a
+        request, asks before it does; ``after_time`` is judged at ``by``)."""
         ...
 
 
@@ -104,7 +107,7 @@ class NoFaults:
         del point, where
         return False
 
-    def armed(self, point: FaultPoint, **where: Any) -> bool:
+    def armed(self, point: FaultPoint, by: float | None = None, **where: Any) -> bool:
         del point, where
         return False
 
@@ -166,12 +169,17 @@ class FaultSchedule:
             await rt.sleep(max(0.0, at - rt.now()))
             self._apply(index)
 
-    def _matches(self, fault: AnyFault, point: FaultPoint, where: dict[str, Any]) -> bool:
+    def _matches(
+        self, fault: AnyFault, point: FaultPoint, where: dict[str, Any], by: float | None = None
+    ) -> bool:
         when = fault.when
         if when.point is not point:
             return False
         after = getattr(when, "after_step", None)
         if after is not None and self._committed < after:
+            return False
+        after_time = getattr(when, "after_time", None)
+        if after_time is not None and (self._now() if by is None else by) < after_time:
             return False
         for key in ("step", "bucket"):
             wanted = getattr(when, key, None)
@@ -182,11 +190,15 @@ class FaultSchedule:
             return False
         return engine is None or "engine" not in where or where["engine"] == engine
 
-    def armed(self, point: FaultPoint, **where: Any) -> bool:
+    def _now(self) -> float:
+        assert self._rt is not None, "install the schedule before its points are asked"
+        return self._rt.now()
+
+    def armed(self, point: FaultPoint, by: float | None = None, **where: Any) -> bool:
         if point not in self._points:  # asked for every request: most runs have none there
             return False
         return any(
-            index not in self._fired and self._matches(fault, point, where)
+            index not in self._fired and self._matches(fault, point, where, by)
             for index, fault in enumerate(self.faults)
         )
 
