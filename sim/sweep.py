@@ -148,6 +148,10 @@ def _judged_on_node(tasks: list[SeedTask]) -> tuple[str, list[SeedOutcome]]:
     return ray.get_runtime_context().get_node_id(), judge_many(tasks)
 
 
+CANCEL_SETTLE_SECONDS = 10.0
+"""How long an interrupted sweep waits for its cancelled tasks to end before Ray stops."""
+
+
 def run_chunks(
     pending: Iterator[list[SeedTask]],
     workers: int,
@@ -172,6 +176,9 @@ def run_chunks(
     except BaseException:  # Ctrl-C, or a worker's error: nothing left running
         for ref in in_flight:
             ray.cancel(ref, force=True)
+        # settled before Ray shuts down: a shutdown racing the cancelled tasks' completion
+        # once ended a Ctrl-C'd sweep in a crash of Ray's core worker (CI, exit 1)
+        ray.wait(in_flight, num_returns=len(in_flight), timeout=CANCEL_SETTLE_SECONDS)
         raise
 
 

@@ -19,7 +19,7 @@ from miles_core.errors import ConfigError
 from sim.plants import check_plant
 from sim.scenarios import find_scenario
 from sim.swarm import SWARM, SWARM_TOTAL_LOSS
-from sim.sweep import Source, sweep
+from sim.sweep import Source, SweepRun, Tally, sweep
 from sim.sweep_report import summary, text_lines, write_out
 
 
@@ -112,23 +112,28 @@ def main(argv: list[str] | None = None) -> int:
     from backends.common.ray_session import ray_session  # Ray only once the input is good
 
     local_workers = args.workers or os.cpu_count() or 1
-    with ray_session(num_gpus=0, address=args.address, num_cpus=local_workers):
-        workers = args.workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
-        nodes = sum(1 for n in ray.nodes() if n["Alive"])
-        bar = tqdm(
-            total=len(seeds) * len(sources), unit="seed", disable=True if args.json else None
-        )
-        run = sweep(
-            sources,
-            seeds,
-            workers=workers,
-            steps=args.steps,
-            plant=args.plant,
-            recheck=args.recheck,
-            aim=not args.no_aim,
-            on_outcome=lambda outcome: bar.update(1),
-        )
-        bar.close()
+    # what a Ctrl-C before the first seed leaves: nothing judged, and it says so
+    run, workers, nodes = SweepRun(Tally(), interrupted=True), local_workers, 0
+    try:  # Ctrl-C at any moment, Ray's start-up and shutdown included, reports and exits 130
+        with ray_session(num_gpus=0, address=args.address, num_cpus=local_workers):
+            workers = args.workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+            nodes = sum(1 for n in ray.nodes() if n["Alive"])
+            bar = tqdm(
+                total=len(seeds) * len(sources), unit="seed", disable=True if args.json else None
+            )
+            run = sweep(
+                sources,
+                seeds,
+                workers=workers,
+                steps=args.steps,
+                plant=args.plant,
+                recheck=args.recheck,
+                aim=not args.no_aim,
+                on_outcome=lambda outcome: bar.update(1),
+            )
+            bar.close()
+    except KeyboardInterrupt:
+        run.interrupted = True
     info = summary(run, workers, nodes, args.plant)
     written = write_out(Path(args.out), info, run.tally) if args.out is not None else []
     if args.json:

@@ -2,8 +2,10 @@
 
 ``ray_session`` starts a local Ray with virtual GPUs (``ray.init(num_gpus=N)``)
 in its own temporary directory on this machine, or joins ``address``; either
-way Ray is shut down on exit, errors and SIGTERM included, and a local
-session's directory is removed. ``placed_bundles`` asks Ray where each bundle of a
+way Ray is shut down on exit, errors, SIGTERM and Ctrl-C included, and a local
+session's directory is removed. A Ctrl-C while Ray starts or stops is held
+until it has (one that cut ``ray.init`` short left a half-started core worker,
+and the interpreter then crashed at exit). ``placed_bundles`` asks Ray where each bundle of a
 placement group landed (node address and GPU id, from an actor inside the bundle,
 as miles' InfoActor does) and lets miles_core.placement order them, resolving a
 node that Ray knows by hostname with ``dns_resolver`` (miles'
@@ -54,6 +56,23 @@ def _terminate_cleanly() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _ctrl_c_held() -> Iterator[None]:
+    """Ctrl-C (SIGINT) is held while the block runs and raised as KeyboardInterrupt once it
+    ends (on the main thread; elsewhere Python delivers no signals anyway)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if held and previous is not signal.SIG_IGN:
+        raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
 def ray_session(num_gpus: int, address: str | None = None, num_cpus: int = 16) -> Iterator[None]:
     """Ray for one run; ``num_cpus`` is logical (actors reserve none while running)."""
     with _terminate_cleanly():
@@ -63,24 +82,26 @@ def ray_session(num_gpus: int, address: str | None = None, num_cpus: int = 16) -
 def _ray_session(num_gpus: int, address: str | None, num_cpus: int) -> Iterator[None]:
     tmp = None
     try:  # ray.init inside: a SIGTERM during start-up still shuts down what it started
-        if address is None:
-            tmp = tempfile.mkdtemp(prefix="ray-", dir=os.environ.get("RAY_TMPDIR", "/tmp"))
-            ray.init(
-                num_gpus=num_gpus,
-                num_cpus=num_cpus,
-                _temp_dir=tmp,
-                _node_ip_address=LOOPBACK,
-                include_dashboard=False,
-                log_to_driver=False,
-                configure_logging=False,
-            )
-        else:
-            ray.init(address=address, log_to_driver=False)
+        with _ctrl_c_held():
+            if address is None:
+                tmp = tempfile.mkdtemp(prefix="ray-", dir=os.environ.get("RAY_TMPDIR", "/tmp"))
+                ray.init(
+                    num_gpus=num_gpus,
+                    num_cpus=num_cpus,
+                    _temp_dir=tmp,
+                    _node_ip_address=LOOPBACK,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    configure_logging=False,
+                )
+            else:
+                ray.init(address=address, log_to_driver=False)
         yield
     finally:
-        ray.shutdown()
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+        with _ctrl_c_held():
+            ray.shutdown()
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
 
 
 @ray.remote(num_cpus=0)

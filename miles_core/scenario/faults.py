@@ -120,7 +120,9 @@ def describe(trigger: Trigger) -> str:
         return f"at t={trigger.at:g}"
     parts = [trigger.point.value if trigger.point else ""]
     parts += [
-        f"{k}={v}" for k in trigger_keys(type(trigger)) if (v := getattr(trigger, k)) is not None
+        f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+        for k in trigger_keys(type(trigger))
+        if (v := getattr(trigger, k)) is not None
     ]
     return " ".join(parts)
 
