@@ -247,7 +247,7 @@ def _mid_generation_in(d: _Draw, aim: CoverageCell, probe: Probe, s: int) -> lis
     )
     if inside:
         t, engine = d.rng.choice(inside)
-    else:  # no request got halfway in the phase: any time in the fault phase
+    else:  # no engine decoded across a span of the phase: any time in the fault phase
         t, engine = (
             d.rng.uniform(0.0, d.fault_phase),
             f"engine-{d.rng.randrange(d.world.num_engines)}",

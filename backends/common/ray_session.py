@@ -5,12 +5,12 @@ in its own temporary directory on this machine, or joins ``address``; either
 way Ray is shut down on exit, errors, SIGTERM and Ctrl-C included, and a local
 session's directory is removed. A Ctrl-C while Ray starts or stops is held
 until it has (one that cut ``ray.init`` short left a half-started core worker,
-and the interpreter then crashed at exit). ``placed_bundles`` asks Ray where each bundle of a
-placement group landed (node address and GPU id, from an actor inside the bundle,
-as miles' InfoActor does) and lets miles_core.placement order them, resolving a
-node that Ray knows by hostname with ``dns_resolver`` (miles'
-placement_group.sort_key calls ``socket.gethostbyname``); the resolver is
-injectable, so tests give a table.
+and the interpreter then crashed at exit). ``placed_bundles`` asks Ray where
+each bundle of a placement group landed (node address and GPU id, from an actor
+inside the bundle, as miles' InfoActor does) and lets miles_core.placement
+order them, resolving a node that Ray knows by hostname with ``dns_resolver``
+(miles' placement_group.sort_key calls ``socket.gethostbyname``); the resolver
+is injectable, so tests give a table.
 """
 
 from __future__ import annotations
