@@ -13,9 +13,10 @@ import dataclasses
 
 import pytest
 
-from miles_core.events import FaultScheduled
+from miles_core.events import EngineExited, FaultInjected, FaultScheduled, SampleGenerated
 from miles_core.scenario.faults import make_fault
 from sim.run import run_scenario
+from sim.scenarios import SCENARIOS
 from sim.swarm import swarm_scenario
 
 
@@ -52,9 +53,6 @@ def test_a_mid_generation_kill_armed_by_time_strikes_the_first_halfway_after_it(
 ) -> None:
     """Requests that got halfway before the time are spared; the kill strikes at the first
     halfway after it, on its engine (engine_crash_mid_generation arms it by step instead)."""
-    from miles_core.events import EngineExited, FaultInjected, SampleGenerated
-    from sim.scenarios import SCENARIOS
-
     base = SCENARIOS["engine_crash_mid_generation"]
     kill = make_fault(
         "kill_engine", engine="engine-1", point="mid_generation", after_time=after_time
