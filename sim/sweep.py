@@ -148,38 +148,28 @@ def _judged_on_node(tasks: list[SeedTask]) -> tuple[str, list[SeedOutcome]]:
     return ray.get_runtime_context().get_node_id(), judge_many(tasks)
 
 
-CANCEL_SETTLE_SECONDS = 10.0
-"""How long an interrupted sweep waits for its cancelled tasks to end before Ray stops."""
-
-
 def run_chunks(
     pending: Iterator[list[SeedTask]],
     workers: int,
     on_outcome: Callable[[SeedOutcome, str], None],
 ) -> None:
     """Keep ``2 * workers`` chunks in flight on Ray; each outcome (and the node that judged
-    it) as its chunk returns."""
+    it) as its chunk returns. On Ctrl-C or a worker's error the chunks in flight are left to
+    the session's shutdown, which ends them: force-cancelling them here was followed, twice
+    in CI, by a crash of Ray's core worker in CompletePendingTask (exit 1, not 130)."""
     import ray
 
     remote = ray.remote(num_cpus=1, max_retries=0)(_judged_on_node)
     in_flight: list[ray.ObjectRef] = []
-    try:
-        while True:
-            while len(in_flight) < 2 * workers and (chunk := next(pending, None)) is not None:
-                in_flight.append(remote.remote(chunk))
-            if not in_flight:
-                return
-            done, in_flight = ray.wait(in_flight, num_returns=1)
-            node, outcomes = ray.get(done[0])
-            for outcome in outcomes:
-                on_outcome(outcome, node)
-    except BaseException:  # Ctrl-C, or a worker's error: nothing left running
-        for ref in in_flight:
-            ray.cancel(ref, force=True)
-        # settled before Ray shuts down: a shutdown racing the cancelled tasks' completion
-        # once ended a Ctrl-C'd sweep in a crash of Ray's core worker (CI, exit 1)
-        ray.wait(in_flight, num_returns=len(in_flight), timeout=CANCEL_SETTLE_SECONDS)
-        raise
+    while True:
+        while len(in_flight) < 2 * workers and (chunk := next(pending, None)) is not None:
+            in_flight.append(remote.remote(chunk))
+        if not in_flight:
+            return
+        done, in_flight = ray.wait(in_flight, num_returns=1)
+        node, outcomes = ray.get(done[0])
+        for outcome in outcomes:
+            on_outcome(outcome, node)
 
 
 def sweep(
