@@ -34,9 +34,10 @@ def _parser() -> argparse.ArgumentParser:
     seeds.add_argument("--seed-range", metavar="A:B", help="seeds A..B-1")
     p.add_argument(
         "--scenario",
-        action="append",
+        action="extend",
+        nargs="+",
         metavar="swarm|NAME|FILE",
-        help="what each seed runs; repeat for several (default: swarm)",
+        help="what each seed runs; several after one flag or the flag repeated (default: swarm)",
     )
     p.add_argument("--steps", type=int, help="steps per run (default: the scenario's; swarm 12)")
     p.add_argument("--address", help="an existing Ray cluster (default: a local Ray)")

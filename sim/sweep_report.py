@@ -86,9 +86,13 @@ def summary(run: SweepRun, workers: int, nodes: int, plant: str | None) -> dict[
 
 
 def text_lines(info: dict[str, Any], tally: Tally) -> list[str]:
+    where = (
+        f"on {info['workers']} workers ({len(info['seeds_per_node'])} of {info['nodes']} nodes)"
+        if info["nodes"]
+        else "before Ray had started"
+    )
     lines = [
-        f"{info['seeds']} seeds in {info['wall_seconds']:.1f} s on {info['workers']} workers "
-        f"({len(info['seeds_per_node'])} of {info['nodes']} nodes): "
+        f"{info['seeds']} seeds in {info['wall_seconds']:.1f} s {where}: "
         f"{info['seeds_per_second']:.1f} seeds/s"
         + (" (interrupted)" if info["interrupted"] else ""),
         "",

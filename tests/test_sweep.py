@@ -32,7 +32,11 @@ from sim.run import run_scenario
 from sim.shrink import ddmin
 from sim.shrink_cli import main as shrink_main
 from sim.swarm import swarm_scenario
+from sim.sweep import SweepRun, Tally
+from sim.sweep_cli import _parser as sweep_parser
+from sim.sweep_cli import _sources as sweep_sources
 from sim.sweep_cli import main as sweep_main
+from sim.sweep_report import summary, text_lines
 from tests.ray_cluster import leftovers
 
 MUST_HIT = {
@@ -149,6 +153,7 @@ def test_ctrl_c_reports_what_finished_and_leaves_no_ray(ray_tmp: Path, after: fl
         (["--seed-range", "5:2"], "--seed-range"),
         (["--seeds", "0"], "--seeds"),
         (["--scenario", "no_such_scenario"], "no_such_scenario"),
+        (["--scenario", "swarm", "no_failure", "no_such_scenario"], "no_such_scenario"),
         (["--plant", "no_such_bug"], "--plant"),
         (["--workers", "0"], "--workers"),
     ],
@@ -160,6 +165,24 @@ def test_bad_input_is_refused_before_ray_starts(
         sweep_main(argv)
     assert stop.value.code == 2
     assert flag in capsys.readouterr().err
+
+
+def test_scenarios_come_after_one_flag_or_with_the_flag_repeated() -> None:
+    """The issue's form, ``--scenario swarm|NAME|FILE ...``, and the flag repeated."""
+    args = sweep_parser().parse_args(
+        ["--scenario", "swarm", "no_failure", "--scenario", "engine_restart"]
+    )
+    assert [s.text for s in sweep_sources(args)] == ["swarm", "no_failure", "engine_restart"]
+    assert [s.scenario is None for s in sweep_sources(args)] == [True, False, False]
+
+
+def test_a_sweep_stopped_before_ray_started_says_so() -> None:
+    """Ctrl-C during Ray's start-up: no seed ran, and the report does not count nodes."""
+    info = summary(SweepRun(Tally(), interrupted=True), workers=2, nodes=0, plant=None)
+    first = text_lines(info, Tally())[0]
+    assert first.startswith("0 seeds in 0.0 s before Ray had started") and "(interrupted)" in first
+    info = summary(SweepRun(Tally()), workers=2, nodes=3, plant=None)
+    assert "on 2 workers (0 of 3 nodes)" in text_lines(info, Tally())[0]
 
 
 def test_shrink_refuses_a_run_that_passes(capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,8 +6,8 @@ way Ray is shut down on exit, errors, SIGTERM and Ctrl-C included, and a local
 session's directory is removed. A Ctrl-C while Ray starts or stops is held
 until it has (one that cut ``ray.init`` short left a half-started core worker,
 and the interpreter then crashed at exit). ``placed_bundles`` asks Ray where
-each bundle of a placement group landed (node address and GPU id, from an actor
-inside the bundle, as miles' InfoActor does) and lets miles_core.placement
+each bundle of a placement group landed (node address and GPU id, from a task
+inside the bundle, where miles asks an InfoActor) and lets miles_core.placement
 order them, resolving a node that Ray knows by hostname with ``dns_resolver``
 (miles' placement_group.sort_key calls ``socket.gethostbyname``); the resolver
 is injectable, so tests give a table.
@@ -105,11 +105,12 @@ def _ray_session(num_gpus: int, address: str | None, num_cpus: int) -> Iterator[
 
 
 @ray.remote(num_cpus=0)
-class _BundleInfo:
-    def where(self) -> tuple[str, int]:
-        node = ray.get_runtime_context().get_node_id()
-        gpu_ids = ray.get_gpu_ids()
-        return node, int(gpu_ids[0]) if gpu_ids else 0
+def _bundle_where() -> tuple[str, int]:
+    """The node and GPU id of the bundle this task runs in (a task, not miles' InfoActor:
+    its worker process stays in Ray's pool for the run's actors instead of dying with it)."""
+    node = ray.get_runtime_context().get_node_id()
+    gpu_ids = ray.get_gpu_ids()
+    return node, int(gpu_ids[0]) if gpu_ids else 0
 
 
 def node_addresses() -> dict[str, str]:
@@ -149,7 +150,7 @@ def placed_bundles(
     pg = placement_group([{"GPU": 1, "CPU": 0.001}] * layout.total_gpus, strategy="PACK")
     ray.get(pg.ready(), timeout=120)
     probes = [
-        _BundleInfo.options(
+        _bundle_where.options(
             num_gpus=0.01,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 pg, placement_group_bundle_index=i
@@ -157,9 +158,7 @@ def placed_bundles(
         ).remote()
         for i in range(layout.total_gpus)
     ]
-    where = ray.get([p.where.remote() for p in probes], timeout=120)
-    for probe in probes:
-        ray.kill(probe)
+    where = ray.get(probes, timeout=120)
     bundles = bundles_from_ray(where, node_addresses())
     return pg, place(layout, bundles, functools.cache(resolver))
 
