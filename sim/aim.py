@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from miles_core.coverage import AT_TIME, PHASES, CoverageCell, phase_windows
+from miles_core.coverage import AT_TIME, PHASES, CoverageCell, coverage_cells, phase_windows
 from miles_core.errors import ConfigError
 from miles_core.events import SampleGenerated
 from miles_core.kinds import FaultKind
@@ -230,7 +230,10 @@ def _mid_generation_in(d: _Draw, aim: CoverageCell, probe: Probe, s: int) -> lis
     ``healing`` and ``allreduce`` last while a cell is healed, or holds up an exchange it
     died before: a cell other than 0 (the heal's source) does both here, in place of the
     swarm's own cell faults (two sets could leave no cell alive). ``paused`` lasts one
-    round trip of the pause before requests stop decoding: it is rarely hit."""
+    round trip of the pause before requests stop decoding, so a request must get halfway
+    inside it: the start of which span, on which engine, does that is not in the probe's
+    history (a request's length is not recorded), so the candidates are tried with the
+    kill (``_first_in_phase``)."""
     F = make_fault
     setup: list[AnyFault] = []
     if aim.phase in ("healing", "allreduce"):
@@ -245,7 +248,9 @@ def _mid_generation_in(d: _Draw, aim: CoverageCell, probe: Probe, s: int) -> lis
     inside = sorted(  # a span's start, and an engine with requests decoding across it
         {(a, e.engine) for a, b in spans if b > a for e in requests if e.sent < a < e.t}
     )
-    if inside:
+    if inside and aim.phase == "paused":
+        t, engine = _first_in_phase(d, aim, probe, [*d.faults, *setup], inside)
+    elif inside:
         t, engine = d.rng.choice(inside)
     else:  # no engine decoded across a span of the phase: any time in the fault phase
         t, engine = (
@@ -255,6 +260,24 @@ def _mid_generation_in(d: _Draw, aim: CoverageCell, probe: Probe, s: int) -> lis
     restart = F("restart_engine", engine=engine, at=t + d.rng.uniform(1.0, 2.0) * d.step_seconds)
     kill = F("kill_engine", engine=engine, point="mid_generation", after_time=t)
     return [*setup, kill, restart]
+
+
+PHASE_TRIES = 8
+"""Runs with the kill that ``_first_in_phase`` makes at the most (each is one more run)."""
+
+
+def _first_in_phase(
+    d: _Draw, aim: CoverageCell, probe: Probe, faults: list[AnyFault], inside: list[Any]
+) -> tuple[float, str]:
+    """The first of up to PHASE_TRIES (span start, engine) candidates, drawn in turn, at
+    which the mid-generation kill lands in the aim's phase; else the first drawn. The run
+    with the kill is the probe's run up to the kill, so each try is exact."""
+    tries = d.rng.sample(inside, min(PHASE_TRIES, len(inside)))
+    for t, engine in tries:
+        kill = make_fault("kill_engine", engine=engine, point="mid_generation", after_time=t)
+        if aim in coverage_cells(probe([*faults, kill])):
+            return t, engine
+    return tries[0]
 
 
 def aimed_faults(d: _Draw, aim: CoverageCell, probe: Probe) -> list[AnyFault]:
