@@ -229,30 +229,37 @@ def _mid_generation_in(d: _Draw, aim: CoverageCell, probe: Probe, s: int) -> lis
     requests to get halfway after it, in the phase if one gets there before it ends.
     ``healing`` and ``allreduce`` last while a cell is healed, or holds up an exchange it
     died before: a cell other than 0 (the heal's source) does both here, in place of the
-    swarm's own cell faults (two sets could leave no cell alive). ``paused`` lasts one
-    round trip of the pause before requests stop decoding, so a request must get halfway
-    inside it: the start of which span, on which engine, does that is not in the probe's
-    history (a request's length is not recorded), so the candidates are tried with the
-    kill (``_first_in_phase``)."""
+    swarm's own cell faults (two sets could leave no cell alive). These phases and
+    ``paused`` (one round trip of the pause before requests stop decoding) are short, so
+    a request must get halfway inside one: which span start, on which engine, does that is
+    not in the probe's history (a request's length is not recorded), so the candidates are
+    tried with the kill (``_first_in_phase``), and for a heal, at up to HEAL_SLOTS steps."""
     F = make_fault
-    setup: list[AnyFault] = []
+    setups: list[list[AnyFault]] = [[]]
     if aim.phase in ("healing", "allreduce"):
         cell = d.rng.randrange(1, d.world.num_cells)
         dropped = (FaultKind.KILL_CELL, FaultKind.STOP_CELL, FaultKind.START_CELL)
         d.faults[:] = [f for f in d.faults if f.kind not in dropped]
         _unslow(d, {cell})
-        setup = _healed(cell, s)
-    history = probe([*d.faults, *setup])
-    spans = [(a, min(b, d.fault_phase)) for a, b in phase_windows(history, aim.phase)]
-    requests = [e for e in history if isinstance(e, SampleGenerated) and not e.aborted]
-    inside = sorted(  # a span's start, and an engine with requests decoding across it
-        {(a, e.engine) for a, b in spans if b > a for e in requests if e.sent < a < e.t}
-    )
-    if inside and aim.phase == "paused":
-        t, engine = _first_in_phase(d, aim, probe, [*d.faults, *setup], inside)
-    elif inside:
-        t, engine = d.rng.choice(inside)
+        setups = [_healed(cell, slot) for slot in _heal_slots(d, s)]
+    tried: list[tuple[list[AnyFault], float, str]] = []
+    for setup in setups:
+        inside = _decoding_at_starts(d, aim, probe([*d.faults, *setup]))
+        if not inside:
+            continue
+        if aim.phase not in ("paused", "healing", "allreduce"):
+            t, engine = d.rng.choice(inside)
+            tried.append((setup, t, engine))
+            break
+        t, engine, hit = _first_in_phase(d, aim, probe, [*d.faults, *setup], inside)
+        tried.append((setup, t, engine))
+        if hit:
+            tried = [tried[-1]]
+            break
+    if tried:
+        setup, t, engine = tried[0]
     else:  # no engine decoded across a span of the phase: any time in the fault phase
+        setup = setups[0]
         t, engine = (
             d.rng.uniform(0.0, d.fault_phase),
             f"engine-{d.rng.randrange(d.world.num_engines)}",
@@ -262,22 +269,41 @@ def _mid_generation_in(d: _Draw, aim: CoverageCell, probe: Probe, s: int) -> lis
     return [*setup, kill, restart]
 
 
+def _decoding_at_starts(d: _Draw, aim: CoverageCell, history: Any) -> list[tuple[float, str]]:
+    """Each span start of the phase (in the fault phase), with each engine that had a
+    request decoding across it."""
+    spans = [(a, min(b, d.fault_phase)) for a, b in phase_windows(history, aim.phase)]
+    requests = [e for e in history if isinstance(e, SampleGenerated) and not e.aborted]
+    return sorted({(a, e.engine) for a, b in spans if b > a for e in requests if e.sent < a < e.t})
+
+
+HEAL_SLOTS = 4
+"""Steps at which ``_mid_generation_in`` tries a heal at the most (a probe each)."""
+
+
+def _heal_slots(d: _Draw, s: int) -> list[int]:
+    """``s``, then other steps the swarm could strike at, in a drawn order."""
+    last = max(1, min(int(0.6 * d.steps), d.steps - 4))
+    others = [x for x in range(1, last + 1) if x != s]
+    return [s, *d.rng.sample(others, min(HEAL_SLOTS - 1, len(others)))]
+
+
 PHASE_TRIES = 8
 """Runs with the kill that ``_first_in_phase`` makes at the most (each is one more run)."""
 
 
 def _first_in_phase(
     d: _Draw, aim: CoverageCell, probe: Probe, faults: list[AnyFault], inside: list[Any]
-) -> tuple[float, str]:
+) -> tuple[float, str, bool]:
     """The first of up to PHASE_TRIES (span start, engine) candidates, drawn in turn, at
-    which the mid-generation kill lands in the aim's phase; else the first drawn. The run
-    with the kill is the probe's run up to the kill, so each try is exact."""
+    which the mid-generation kill lands in the aim's phase (True); else the first drawn
+    (False). The run with the kill is the probe's run up to the kill, so each try is exact."""
     tries = d.rng.sample(inside, min(PHASE_TRIES, len(inside)))
     for t, engine in tries:
         kill = make_fault("kill_engine", engine=engine, point="mid_generation", after_time=t)
         if aim in coverage_cells(probe([*faults, kill])):
-            return t, engine
-    return tries[0]
+            return t, engine, True
+    return *tries[0], False
 
 
 def aimed_faults(d: _Draw, aim: CoverageCell, probe: Probe) -> list[AnyFault]:

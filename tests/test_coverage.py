@@ -131,6 +131,10 @@ POINT_AIMS = [
     # a request must get halfway inside the pause's round trip: the aim tries its candidate
     # (span, engine) pairs with the kill (0 of 40 seeds hit without that, 3 of 40 with it)
     "kill_engine@mid_generation:paused",
+    # and inside a heal, or an exchange held up by a cell that died: the aim also tries
+    # heals at up to 4 steps (seeds 0-39 hit 2 and 3 times with one, 5 and 9 with four)
+    "kill_engine@mid_generation:healing",
+    "kill_engine@mid_generation:allreduce",
     "restart_engine@at_time:stamping",
     "start_cell@at_time:stamping",
     # a heal made for the aim: a cell killed and started again, the fault during its heal
