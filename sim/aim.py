@@ -242,22 +242,21 @@ def _mid_generation_in(d: _Draw, aim: CoverageCell, probe: Probe, s: int) -> lis
         d.faults[:] = [f for f in d.faults if f.kind not in dropped]
         _unslow(d, {cell})
         setups = [_healed(cell, slot) for slot in _heal_slots(d, s)]
-    tried: list[tuple[list[AnyFault], float, str]] = []
+    found: tuple[list[AnyFault], float, str] | None = None  # the first drawn, or a hit
     for setup in setups:
         inside = _decoding_at_starts(d, aim, probe([*d.faults, *setup]))
         if not inside:
             continue
         if aim.phase not in ("paused", "healing", "allreduce"):
-            t, engine = d.rng.choice(inside)
-            tried.append((setup, t, engine))
+            found = (setup, *d.rng.choice(inside))
             break
         t, engine, hit = _first_in_phase(d, aim, probe, [*d.faults, *setup], inside)
-        tried.append((setup, t, engine))
+        if found is None or hit:
+            found = (setup, t, engine)
         if hit:
-            tried = [tried[-1]]
             break
-    if tried:
-        setup, t, engine = tried[0]
+    if found is not None:
+        setup, t, engine = found
     else:  # no engine decoded across a span of the phase: any time in the fault phase
         setup = setups[0]
         t, engine = (
