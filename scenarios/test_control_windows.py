@@ -17,6 +17,7 @@ from miles_core.coverage import coverage_cells, phase_windows
 from miles_core.events import UpdateAborted, VersionPublished
 from miles_core.scenario import SCENARIOS, Scenario
 from miles_core.scenario.faults import make_fault
+from sim.plants import planted
 from sim.run import run_scenario
 
 REPLY = 0.05
@@ -64,3 +65,18 @@ def test_a_restart_at_a_time_in_the_window_is_survived(phase: str, offset: float
     # the update under way did not publish with the replaced process: it was tried again
     aborted = [e for e in result.history if isinstance(e, UpdateAborted)]
     assert any("replaced" in e.reason for e in aborted), aborted
+
+
+@pytest.mark.parametrize("offset", [0.001, 0.005, REPLY - 0.001])
+def test_a_restart_at_a_time_before_the_stamp_catches_stamping_by_engine_id(
+    offset: float,
+) -> None:
+    """The restart-before-stamp bug reached by a time, not only by the point after the last
+    bucket: the updater's rank 0 answers a round trip before it stamps, and a stamp that
+    goes to whatever process serves the engine id then reaches the new, empty process."""
+    scenario = _restart_in_window("stamping", 2, offset)
+    with planted("stamp_by_engine_id"):
+        result = run_scenario(scenario, 0)
+    violation = result.verdicts["update_order"]
+    assert violation is not None and "received 0 of" in str(violation), result.failures()
+    assert run_scenario(scenario, 0).ok  # the control plane as it is stamps the old process

@@ -23,7 +23,7 @@ from miles_core.loop.producer import Producer
 from miles_core.loop.train import Trainer
 from miles_core.loop.update import Updater
 from miles_core.transfer import TransferMode
-from miles_core.weight_update import FlushCache, PublishVersion, ResumeEngines, StampEngines
+from miles_core.weight_update import FlushCache, PublishVersion
 
 
 class Patcher:
@@ -115,15 +115,17 @@ def recycled_never_regenerated(mp: Patcher) -> None:
 
 def stamp_by_engine_id(mp: Patcher) -> None:
     """The original restart-before-stamp bug: the stamp and the resume go to whatever process
-    serves the engine id now, not to the process that received the buckets."""
-    run_action = Updater._run_action
+    serves the engine id when each call is sent (an HTTP call to the engine's address), not
+    to the process that received the buckets. Resolved as the calls go out, after the
+    updater's own round trip before the stamp: a restart inside that window is the bug's."""
+    each = Updater._each
 
-    async def by_id(self: Updater, update_id: int, cell: int, action: Any, targets: Any) -> None:
-        if isinstance(action, StampEngines | ResumeEngines):
-            targets = {e: self.ctx.engines.incarnation(e) for e in targets}
-        await run_action(self, update_id, cell, action, targets)
+    async def by_id(self: Updater, targets: Any, method: str, *args: Any, **kw: Any) -> Any:
+        if method in ("stamp", "resume"):  # in place: the caller records what it stamped
+            targets.update({e: self.ctx.engines.incarnation(e) for e in targets})
+        return await each(self, targets, method, *args, **kw)
 
-    mp.setattr(Updater, "_run_action", by_id)
+    mp.setattr(Updater, "_each", by_id)
 
 
 def version_update_aborts_all(mp: Patcher) -> None:
