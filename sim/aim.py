@@ -18,6 +18,7 @@ Aims the swarm cannot draw are refused with the list of those it can.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -109,11 +110,16 @@ def _at_time(
     probe: Probe,
     extra: list[AnyFault] | None = None,
     after: float = 0.0,
+    in_fault_phase: bool = True,
 ) -> float:
     """A time after ``after`` inside a span of the aimed phase, in the run with the faults
-    drawn so far and ``extra`` (any time in the fault phase if there is none)."""
+    drawn so far and ``extra`` (any time in the fault phase if there is none). Spans past
+    the fault phase count too when ``in_fault_phase`` is False: a span that ``extra`` made
+    on purpose (a heal at a drawn step), where a time drawn anywhere else could strike
+    before ``extra`` did and undo it."""
     history = probe([*d.faults, *(extra or [])])
-    spans = [(max(a, after), min(b, d.fault_phase)) for a, b in phase_windows(history, aim.phase)]
+    until = d.fault_phase if in_fault_phase else math.inf
+    spans = [(max(a, after), min(b, until)) for a, b in phase_windows(history, aim.phase)]
     spans = [(a, b) for a, b in spans if b > a]
     if not spans:
         return d.rng.uniform(after, max(after, d.fault_phase))
@@ -138,8 +144,10 @@ def _healed(cell: int, s: int) -> list[AnyFault]:
 def _heal_then(d: _Draw, aim: CoverageCell, probe: Probe, s: int) -> list[AnyFault]:
     """A time in ``healing``: a cell (not 0, the heal's source) dies before an allreduce
     and is started at the next step, which heals it; the aimed kill or start strikes
-    during that heal. A start needs a cell that is down: a second one dies with the first
-    (adjust gave the world a third cell, which stays up)."""
+    during that heal, even one past the fault phase (steps slower than the swarm's
+    estimate put it there: seed 22's kill, drawn in the fault phase instead, struck before
+    the allreduce the setup's kill was waiting for). A start needs a cell that is down: a
+    second one dies with the first (adjust gave the world a third cell, which stays up)."""
     F = make_fault
     healed, *others = d.rng.sample(range(1, d.world.num_cells), d.world.num_cells - 1)
     _unslow(d, {healed, *others})
@@ -147,10 +155,11 @@ def _heal_then(d: _Draw, aim: CoverageCell, probe: Probe, s: int) -> list[AnyFau
     if aim.kind == "start_cell":
         started = others[0]
         setup.append(F("kill_cell", cell=started, point="before_allreduce", step=s))
-        return [*setup, F("start_cell", cell=started, at=_at_time(d, aim, probe, setup))]
+        at = _at_time(d, aim, probe, setup, in_fault_phase=False)
+        return [*setup, F("start_cell", cell=started, at=at)]
     # the healed cell itself, or (with a third cell up) another one
     killed = d.rng.choice([healed, *others])
-    t = _at_time(d, aim, probe, setup)
+    t = _at_time(d, aim, probe, setup, in_fault_phase=False)
     restart = F("start_cell", cell=killed, at=t + d.rng.uniform(0.5, d.step_seconds))
     return [*setup, F("kill_cell", cell=killed, at=t), restart]
 
@@ -244,7 +253,7 @@ def _mid_generation_in(d: _Draw, aim: CoverageCell, probe: Probe, s: int) -> lis
         setups = [_healed(cell, slot) for slot in _heal_slots(d, s)]
     found: tuple[list[AnyFault], float, str] | None = None  # the first drawn, or a hit
     for setup in setups:
-        inside = _decoding_at_starts(d, aim, probe([*d.faults, *setup]))
+        inside = _decoding_at_starts(d, aim, probe([*d.faults, *setup]), made=bool(setup))
         if not inside:
             continue
         if aim.phase not in ("paused", "healing", "allreduce"):
@@ -268,10 +277,13 @@ def _mid_generation_in(d: _Draw, aim: CoverageCell, probe: Probe, s: int) -> lis
     return [*setup, kill, restart]
 
 
-def _decoding_at_starts(d: _Draw, aim: CoverageCell, history: Any) -> list[tuple[float, str]]:
-    """Each span start of the phase (in the fault phase), with each engine that had a
-    request decoding across it."""
-    spans = [(a, min(b, d.fault_phase)) for a, b in phase_windows(history, aim.phase)]
+def _decoding_at_starts(
+    d: _Draw, aim: CoverageCell, history: Any, made: bool
+) -> list[tuple[float, str]]:
+    """Each span start of the phase (in the fault phase, unless a setup ``made`` the spans
+    on purpose), with each engine that had a request decoding across it."""
+    until = math.inf if made else d.fault_phase
+    spans = [(a, min(b, until)) for a, b in phase_windows(history, aim.phase)]
     requests = [e for e in history if isinstance(e, SampleGenerated) and not e.aborted]
     return sorted({(a, e.engine) for a, b in spans if b > a for e in requests if e.sent < a < e.t})
 

@@ -22,7 +22,7 @@ from miles_core.events import (
     UpdateSessionOpened,
 )
 from miles_core.kinds import FaultKind, FaultPoint
-from miles_core.scenario import SCENARIOS
+from miles_core.scenario import SCENARIOS, TimeModel
 from miles_core.weight_update import UpdateKind
 from sim.aim import AIMABLE, parse_aim
 from sim.run import run_scenario
@@ -177,3 +177,33 @@ def test_mid_generation_cannot_reach_phases_where_no_request_decodes() -> None:
     assert mid.isdisjoint({"bucket_first", "bucket_middle", "bucket_last", "stamping"})
     assert {"generating", "training", "paused", "healing"} <= mid
     assert reachable("kill_engine", "during_recovery") == frozenset(PHASES)
+
+
+@pytest.mark.parametrize("aim", ["kill_cell@at_time:healing", "start_cell@at_time:healing"])
+def test_a_heal_made_for_the_aim_is_struck_even_past_the_fault_phase(aim: str) -> None:
+    """The heal the aim makes comes at a drawn step, and slow steps put it past the fault
+    phase (seeds 0, 5, 8, 10, 11 and 14 of these): the time is drawn inside it all the
+    same, not anywhere in the fault phase, where seed 22's kill struck before the
+    allreduce that the heal's own kill was waiting for (fault_witness failed)."""
+    cell = parse_aim(aim)
+    for seed in (0, 5, 8, 10, 11, 14, 22):
+        result = run_scenario(swarm_scenario(seed, aim=cell), seed)
+        replay = f"python -m sim run swarm --seed {seed} --aim {aim}"
+        assert result.ok, f"{result.failures()}\nreplay: {replay}"
+        assert cell in coverage_cells(result.history), replay
+
+
+def test_a_kill_aimed_mid_generation_in_a_heal_gets_a_heal_as_long_as_a_request() -> None:
+    """A request of about 2.5 s must get halfway inside the heal: a heal of 0.1 s (the
+    swarm's checkpoint rate) let 1 of seeds 0-11 hit; one of AIMED_HEAL_SECONDS, 6."""
+    cell = parse_aim("kill_engine@mid_generation:healing")
+    hits = 0
+    for seed in range(12):
+        scenario = swarm_scenario(seed, aim=cell)
+        assert scenario.timing.checkpoint_bytes_per_second < TimeModel.checkpoint_bytes_per_second
+        result = run_scenario(scenario, seed)
+        assert result.ok, f"{result.failures()}\nreplay: python -m sim run swarm --seed {seed}"
+        hits += cell in coverage_cells(result.history)
+    assert hits >= 4
+    other = swarm_scenario(0, aim=parse_aim("kill_cell@at_time:healing"))
+    assert other.timing.checkpoint_bytes_per_second == TimeModel.checkpoint_bytes_per_second
