@@ -258,7 +258,7 @@ def _control_reply(seed: int, aim: CoverageCell | None) -> float:
 AIMED_HEAL_SECONDS = 2.0
 """How long a heal lasts in a seed whose mid-generation kill is aimed at ``healing`` (about
 a request's decode): at the swarm's own checkpoint rate a heal takes about 0.1 s, and a
-request got halfway inside one in 5 of seeds 0-39 (17 with this)."""
+request got halfway inside one in 5 of seeds 0-39 (17 with this alone)."""
 
 
 def _checkpoint_rate(world: WorldShape, aim: CoverageCell | None) -> float:
