@@ -248,11 +248,21 @@ start and its first bucket, or its last bucket and the stamp."""
 
 def _control_reply(seed: int, aim: CoverageCell | None) -> float:
     """From a stream of its own, so the rest of the drawing is the same for either value;
-    an aim at a window that only control calls open gets a reply time that opens it."""
+    an aim at a window that only control calls open gets a reply time that opens it, and a
+    mid-generation kill aimed at ``paused`` one a request can get halfway inside."""
     reply = random.Random(derive_seed(seed, "swarm.control")).choice(CONTROL_REPLIES)
     if aim is not None and aim.phase in ("paused", "stamping") and reply == 0.0:
         reply = CONTROL_REPLIES[-1]
+    if aim is not None and aim.phase == "paused" and aim.how == "mid_generation":
+        reply = AIMED_PAUSE_REPLY_SECONDS
     return reply
+
+
+AIMED_PAUSE_REPLY_SECONDS = 0.25
+"""The control reply time of a seed whose mid-generation kill is aimed at ``paused``: a
+request must get halfway inside the pause's round trip, which 0.05 s let 5 of seeds 0-59 do
+(0.25 s: 41 of seeds 0-149, 0.5 s: 52; 1 s, the swarm's health check timeout, fails runs
+whose engines then never answer a control call in time)."""
 
 
 AIMED_HEAL_SECONDS = 2.0

@@ -26,7 +26,7 @@ from miles_core.scenario import SCENARIOS, TimeModel
 from miles_core.weight_update import UpdateKind
 from sim.aim import AIMABLE, parse_aim
 from sim.run import run_scenario
-from sim.swarm import swarm_scenario
+from sim.swarm import AIMED_PAUSE_REPLY_SECONDS, swarm_scenario
 
 ENGINES = ("engine-0",)
 
@@ -129,7 +129,8 @@ POINT_AIMS = [
     # windows that control calls' round trips open (the swarm draws control_reply_seconds)
     "kill_engine@at_time:paused",
     # a request must get halfway inside the pause's round trip: the aim tries its candidate
-    # (span, engine) pairs with the kill (0 of 40 seeds hit without that, 3 of 40 with it)
+    # (span, engine) pairs with the kill (0 of 40 seeds hit without that, 3 of 40 with it),
+    # with a longer round trip (below)
     "kill_engine@mid_generation:paused",
     # and inside a heal, or an exchange held up by a cell that died: the aim also tries
     # heals at up to 4 steps (seeds 0-39 hit 2 and 3 times with one, 5 and 9 with four)
@@ -207,3 +208,17 @@ def test_a_kill_aimed_mid_generation_in_a_heal_gets_a_heal_as_long_as_a_request(
     assert hits >= 4
     other = swarm_scenario(0, aim=parse_aim("kill_cell@at_time:healing"))
     assert other.timing.checkpoint_bytes_per_second == TimeModel.checkpoint_bytes_per_second
+
+
+def test_a_kill_aimed_mid_generation_in_a_pause_gets_a_longer_round_trip() -> None:
+    """A request must get halfway inside the pause's round trip: at the swarm's longest
+    reply (0.05 s) 1 of seeds 0-15 hit; at AIMED_PAUSE_REPLY_SECONDS, 5."""
+    cell = parse_aim("kill_engine@mid_generation:paused")
+    hits = 0
+    for seed in range(16):
+        scenario = swarm_scenario(seed, aim=cell)
+        assert scenario.timing.control_reply_seconds == AIMED_PAUSE_REPLY_SECONDS
+        result = run_scenario(scenario, seed)
+        assert result.ok, f"{result.failures()}\nreplay: python -m sim run swarm --seed {seed}"
+        hits += cell in coverage_cells(result.history)
+    assert hits >= 3

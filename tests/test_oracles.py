@@ -353,6 +353,43 @@ def test_monotonic_catches_the_failover_counter_reset() -> None:
     assert [e.version for _, e in violation.evidence] == [57, 1]
 
 
+def test_monotonic_lets_a_new_process_take_the_published_version_after_an_aborted_stamp() -> None:
+    """Update 1 stamped process 0 with 2 and aborted (another engine did not answer): 2 was
+    never published. Process 0 died; its successor is synced to the published 1. Judged per
+    engine id this read as "stamped 1 after 2" (swarm seed 29 aimed at mid_generation:paused
+    with 1 s control replies); per process, against what was published, it is right."""
+    h = hist(
+        start(),
+        *update(0, 1),
+        began(1, 2),
+        *stamp(1, 2),
+        E(
+            UpdateAborted,
+            update_id=1,
+            version=2,
+            cause=AbortCause.ENGINE,
+            component="e1",
+            reason="no answer to stamp within 1s",
+        ),
+        *stamp(2, 1, incarnation=1),
+    )
+    assert monotonic_versions(h) is None
+
+
+def test_monotonic_catches_a_new_process_synced_below_the_published_version() -> None:
+    h = hist(start(), *update(0, 1), *update(1, 2), *stamp(2, 1, incarnation=1))
+    violation = monotonic_versions(h)
+    assert violation is not None
+    assert "e0 (process 1) stamped 1, below the published version 2" in violation.message
+    assert [e.version for _, e in violation.evidence] == [2, 1]
+
+
+def test_monotonic_catches_one_process_stamped_backwards_before_any_publish() -> None:
+    h = hist(start(), began(0, 3), *stamp(0, 3), began(1, 2), *stamp(1, 2))
+    violation = monotonic_versions(h)
+    assert violation is not None and "stamped 2 after 3" in violation.message
+
+
 def test_monotonic_catches_a_published_regression_without_stamps() -> None:
     h = hist(publish(0, 3), publish(1, 3))
     violation = monotonic_versions(h)
