@@ -118,13 +118,19 @@ def _at_time(
     on purpose (a heal at a drawn step), where a time drawn anywhere else could strike
     before ``extra`` did and undo it."""
     history = probe([*d.faults, *(extra or [])])
-    until = d.fault_phase if in_fault_phase else math.inf
-    spans = [(max(a, after), min(b, until)) for a, b in phase_windows(history, aim.phase)]
+    spans = [(max(a, after), b) for a, b in _spans(d, history, aim.phase, in_fault_phase)]
     spans = [(a, b) for a, b in spans if b > a]
     if not spans:
         return d.rng.uniform(after, max(after, d.fault_phase))
     start, end = d.rng.choice(spans)
     return d.rng.uniform(start, end)
+
+
+def _spans(d: _Draw, history: Any, phase: str, in_fault_phase: bool) -> list[tuple[float, float]]:
+    """The spans of ``phase`` in ``history``, cut at the end of the fault phase unless a
+    setup made them on purpose (``in_fault_phase`` False)."""
+    until = d.fault_phase if in_fault_phase else math.inf
+    return [(a, min(b, until)) for a, b in phase_windows(history, phase)]
 
 
 def _unslow(d: _Draw, cells: set[int]) -> None:
@@ -253,7 +259,8 @@ def _mid_generation_in(d: _Draw, aim: CoverageCell, probe: Probe, s: int) -> lis
         setups = [_healed(cell, slot) for slot in _heal_slots(d, s)]
     found: tuple[list[AnyFault], float, str] | None = None  # the first drawn, or a hit
     for setup in setups:
-        inside = _decoding_at_starts(d, aim, probe([*d.faults, *setup]), made=bool(setup))
+        history = probe([*d.faults, *setup])
+        inside = _decoding_at_starts(d, aim, history, in_fault_phase=not setup)
         if not inside:
             continue
         if aim.phase not in ("paused", "healing", "allreduce"):
@@ -278,12 +285,11 @@ def _mid_generation_in(d: _Draw, aim: CoverageCell, probe: Probe, s: int) -> lis
 
 
 def _decoding_at_starts(
-    d: _Draw, aim: CoverageCell, history: Any, made: bool
+    d: _Draw, aim: CoverageCell, history: Any, in_fault_phase: bool
 ) -> list[tuple[float, str]]:
-    """Each span start of the phase (in the fault phase, unless a setup ``made`` the spans
-    on purpose), with each engine that had a request decoding across it."""
-    until = math.inf if made else d.fault_phase
-    spans = [(a, min(b, until)) for a, b in phase_windows(history, aim.phase)]
+    """Each span start of the phase (``_spans``), with each engine that had a request
+    decoding across it."""
+    spans = _spans(d, history, aim.phase, in_fault_phase)
     requests = [e for e in history if isinstance(e, SampleGenerated) and not e.aborted]
     return sorted({(a, e.engine) for a, b in spans if b > a for e in requests if e.sent < a < e.t})
 

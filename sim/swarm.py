@@ -246,6 +246,13 @@ answer at once, as before; otherwise a fault at a time can strike between an upd
 start and its first bucket, or its last bucket and the stamp."""
 
 
+AIMED_PAUSE_REPLY_SECONDS = 0.25
+"""The control reply time of a seed whose mid-generation kill is aimed at ``paused``: a
+request must get halfway inside the pause's round trip, which 0.05 s let 5 of seeds 0-59 do
+(0.25 s: 41 of seeds 0-149, 0.5 s: 52; 1 s, the swarm's health check timeout, fails runs
+whose engines then never answer a control call in time)."""
+
+
 def _control_reply(seed: int, aim: CoverageCell | None) -> float:
     """From a stream of its own, so the rest of the drawing is the same for either value;
     an aim at a window that only control calls open gets a reply time that opens it, and a
@@ -256,13 +263,6 @@ def _control_reply(seed: int, aim: CoverageCell | None) -> float:
     if aim is not None and aim.phase == "paused" and aim.how == "mid_generation":
         reply = AIMED_PAUSE_REPLY_SECONDS
     return reply
-
-
-AIMED_PAUSE_REPLY_SECONDS = 0.25
-"""The control reply time of a seed whose mid-generation kill is aimed at ``paused``: a
-request must get halfway inside the pause's round trip, which 0.05 s let 5 of seeds 0-59 do
-(0.25 s: 41 of seeds 0-149, 0.5 s: 52; 1 s, the swarm's health check timeout, fails runs
-whose engines then never answer a control call in time)."""
 
 
 AIMED_HEAL_SECONDS = 2.0

@@ -212,6 +212,17 @@ def resumed(uid: int, engines: tuple[str, ...] = ("e0",), incs: tuple[int, ...] 
     return E(EnginesResumed, update_id=uid, engines=engines, incarnations=incs)
 
 
+def aborted(uid: int, version: int, cause: AbortCause, component: str, reason: str) -> Spec:
+    return E(
+        UpdateAborted,
+        update_id=uid,
+        version=version,
+        cause=cause,
+        component=component,
+        reason=reason,
+    )
+
+
 def sample(
     group: int,
     prompt: int,
@@ -363,14 +374,7 @@ def test_monotonic_lets_a_new_process_take_the_published_version_after_an_aborte
         *update(0, 1),
         began(1, 2),
         *stamp(1, 2),
-        E(
-            UpdateAborted,
-            update_id=1,
-            version=2,
-            cause=AbortCause.ENGINE,
-            component="e1",
-            reason="no answer to stamp within 1s",
-        ),
+        aborted(1, 2, AbortCause.ENGINE, "e1", "no answer to stamp within 1s"),
         *stamp(2, 1, incarnation=1),
     )
     assert monotonic_versions(h) is None
@@ -1009,14 +1013,7 @@ def test_resuming_an_engine_this_update_did_not_stamp_is_caught() -> None:
 
 
 def test_an_event_of_an_aborted_update_is_caught() -> None:
-    abort = E(
-        UpdateAborted,
-        update_id=0,
-        version=1,
-        cause=AbortCause.CELL,
-        component="cell-0",
-        reason="cell 0 died mid-update",
-    )
+    abort = aborted(0, 1, AbortCause.CELL, "cell-0", "cell 0 died mid-update")
     assert update_order(hist(start(), began(0, 1), paused(0), bucket(0, 0), abort)) is None
     h = hist(start(), began(0, 1), paused(0), bucket(0, 0), abort, bucket(0, 1))
     violation = update_order(h)
@@ -1026,14 +1023,7 @@ def test_an_event_of_an_aborted_update_is_caught() -> None:
 
 
 def test_an_aborted_update_that_published_is_caught() -> None:
-    abort = E(
-        UpdateAborted,
-        update_id=0,
-        version=1,
-        cause=AbortCause.ENGINE,
-        component="e0",
-        reason="engine e0 failed to resume",
-    )
+    abort = aborted(0, 1, AbortCause.ENGINE, "e0", "engine e0 failed to resume")
     h = hist(start(), *update(0, 1)[:-1], abort)
     violation = update_order(h)
     assert violation is not None
