@@ -157,10 +157,10 @@ def _run(
         ledger,
         expected_status=scenario.expect.status,
         expected_error=scenario.expect.error,
+        until_witnessed=scenario.until_witnessed,
     )
-    horizon = (
-        scenario.max_seconds or 50.0 * scenario.loop.steps * scenario.timing.train_step_seconds
-    )
+    most_steps = scenario.until_witnessed or scenario.loop.steps
+    horizon = scenario.max_seconds or 50.0 * most_steps * scenario.timing.train_step_seconds
     try:
         schedule.install(rt, history, SimFaultActions(cluster))
         report = rt.run(control.run(), until=horizon)

@@ -108,13 +108,12 @@ def _conformance_cases() -> list[tuple[Scenario, int | None]]:
         (sharded, None),
         # the restart lands between the last bucket and the stamp (instant in the simulator,
         # seconds for real): in both worlds the update is retried and the engine synced (the
-        # plain engine_restart, 80 steps here, was left out to keep CI under 15 minutes: this
-        # one restarts an engine too, and the fault-tolerance tests restart engines). The run
-        # must outlast the new process's start-up, or fault_witness rightly finds no new
-        # process: measured here, the start-up took 12 to 13 s (importing torch and
-        # transformers) and each step after the fault about 0.24 s, so 60 steps left a
-        # margin of about one second (a CI run failed on it); 100 steps leave about ten
-        (SCENARIOS["restart_before_stamp"], 100),
+        # plain engine_restart was left out to keep CI under 15 minutes: this one restarts an
+        # engine too, and the fault-tolerance tests restart engines). The new process takes
+        # 12 to 13 s to start here (importing torch and transformers), 50-odd steps: the
+        # scenario's until_witnessed runs on until it serves, however long that takes on
+        # this machine, and the simulator then runs as many steps
+        (SCENARIOS["restart_before_stamp"], None),
         # miles' default pause mode, with updates landing mid-request in both worlds
         (SCENARIOS["retract_long_generations"], None),
     ]
@@ -125,14 +124,25 @@ def _conformance_cases() -> list[tuple[Scenario, int | None]]:
 )
 def test_conformance_with_the_simulator(ray_cluster, scenario: Scenario, steps) -> None:
     real = run_in_ray(scenario, seed=0, steps=steps, timeout=600)
-    sim = run_scenario(scenario, 0, steps)
-    assert sim.ok
     assert real.ok, _failed(real)
-    print(f"\n{scenario.name}: sim {rollout(sim.history)} | real {rollout(real.history)}")
+    sim = run_scenario(scenario, 0, _steps_run(scenario, steps, real))
+    assert sim.ok
+    steps_run = f"{scenario.name}, {real.report.steps_done} steps"
+    print(f"\n{steps_run}: sim {rollout(sim.history)} | real {rollout(real.history)}")
     assert decisions(real.history).differences(decisions(sim.history)) == []
     # every published version reached every live engine bitwise (trainers may be sharded)
     checked = {e.version for e in real.history if isinstance(e, WeightsChecked)}
     assert set(real.report.versions) <= checked
+
+
+def _steps_run(scenario: Scenario, steps: int | None, real: RealResult) -> int | None:
+    """The steps for the simulator's side: as many as the real run took where its
+    until_witnessed ran it past its steps (waiting for a restarted process)."""
+    if scenario.until_witnessed is None:
+        return steps
+    asked = steps or scenario.loop.steps
+    assert real.report.steps_done > asked, "the restart was awaited: the run went on for it"
+    return real.report.steps_done
 
 
 def test_placement_orders_what_ray_reports(ray_cluster) -> None:
@@ -202,7 +212,9 @@ def test_real_pause_modes(ray_cluster, name: str, steps: int) -> None:
         ("every_engine_dies_without_ft", None),
         # steps enough for the recoveries, seconds each, while one engine serves
         ("ft_engine_hangs", 40),
-        ("ft_engine_dies_during_recovery", 60),
+        # the second kill strikes the recovery, seconds after the first: the scenario's
+        # until_witnessed runs on until it fired and took effect
+        ("ft_engine_dies_during_recovery", None),
     ],
 )
 def test_real_engine_fault_tolerance(ray_cluster, name: str, steps: int | None) -> None:
@@ -216,7 +228,7 @@ def test_real_engine_fault_tolerance(ray_cluster, name: str, steps: int | None) 
     assert time.monotonic() - started < 300
     asked = [e for e in result.history if isinstance(e, EngineRecoveryAsked)]
     if scenario.loop.use_fault_tolerance:
-        assert asked and result.report.steps_done == (steps or scenario.loop.steps)
+        assert asked and result.report.steps_done >= (steps or scenario.loop.steps)
     else:
         assert not asked and type(result.report.error).__name__ == "NoLiveEngineError"
 

@@ -320,6 +320,7 @@ async def _run(
             ledger,
             expected_status=scenario.expect.status,
             expected_error=scenario.expect.error,
+            until_witnessed=scenario.until_witnessed,
         )
         schedule.install(rt, history, RayFaultActions(world, options.announce))
         started = rt.now()

@@ -188,3 +188,17 @@ assert set(FLAGS) == {f.name for f in fields(LoopConfig)} - {"scenario", "seed"}
 def field_name(name_or_flag: str) -> str:
     """The LoopConfig field behind a field name, a miles flag or its snake_case key."""
     return FIELD_OF_FLAG.get(name_or_flag) or FIELD_OF_KEY.get(name_or_flag, name_or_flag)
+
+
+def check_until_witnessed(until: int | None, steps: int) -> None:
+    """``until_witnessed`` (the most steps a run may take while a fault's effect is awaited)
+    is None or a whole number of steps >= ``steps``."""
+    if until is None:
+        return
+    if not isinstance(until, int) or isinstance(until, bool) or until < steps:
+        raise ConfigError(
+            "until_witnessed",
+            f"got {until!r} with [loop].steps = {steps}",
+            f"pass a whole number of steps >= {steps} (the most steps the run may take), "
+            "or leave it out to run exactly [loop].steps",
+        )

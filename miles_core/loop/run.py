@@ -10,6 +10,13 @@ and syncs), the engine supervisor (which processes serve) and the heartbeat
 monitor. The world reports new processes to the Orchestrator
 (WorldObserver), which hands them to the role that owns them.
 
+How many steps a run takes is decided here too: ``config.steps``, and with
+``until_witnessed`` more while a fault has not fired yet or has not yet had its
+effect (its fault_witness is missing), up to that many steps in all. A real world's
+restarted engine may need tens of steps to come back, and how many depends on
+the machine: a fixed step count set by hand is either too short on a slow
+machine (the witness rightly fails) or wastes time on a fast one.
+
 How a run ends is decided here, once: completed; failed with the named
 miles_core error that stopped it; or crashed, when any other exception escaped
 the loop or one of its background tasks. Every ending is recorded as RunEnded
@@ -34,7 +41,7 @@ from miles_core.events import (
     WeightsChecked,
 )
 from miles_core.kinds import RunStatus
-from miles_core.loop.config import LoopConfig
+from miles_core.loop.config import LoopConfig, check_until_witnessed
 from miles_core.loop.context import RunContext
 from miles_core.loop.health import EngineHealthMonitor
 from miles_core.loop.heartbeat import HeartbeatMonitor
@@ -42,6 +49,7 @@ from miles_core.loop.producer import Producer
 from miles_core.loop.supervision import EngineSupervisor
 from miles_core.loop.train import Trainer
 from miles_core.loop.update import Updater
+from miles_core.oracles.witnesses import awaited
 from miles_core.runtime import Runtime
 from miles_core.versions import VersionLedger
 
@@ -68,9 +76,16 @@ class Orchestrator:
         ledger: VersionLedger | None = None,
         expected_status: RunStatus = RunStatus.COMPLETED,
         expected_error: str | None = None,
+        until_witnessed: int | None = None,
     ) -> None:
         """``ledger``: a ledger restored from a checkpoint, to resume its version sequence;
-        ``expected_*``: how the scenario says the run must end (recorded in RunStarted)."""
+        ``expected_*``: how the scenario says the run must end (recorded in RunStarted);
+        ``until_witnessed``: run past ``config.steps`` while a fault has not fired or not
+        taken effect yet, up to this many steps in all (at least ``config.steps``)."""
+        check_until_witnessed(until_witnessed, config.steps)
+        self.until_witnessed = until_witnessed
+        self.extra_steps = 0
+        """Steps run past ``config.steps`` for a witness (0 without ``until_witnessed``)."""
         self.ctx = RunContext(
             rt,
             cluster,
@@ -150,11 +165,23 @@ class Orchestrator:
 
     # -- the run -------------------------------------------------------------------------
 
+    def _another(self, step: int) -> bool:
+        """Whether step ``step`` (counted from 0) is run: every configured step is; past them,
+        one more while a fault has not fired yet or has not had its witnessed effect yet
+        (judged on the history so far), up to ``until_witnessed`` steps in all."""
+        if step < self.ctx.config.steps:
+            return True
+        limit = self.until_witnessed
+        more = limit is not None and step < limit and awaited(self.ctx.history)
+        self.extra_steps += more
+        return more
+
     async def _fully_async(self) -> None:
-        producer = self.producer
-        for step in range(self.ctx.config.steps):
+        producer, step = self.producer, 0
+        while self._another(step):
             producer.batch = await producer.drain()
             await self.updater.train_and_update(step, producer.batch, self._trained)
+            step += 1
 
     async def _one_step_off(self) -> None:
         """Batch k+1 is generated while step k trains; the update waits for both, so it
@@ -162,12 +189,18 @@ class Orchestrator:
         ctx, producer = self.ctx, self.producer
         rbs = ctx.config.rollout_batch_size
         next_batch = ctx.spawn(producer.rollout(rbs), "rollout-0")
-        for step in range(ctx.config.steps):
+        step, more = 0, self._another(0)
+        while more:
             await next_batch
             producer.batch = await producer.drain()
-            if step + 1 < ctx.config.steps:
+            more = self._another(step + 1)
+            if more:
                 next_batch = ctx.spawn(producer.rollout(rbs), f"rollout-{step + 1}")
             await self.updater.train_and_update(step, producer.batch, self._trained, next_batch)
+            if not more and self._another(step + 1):  # a fault that fired in this step's
+                more = True  # update awaits its effect: the next batch, generated now
+                next_batch = ctx.spawn(producer.rollout(rbs), f"rollout-{step + 1}")
+            step += 1
 
     def _trained(self, step: int) -> None:
         """The step committed: its batch is no longer held, and its metrics are reported
@@ -224,7 +257,15 @@ class Orchestrator:
             assert ctx.crash is not None
             error, where = ctx.crash
             return self.end_with(error, f"in {where}")
-        return self.end(RunStatus.COMPLETED, f"{ctx.config.steps} steps")
+        return self.end(RunStatus.COMPLETED, self._steps_run())
+
+    def _steps_run(self) -> str:
+        asked, extra = self.ctx.config.steps, self.extra_steps
+        if not extra:
+            return f"{asked} steps"
+        return (
+            f"{asked + extra} steps ({asked} asked, {extra} more until every fault was witnessed)"
+        )
 
     def end_with(self, error: BaseException, where: str = "") -> RunReport:
         """End the run because ``error`` was raised: failed if it is a miles_core error the

@@ -165,6 +165,18 @@ def fault_witness(history: History) -> Violation | None:
     return None
 
 
+def awaited(history: History) -> bool:
+    """Whether a run so far still waits on a fault: one scheduled that has not fired yet
+    (a point such as during_recovery comes when it comes), or one that fired and has not
+    had its witnessed effect yet (a restarted engine that does not serve yet). What a run
+    with until_witnessed goes on for."""
+    index = _Index.of(history)
+    fired = {e.index for _, e in index.fired}  # type: ignore[union-attr]
+    if any(e.index not in fired for _, e in index.scheduled):  # type: ignore[union-attr]
+        return True
+    return any(WITNESSES[e.fault](e, seq, index) is not None for seq, e in index.fired)  # type: ignore[union-attr]
+
+
 def unfired_reason(fault: FaultScheduled, history: History) -> str:
     """Why a scheduled fault never fired: the run ended first, or it never reached the point."""
     end = next((e for e in history if isinstance(e, RunEnded)), None)
@@ -180,7 +192,8 @@ def unfired_reason(fault: FaultScheduled, history: History) -> str:
         return f"the run ended at t={end_t:g}, before its time t={fault.at:g}; move it earlier"
     target = f"cell {fault.cell}" if fault.cell is not None else fault.engine or "the world"
     return (
-        f"the run completed its {planned} steps without reaching that point for {target} "
+        f"the run completed its {max(planned, steps)} steps without reaching that point for "
+        f"{target} "
         "(the point is unreachable in this run; move the fault or make the run longer)"
     )
 

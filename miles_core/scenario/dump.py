@@ -64,6 +64,8 @@ def scenario_to_toml(scenario: Scenario) -> str:
     lines.append(f"progress_window = {_value(scenario.progress_window)}")
     if scenario.max_seconds is not None:
         lines.append(f"max_seconds = {_value(scenario.max_seconds)}")
+    if scenario.until_witnessed is not None:
+        lines.append(f"until_witnessed = {scenario.until_witnessed}")
     sim = _changed(scenario.world, preset.world) | _changed(scenario.timing, preset.timing)
     lines += _table("[sim]", sim)
     loop = _changed(scenario.loop, DEFAULT_LOOP, skip=_RUN_FIELDS)

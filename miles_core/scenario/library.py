@@ -27,6 +27,7 @@ def _scenario(
     world: WorldShape | None = None,
     expect: Expect | None = None,
     timing: TimeModel | None = None,
+    until_witnessed: int | None = None,
     **loop: Any,
 ) -> Scenario:
     return Scenario(
@@ -37,7 +38,14 @@ def _scenario(
         loop=dataclasses.replace(_LOOP, **loop),
         faults=faults,
         expect=expect or Expect(),
+        until_witnessed=until_witnessed,
     )
+
+
+RESTART_STEPS = 200
+"""``until_witnessed`` of the scenarios that restart or recover an engine: instant in the
+simulator (which never needs a step more), 10 to 13 s for real on CPU (importing torch and
+transformers), tens of steps at a quarter of a second each."""
 
 
 _LONG = TimeModel(response_tokens_mean=2048.0, response_tokens_sigma=0.3)
@@ -100,6 +108,7 @@ SCENARIOS: Mapping[str, Scenario] = {
             "engine-0 restarts at step 3: it serves only after it received the current "
             "weights and version",
             (F("restart_engine", engine="engine-0", point="step_begin", step=3),),
+            until_witnessed=RESTART_STEPS,
         ),
         _scenario(
             "first_update",
@@ -154,6 +163,7 @@ SCENARIOS: Mapping[str, Scenario] = {
             "stamp: the new process received none of the buckets, so it must not be stamped "
             "or serve until a sync brings it the published weights",
             (F("restart_engine", engine="engine-1", point="after_bucket", bucket=3),),
+            until_witnessed=RESTART_STEPS,
         ),
         _scenario(
             "restart_mid_update",
@@ -161,6 +171,7 @@ SCENARIOS: Mapping[str, Scenario] = {
             "process is not in the update's transfer group, the update is retried, and "
             "the engine serves only once it holds the whole update",
             (F("restart_engine", engine="engine-0", point="after_bucket", bucket=1, after_step=3),),
+            until_witnessed=RESTART_STEPS,
         ),
         _scenario(
             "cell_killed_between_steps",
@@ -274,6 +285,7 @@ SCENARIOS: Mapping[str, Scenario] = {
             "wait for the next batch, so an update aborts nothing; engine-1 restarts at step "
             "3 and its sync pauses it with abort",
             (F("restart_engine", engine="engine-1", point="step_begin", step=3),),
+            until_witnessed=RESTART_STEPS,
             mode="one_step_off",
             pause_generation_mode=PauseMode.ABORT,
         ),
@@ -317,6 +329,7 @@ SCENARIOS: Mapping[str, Scenario] = {
                 F("kill_engine", engine="engine-1", point="step_begin", step=2),
                 F("kill_engine", engine="engine-1", point="during_recovery"),
             ),
+            until_witnessed=RESTART_STEPS,  # for real, the recovery comes seconds later
             **_FT,
         ),
         # -- miles' rollout flags ---------------------------------------------------------

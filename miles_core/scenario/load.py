@@ -5,6 +5,8 @@
     preset = "small"              # optional: the world to start from (PRESETS)
     expect = { status = "completed" }   # or { status = "failed", error = "NoAliveCellError" }
     progress_window = 600.0       # optional: seconds within which steps must resume
+    until_witnessed = 100         # optional: past [loop].steps, more steps while a fault
+                                  # has not fired or had its effect yet, up to 100 in all
     [sim]                         # optional: the world's shape (num_cells, gpus_per_cell,
     num_cells = 3                 # num_engines, ...) and the simulator's time models
     [loop]                        # optional: LoopConfig fields
@@ -40,6 +42,7 @@ TOP_KEYS = (
     "expect",
     "progress_window",
     "max_seconds",
+    "until_witnessed",
     "sim",
     "loop",
     "faults",
@@ -86,6 +89,8 @@ def scenario_from_mapping(
     for key in ("progress_window", "max_seconds"):
         if key in data:
             optional[key] = check_value(float, data[key], key)
+    if "until_witnessed" in data:
+        optional["until_witnessed"] = check_value(int, data["until_witnessed"], "until_witnessed")
     return Scenario(
         name=name,
         description=description,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from miles_core import errors
 from miles_core.errors import ConfigError, MilesCoreError
 from miles_core.kinds import RunStatus
-from miles_core.loop.config import LoopConfig
+from miles_core.loop.config import LoopConfig, check_until_witnessed
 from miles_core.scenario.faults import (
     AfterBucket,
     AnyFault,
@@ -92,6 +92,11 @@ class Scenario:
     """Virtual-time horizon; a run still going then is STALLED (default: 50 train-step
     times per step)."""
     preset: str = "small"
+    until_witnessed: int | None = None
+    """Run past ``loop.steps`` while a fault has not fired yet or has not had its witnessed
+    effect yet, up to this many steps in all (None: exactly ``loop.steps``). For real
+    worlds, where a restarted engine takes seconds to come back and steps take what the
+    machine takes."""
 
     def __post_init__(self) -> None:
         for name in ("progress_window", "max_seconds"):
@@ -100,6 +105,7 @@ class Scenario:
                 isinstance(value, int | float) and not isinstance(value, bool) and value > 0
             ):
                 raise ConfigError(name, f"got {value!r}", "pass seconds > 0")
+        check_until_witnessed(self.until_witnessed, self.loop.steps)
         if not isinstance(self.faults, tuple):
             object.__setattr__(self, "faults", tuple(self.faults))
         check_faults(self)
@@ -115,6 +121,14 @@ class Scenario:
 
     def with_run(self, steps: int | None = None, seed: int | None = None) -> Scenario:
         """The scenario as one run of it sees it (``--steps`` and the seed applied, rechecked)."""
+        until = self.until_witnessed
+        if steps is not None and until is not None and steps > until:
+            raise ConfigError(
+                "--steps",
+                f"{steps} is more than scenario {self.name!r}'s until_witnessed = {until} "
+                "(the most steps its run may take)",
+                f"pass --steps <= {until}, or a scenario file with a larger until_witnessed",
+            )
         loop = dataclasses.replace(
             self.loop,
             steps=steps if steps is not None else self.loop.steps,
