@@ -14,6 +14,7 @@ import pytest
 
 from miles_core.errors import ConfigError
 from miles_core.events import RunEnded
+from miles_core.report.summary import summary, text_lines
 from miles_core.scenario import scenario_from_toml
 from miles_core.scenario.dump import scenario_to_toml
 from miles_core.scenario.library import SCENARIOS
@@ -68,6 +69,10 @@ def test_a_fault_not_fired_yet_is_waited_for_too() -> None:
     result = run_scenario(scenario, 0)
     assert result.ok, result.failures()
     assert 2 < result.report.steps_done < 40 and result.history[-1].t > 60.0
+    info = summary(scenario, 0, result.history, result.report, result.verdicts)
+    first = text_lines(info, result.history, result.verdicts)[0]
+    done = result.report.steps_done
+    assert f"{done} steps (2 asked, then until every fault was witnessed)" in first
 
 
 def test_the_run_goes_no_further_than_until_witnessed() -> None:

@@ -122,8 +122,14 @@ def text_lines(
     """The summary for a person: the world, the ending, the story, the faults, the verdicts."""
     w = info["world"]
     bound = w["max_weight_staleness"]
+    done, asked = info["steps"], w["steps"]
+    steps = (
+        f"{done} steps ({asked} asked, then until every fault was witnessed)"
+        if done > asked
+        else f"{done}/{asked} steps"
+    )
     lines = [
-        f"{info['scenario']} seed={info['seed']}: {info['steps']}/{w['steps']} steps, "
+        f"{info['scenario']} seed={info['seed']}: {steps}, "
         f"{info['status']} (expected: {w['expect']}), {info['seconds']:.1f} s",
         f"  world: {w['cells']} cells x {w['ranks_per_cell']} rank(s), {w['engines']} engine(s) "
         f"x {w['gpus_per_engine']} GPU(s) (preset {w['preset']})",

@@ -125,7 +125,7 @@ class Scenario:
         if steps is not None and until is not None and steps > until:
             raise ConfigError(
                 "--steps",
-                f"{steps} is more than scenario {self.name!r}'s until_witnessed = {until} "
+                f"{steps} is more than the until_witnessed = {until} of scenario {self.name} "
                 "(the most steps its run may take)",
                 f"pass --steps <= {until}, or a scenario file with a larger until_witnessed",
             )
