@@ -39,6 +39,7 @@ from miles_core.conformance import decisions, rollout
 from miles_core.events import (
     EngineRecoveryAsked,
     EnginesFlushed,
+    EngineStarted,
     EngineStateChanged,
     GroupRecycled,
     HealEnded,
@@ -168,6 +169,22 @@ def test_real_cell_kill_shrinks_and_heals(ray_cluster) -> None:
     assert result.report.steps_done == scenario.loop.steps
 
 
+def test_a_real_restart_under_one_step_off_is_awaited(ray_cluster) -> None:
+    """abort_one_step_off with its engine restart, for real: the new process takes seconds
+    to start, so the run goes on past its 8 steps (until_witnessed, on one-step-off's
+    path, where the next batch is generated before the update it waits for) until the
+    new process serves. Its sync pauses it with abort while it holds no request."""
+    scenario = SCENARIOS["abort_one_step_off"]
+    result = run_in_ray(scenario, seed=0, timeout=600)
+    assert result.ok, _failed(result)
+    assert result.report.steps_done > scenario.loop.steps
+    assert result.report.reason.endswith("more until every fault was witnessed)")
+    started = [(e.engine, e.incarnation) for e in result.history if isinstance(e, EngineStarted)]
+    assert started == [("engine-1", 1)]
+    samples = [e for e in result.history if isinstance(e, SampleGenerated)]
+    assert not any(s.outcome is SampleOutcome.ABORTED for s in samples)
+
+
 PACED = 0.01
 """Seconds per generated token in the pause-mode runs: a request lives ~40 ms, so updates
 find requests in flight (the tiny policy alone takes about a millisecond a token)."""
@@ -184,8 +201,8 @@ find requests in flight (the tiny policy alone takes about a millisecond a token
 def test_real_pause_modes(ray_cluster, name: str, steps: int) -> None:
     """Each mode for real: retracted requests continue on new weights with their KV
     recomputed, frozen ones keep it, abort runs one-step-off; no update aborts a request.
-    (abort_one_step_off's engine restart is left out: its sync pauses a process with nothing
-    in flight, and a real restart needs many more steps to come back in.)"""
+    (abort_one_step_off's engine restart is left out here: its sync pauses a process with
+    nothing in flight; the test above runs it.)"""
     scenario = dataclasses.replace(SCENARIOS[name], faults=())
     result = run_in_ray(scenario, seed=0, steps=steps, timeout=600, engine_token_seconds=PACED)
     assert result.ok, _failed(result)
