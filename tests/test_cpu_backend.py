@@ -109,8 +109,8 @@ def _conformance_cases() -> list[tuple[Scenario, int | None]]:
         (sharded, None),
         # the restart lands between the last bucket and the stamp (instant in the simulator,
         # seconds for real): in both worlds the update is retried and the engine synced. The
-        # new process takes 12 to 13 s to start here (importing torch and transformers),
-        # 50-odd steps: the scenario's until_witnessed runs on until it serves, however long
+        # new process takes seconds to start here (importing torch and transformers), tens
+        # of steps: the scenario's until_witnessed runs on until it serves, however long
         # that takes on this machine, and the simulator then runs as many steps
         (SCENARIOS["restart_before_stamp"], None),
         # a restart as a step begins, awaited the same way (left out while the step count
