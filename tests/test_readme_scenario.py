@@ -1,0 +1,50 @@
+"""The README's scenario file is one a user can copy: it loads as written and with its
+optional keys switched on, and its comments name every fault kind, world key and preset."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from miles_core.kinds import FaultKind
+from miles_core.scenario import scenario_from_toml
+from miles_core.scenario.presets import PRESETS
+from miles_core.scenario.world import SHAPE_KEYS
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _snippet() -> str:
+    text = README.read_text()
+    section = text[text.index("### Scenario files") :]
+    return re.search(r"```toml\n(.*?)```", section, re.S).group(1)
+
+
+def test_the_readme_scenario_loads_as_written() -> None:
+    scenario = scenario_from_toml(_snippet(), "README.md")
+    assert scenario.name == "heal_twice" and scenario.world.num_cells == 3
+    assert scenario.loop.steps == 10 and len(scenario.faults) == 1
+    assert scenario.until_witnessed is None and scenario.max_seconds is None
+
+
+def test_its_optional_keys_load_switched_on_and_name_every_preset() -> None:
+    lines = _snippet().splitlines()
+    on = [re.sub(r"^# (\w+ = )", r"\1", line) for line in lines]
+    switched = [a for a, b in zip(lines, on, strict=True) if a != b]
+    assert [s.split()[1] for s in switched] == [
+        "preset",
+        "progress_window",
+        "max_seconds",
+        "until_witnessed",
+    ]
+    scenario = scenario_from_toml("\n".join(on), "README.md")
+    assert scenario.preset == "small" and scenario.progress_window == 600.0
+    assert scenario.max_seconds == 4000.0 and scenario.until_witnessed == 200
+    named = " ".join(lines[lines.index(switched[0]) : lines.index(switched[1])])
+    assert all(name in named for name in PRESETS)
+
+
+def test_it_names_every_fault_kind_and_world_key() -> None:
+    words = set(re.findall(r"[a-z_0-9]+", _snippet()))
+    assert {k.value for k in FaultKind} <= words
+    assert words >= SHAPE_KEYS
