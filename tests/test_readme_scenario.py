@@ -9,7 +9,7 @@ from pathlib import Path
 from miles_core.kinds import FaultKind
 from miles_core.scenario import scenario_from_toml
 from miles_core.scenario.presets import PRESETS
-from miles_core.scenario.world import SHAPE_KEYS
+from miles_core.scenario.world import SHAPE_KEYS, TIME_KEYS
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -48,3 +48,19 @@ def test_it_names_every_fault_kind_and_world_key() -> None:
     words = set(re.findall(r"[a-z_0-9]+", _snippet()))
     assert {k.value for k in FaultKind} <= words
     assert words >= SHAPE_KEYS
+
+
+def test_the_readme_lists_every_sim_key_with_its_default() -> None:
+    text = README.read_text()
+    rows = [r for r in text.splitlines() if r.startswith("| `") and "_" in r.split("|")[1]]
+    listed: dict[str, str] = {}
+    for row in rows:
+        keys = re.findall(r"`(\w+)`", row.split("|")[1])
+        defaults = [d.strip() for d in row.split("|")[2].split(",")]
+        if set(keys) <= SHAPE_KEYS | TIME_KEYS and len(keys) == len(defaults):
+            listed |= dict(zip(keys, defaults, strict=True))
+    assert set(listed) == SHAPE_KEYS | TIME_KEYS
+    small = PRESETS["small"]
+    for key, written in listed.items():
+        value = getattr(small.world if key in SHAPE_KEYS else small.timing, key)
+        assert (None if written == "none" else float(written)) == value, key
