@@ -27,6 +27,7 @@ end_state oracle's call, against the scenario's expectation (RunStarted).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from miles_core.backend import Cluster
 from miles_core.buffer import METRIC_PREFIX
@@ -187,19 +188,22 @@ class Orchestrator:
         """Batch k+1 is generated while step k trains; the update waits for both, so it
         never interrupts generation and every batch is exactly one version old."""
         ctx, producer = self.ctx, self.producer
-        rbs = ctx.config.rollout_batch_size
-        next_batch = ctx.spawn(producer.rollout(rbs), "rollout-0")
+
+        def rollout(step: int) -> Any:
+            return ctx.spawn(producer.rollout(ctx.config.rollout_batch_size), f"rollout-{step}")
+
+        next_batch = rollout(0)
         step, more = 0, self._another(0)
         while more:
             await next_batch
             producer.batch = await producer.drain()
             more = self._another(step + 1)
             if more:
-                next_batch = ctx.spawn(producer.rollout(rbs), f"rollout-{step + 1}")
+                next_batch = rollout(step + 1)
             await self.updater.train_and_update(step, producer.batch, self._trained, next_batch)
             if not more and self._another(step + 1):  # a fault that fired in this step's
                 more = True  # update awaits its effect: the next batch, generated now
-                next_batch = ctx.spawn(producer.rollout(rbs), f"rollout-{step + 1}")
+                next_batch = rollout(step + 1)
             step += 1
 
     def _trained(self, step: int) -> None:
