@@ -34,6 +34,7 @@ from backends.common.ray_session import (
     remove_placement_group,
 )
 from backends.common.run import TRAIN, RealResult, _layout, run_in_ray
+from backends.common.stack import CPU_STACK, Wire
 from backends.common.transport import RayRouter
 from miles_core.conformance import decisions, rollout
 from miles_core.events import (
@@ -135,6 +136,26 @@ def test_conformance_with_the_simulator(ray_cluster, scenario: Scenario, steps) 
     # every published version reached every live engine bitwise (trainers may be sharded)
     checked = {e.version for e in real.history if isinstance(e, WeightsChecked)}
     assert set(real.report.versions) <= checked
+
+
+SHM_STACK = dataclasses.replace(CPU_STACK, wire=Wire.SHM)
+
+
+@pytest.mark.parametrize(
+    "name", ["engine_killed_mid_update", "p2p_transfer", "crash_mid_weight_update"]
+)
+def test_conformance_over_shared_memory(ray_cluster, name: str) -> None:
+    """``--wire shm``: the same decisions as the simulator, every version bitwise in every
+    engine; an engine that dies between buckets breaks the group as it breaks gloo's."""
+    scenario = SCENARIOS[name]
+    real = run_in_ray(scenario, seed=0, timeout=600, stack=SHM_STACK)
+    assert real.ok, _failed(real)
+    assert real.stack.collective_backend == "shm"
+    sim = run_scenario(scenario, 0)
+    assert decisions(real.history).differences(decisions(sim.history)) == []
+    checked = {e.version for e in real.history if isinstance(e, WeightsChecked)}
+    assert set(real.report.versions) <= checked
+    assert real.summary()["transfer"]["updates"] >= len(real.report.versions)
 
 
 def _steps_run(scenario: Scenario, steps: int | None, real: RealResult) -> int | None:

@@ -87,6 +87,7 @@ def _raw(check: bool = True) -> dict:
             _trials("shm", 200, [0.5, 2.0, 2.0]),
             _trials("backend", 200, [1.25, 2.0, 4.0], weights_bitwise_equal=check),
             _trials("inflight", 200, [0.4, 1.0, 2.0], weights_bitwise_equal=True),
+            _trials("backend-shm", 200, [0.625, 1.25, 2.5], weights_bitwise_equal=True),
             _trials("memcpy", None, [0.1, 0.2, 0.1]),
         ],
     }
@@ -118,6 +119,9 @@ def test_the_ceiling_is_the_fastest_way_in_each_repeat_and_ratios_pair_with_it()
     assert summary["all_weights_bitwise_equal"] is True
     text = table(summary | {"config": {"receivers": 1, "backend": "gloo"}})
     assert "CPU backend 0.50x of the ceiling, 0.80x of the wire" in text
+    # .5/.625, 1/1.25, 2/2.5: the CPU backend's shm wire, named beside the gloo one
+    assert default["real_backend_shm_ratio_to_ceiling"] == {"broadcast": pytest.approx(0.8)}
+    assert "with --wire shm 0.80x of the ceiling" in text
 
 
 def test_a_method_above_the_ceiling_is_flagged_as_a_bug_in_the_ceiling() -> None:

@@ -10,7 +10,9 @@ take (sglang_api), on an event loop as the engine serves them. Left out: the Ray
 call and the HTTP request around each, which are not the transfer.
 
 The bench calls the code rather than copying it, so a change to the backend's
-send or receive changes the figure.
+send or receive changes the figure. Each wire gets its own groups: the bench's
+``--backend`` (gloo, or NCCL on CUDA) and, on CPU, ``shm`` (the CPU backend's
+``--wire shm``: backends/common/shm_group.py).
 """
 
 from __future__ import annotations
@@ -24,22 +26,26 @@ import torch
 
 from backends.common import sglang_api as api
 from backends.common.engine_weights import EngineWeights
+from backends.common.shm_group import ShmArena
 from backends.common.trainer import TrainerRank
-from backends.common.wire import BucketViews, gloo_group, nccl_group, payload_of
+from backends.common.wire import BucketViews, payload_of, update_group
 from miles_core.transfer import Bucket
 
-EVERYONE = "backend-everyone"
+
+def everyone_name(wire: str = "") -> str:
+    return f"backend-{wire}-everyone" if wire else "backend-everyone"
 
 
-def pair_name(receiver: int) -> str:
-    return f"backend-pair{receiver}"
+def pair_name(receiver: int, wire: str = "") -> str:
+    return f"backend-{wire}-pair{receiver}" if wire else f"backend-pair{receiver}"
 
 
-def group_names(mode: str, receivers: int) -> list[str]:
-    """The update groups of one send: broadcast one of everyone, p2p one per engine."""
+def group_names(mode: str, receivers: int, wire: str = "") -> list[str]:
+    """The update groups of one send: broadcast one of everyone, p2p one per engine; ``wire``
+    "" is the bench's backend, "shm" the shared-memory groups."""
     if mode == "broadcast":
-        return [EVERYONE]
-    return [pair_name(r) for r in range(1, receivers + 1)]
+        return [everyone_name(wire)]
+    return [pair_name(r, wire) for r in range(1, receivers + 1)]
 
 
 @dataclass
@@ -50,6 +56,7 @@ class TrainerSide:
     _views: BucketViews
     _update_groups: dict[str, Any] = field(default_factory=dict)
     rank: int = 0
+    _arena: ShmArena = field(default_factory=ShmArena)
 
     def send(self, names: Sequence[str], bucket: Bucket) -> float:
         return TrainerRank.send_bucket(self, names, bucket)  # type: ignore[arg-type]
@@ -91,16 +98,25 @@ class EngineSide:
 
 
 def join_groups(
-    me: int, receivers: int, store: tuple[str, int], side: TrainerSide | EngineSide, backend: str
+    me: int,
+    receivers: int,
+    store: tuple[str, int],
+    side: TrainerSide | EngineSide,
+    backend: str,
+    wire: str = "",
 ) -> None:
-    """Every process makes the backend's groups, in one order: everyone, then the pairs
-    (the trainer as ``init_update_group`` does, an engine by its ``join``)."""
+    """Every process makes the backend's groups of one wire, in one order: everyone, then
+    the pairs (the trainer as ``init_update_group`` does, an engine by its ``join``)."""
     world = receivers + 1
+    backend = wire or backend
     if isinstance(side, TrainerSide):
-        make = nccl_group if backend == "nccl" else gloo_group
-        side._update_groups[EVERYONE] = make(store, EVERYONE, 0, world)
+        arena = side._arena
+        side._update_groups[everyone_name(wire)] = update_group(
+            backend, store, everyone_name(wire), 0, world, arena
+        )
         for r in range(1, world):
-            side._update_groups[pair_name(r)] = make(store, pair_name(r), 0, 2)
+            name = pair_name(r, wire)
+            side._update_groups[name] = update_group(backend, store, name, 0, 2, arena)
         return
-    side.join(store, EVERYONE, me, world, backend)
-    side.join(store, pair_name(me), 1, 2, backend)
+    side.join(store, everyone_name(wire), me, world, backend)
+    side.join(store, pair_name(me, wire), 1, 2, backend)

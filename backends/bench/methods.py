@@ -24,6 +24,9 @@ The bucketed ones form a ladder, each adding one technique:
   trainer's ``send_bucket`` from its ``BucketViews`` (nothing packed) and the
   engine's ``EngineWeights.receive`` straight into its weights; p2p sends each
   bucket to every engine's pair group at once (``trainer.send_to_groups``);
+- ``backend-shm`` (CPU only): the same code on the CPU backend's other wire
+  (``--wire shm``): update groups over the trainer's shared memory
+  (backends/common/shm_group.py), the way NCCL moves bytes within a node;
 - ``in-turn`` (p2p only): the same code, with the bucket sent to one engine after
   another, as miles_core's update loop calls the transport today (one
   ``send_bucket`` per engine);
@@ -58,9 +61,11 @@ from backends.common.wire import (
 from miles_core.transfer import Bucket
 
 MODES = ("broadcast", "p2p")
-BUCKETED = ("v0", "reuse", "inplace", "pipeline", "backend", "in-turn", "inflight")
+BUCKETED = ("v0", "reuse", "inplace", "pipeline", "backend", "backend-shm", "in-turn", "inflight")
 """The bucketed ladder: each step keeps the techniques of the one before it."""
 P2P_ONLY = frozenset(("in-turn",))
+CPU_ONLY = frozenset(("backend-shm",))
+"""Measured where the tensors live in host memory (the bench's gloo runs)."""
 REFERENCES = ("naive", "memcpy")
 METHODS = BUCKETED + CEILINGS + REFERENCES
 WRITES_WEIGHTS = frozenset((*BUCKETED, "naive"))
@@ -94,9 +99,13 @@ class Rank:
     copy_target: torch.Tensor | None = None
     shared: torch.Tensor | None = None
     """The shared-memory segment of the shm ceilings (CPU only)."""
+    shm_everyone: Any = None
+    """An shm group of everyone, for the ``shm-flags`` ceiling (CPU only)."""
     token: torch.Tensor = field(default_factory=lambda: torch.zeros(1))
     backend: TrainerSide | EngineSide | None = None
     """The backend's own sender (source) or receiver (engines), for ``backend``/``in-turn``."""
+    wires: tuple[str, ...] = ("",)
+    """The backend's groups this rank joined: "" the bench's backend, "shm" on CPU."""
 
     @property
     def is_source(self) -> bool:
@@ -138,7 +147,8 @@ class Rank:
         for bucket in buckets:
             self.views.buffer_for(*_payload(bucket))
         if isinstance(self.backend, EngineSide):
-            names = [*group_names("broadcast", 1), pair_name(self.rank)]
+            names = [group_names("broadcast", 1, w)[0] for w in self.wires]
+            names += [pair_name(self.rank, w) for w in self.wires]
             self.backend.prepare(buckets, names)
 
     # -- one trial ---------------------------------------------------------------------
@@ -216,21 +226,27 @@ class Rank:
         for work in pending:
             work.wait()
 
-    def _backend(self, mode: str, in_turn: bool = False) -> None:
+    def _backend(self, mode: str, in_turn: bool = False, wire: str = "") -> None:
         """The backend's own send_bucket / receive, bucket after bucket."""
         side = self.backend
         if isinstance(side, EngineSide):
-            name = group_names(mode, 1)[0] if mode == "broadcast" else pair_name(self.rank)
+            if mode == "broadcast":
+                name = group_names(mode, 1, wire)[0]
+            else:
+                name = pair_name(self.rank, wire)
             side.receive_all(name, self.buckets)
             return
         assert isinstance(side, TrainerSide)
-        names = group_names(mode, self.receivers)
+        names = group_names(mode, self.receivers, wire)
         for bucket in self.buckets:
             if in_turn:  # one send_bucket call per engine, as the update loop makes them
                 for name in names:
                     side.send([name], bucket)
             else:
                 side.send(names, bucket)
+
+    def _backend_shm(self, mode: str) -> None:
+        self._backend(mode, wire="shm")
 
     def _in_turn(self, mode: str) -> None:
         self._backend(mode, in_turn=True)

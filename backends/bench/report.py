@@ -155,6 +155,7 @@ def summarize(raw: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, An
             "real_backend_ratio_to_wire": {
                 m: at_default(m, "backend", "ratio_to_wire") for m in modes
             },
+            "real_backend_shm_ratio_to_ceiling": {m: at_default(m, "backend-shm") for m in modes},
             "v0_ratio_to_ceiling": {m: at_default(m, "v0") for m in modes},
             "ratio_to_ceiling": {m: {k: at_default(m, k) for k in methods} for m in modes},
         },
@@ -194,10 +195,13 @@ def table(summary: Mapping[str, Any]) -> str:
     d = summary["default_bucket"]
     for mode, value in d["real_backend_ratio_to_ceiling"].items():
         set_by = ", ".join(f"{w} {n}" for w, n in summary["ceiling_set_by"][mode].items())
+        shm = d.get("real_backend_shm_ratio_to_ceiling", {}).get(mode)
         lines.append(
             f"default bucket {d['bucket_bytes'] / 1024**2:g} MiB, {mode}: CPU backend "
             f"{_x(value)} of the ceiling, {_x(d['real_backend_ratio_to_wire'][mode])} of the "
-            f"wire (v0: {_x(d['v0_ratio_to_ceiling'][mode])}); ceiling set by {set_by}"
+            f"wire (v0: {_x(d['v0_ratio_to_ceiling'][mode])})"
+            + ("" if shm is None else f", with --wire shm {_x(shm)} of the ceiling")
+            + f"; ceiling set by {set_by}"
         )
     above = summary["above_ceiling"]
     lines.append(

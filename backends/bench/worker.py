@@ -24,9 +24,10 @@ from tqdm import tqdm
 
 from backends.bench.backend_path import EngineSide, TrainerSide, join_groups
 from backends.bench.ceiling import ceilings_for, map_shared
-from backends.bench.methods import BUCKETED, P2P_ONLY, WRITES_WEIGHTS, Rank
+from backends.bench.methods import BUCKETED, CPU_ONLY, P2P_ONLY, WRITES_WEIGHTS, Rank
 from backends.bench.state import bench_units
-from backends.common.wire import GLOO_TIMEOUT, BucketViews, gloo_group
+from backends.common.shm_group import ShmArena
+from backends.common.wire import GLOO_TIMEOUT, BucketViews, gloo_group, update_group
 from miles_core.transfer import ParamSpec, plan_buckets
 
 HOST = "127.0.0.1"
@@ -63,7 +64,12 @@ def schedule(cfg: BenchConfig) -> list[tuple[str, int, list[tuple[str, int | Non
     for mode in cfg.modes:
         for size in cfg.bucket_sizes:
             methods: list[tuple[str, int | None]] = [(c, size) for c in ceilings_for(cfg.backend)]
-            methods += [(m, size) for m in BUCKETED if mode == "p2p" or m not in P2P_ONLY]
+            methods += [
+                (m, size)
+                for m in BUCKETED
+                if (mode == "p2p" or m not in P2P_ONLY)
+                and (cfg.backend == "gloo" or m not in CPU_ONLY)
+            ]
             if size == cfg.default_bucket:
                 methods += [("naive", None), ("memcpy", None)]
             blocks.append((mode, size, methods))
@@ -162,6 +168,11 @@ def _setup(
         me.backend = EngineSide(model, device)
         me.views = me.backend.weights.views
     join_groups(rank, cfg.receivers, (HOST, port), me.backend, cfg.backend)
+    if device.type == "cpu":  # the CPU backend's other wire
+        join_groups(rank, cfg.receivers, (HOST, port), me.backend, cfg.backend, "shm")
+        me.wires = ("", "shm")
+        arena = ShmArena() if rank == 0 else None
+        me.shm_everyone = update_group("shm", (HOST, port), "ceiling-shm", rank, world, arena)
     if device.type == "cpu":
         if rank == 0:
             me.shared = map_shared(shm_path, payload)

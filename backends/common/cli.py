@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from backends.common.run import TRAIN, RealResult, check_real, check_token_seconds, run_real
 from backends.common.run_flags import OWN_FLAGS, build_parser
-from backends.common.stack import CPU_STACK, Stack
+from backends.common.stack import CPU_STACK, Stack, Wire
 from miles_core.errors import ConfigError
 from miles_core.events import Event, FaultInjected, StepCommitted
 from miles_core.loop.flags import flags_argv, given_flags, with_flags
@@ -44,8 +44,30 @@ StackFrom = Callable[[argparse.Namespace, Scenario], tuple[Stack, Scenario]]
 """A backend's flags to its Stack, and the scenario's world as that stack runs it."""
 
 
+def add_cpu_flags(run: argparse.ArgumentParser) -> None:
+    run.add_argument(
+        "--wire",
+        choices=("gloo", "shm"),
+        default="gloo",
+        help="how weight buckets reach the engines: a gloo group (default), or a group over "
+        "the trainer's shared memory, as NCCL moves them within a node (one node only)",
+    )
+
+
+def cpu_stack_flags(args: argparse.Namespace) -> list[str]:
+    """The stack's flags for the replay line (the default wire needs none)."""
+    return ["--wire", args.wire] if args.wire != Wire.GLOO else []
+
+
 def _cpu_stack(args: argparse.Namespace, scenario: Scenario) -> tuple[Stack, Scenario]:
-    return CPU_STACK, scenario
+    if args.wire == Wire.SHM and args.address is not None:
+        raise ConfigError(
+            "--wire",
+            "shm with --address: an shm group needs every engine on its trainer's node, "
+            "and a cluster places them across nodes",
+            "pass --wire gloo to join a cluster",
+        )
+    return dataclasses.replace(CPU_STACK, wire=Wire(args.wire)), scenario
 
 
 def _print_human(result: RealResult) -> None:
@@ -139,10 +161,10 @@ def run_command(
 
 def main(argv: list[str] | None = None) -> int:
     """python -m backends.cpu: torch FSDP2 trainer cells, local HTTP engines, gloo, on CPU."""
-    parser, _ = build_parser("backends.cpu", "the loop for real, on Ray, on CPU")
+    parser, _ = build_parser("backends.cpu", "the loop for real, on Ray, on CPU", add_cpu_flags)
     args = parser.parse_args(argv)
     try:
-        return run_command(args)
+        return run_command(args, extra_replay=cpu_stack_flags(args))
     except ConfigError as error:
         parser.error(str(error))
     return 2  # unreachable: parser.error exits

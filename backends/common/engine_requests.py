@@ -131,7 +131,7 @@ SPECS: Final[Mapping[str, Mapping[str, Field]]] = {
         "rank_offset": Field(count),
         "world_size": Field(count),
         "group_name": Field(text, "weight_update_group"),
-        "backend": Field(one_of("nccl", "gloo"), "nccl"),
+        "backend": Field(one_of("nccl", "gloo", "shm"), "nccl"),
     },
     "/update_weights_from_distributed": {
         "names": Field(list_of(text)),

@@ -26,6 +26,8 @@ class Wire(StrEnum):
     GLOO = "gloo"
     NCCL = "nccl"
     IPC = "ipc"
+    SHM = "shm"
+    """A collective group over the trainer's shared memory (CPU, one node: shm_group.py)."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,11 @@ class Stack:
     engine: str = "local"
     """"local" (the SGLang-shaped engine on a transformers model) or "sglang" (the real one)."""
     wire: Wire = Wire.GLOO
+
+    def __post_init__(self) -> None:
+        if self.wire is Wire.SHM and self.device != "cpu":
+            raise ValueError("the shm wire moves host memory: it runs with device cpu only")
+
     trainer_actor: Any = None
     """The Ray actor class of a trainer rank (None: backends.common.trainer's)."""
     engine_actor: Any = None
@@ -48,8 +55,10 @@ class Stack:
 
     @property
     def collective_backend(self) -> str:
-        """The torch.distributed backend of the weight-update groups: NCCL on CUDA when asked;
-        gloo stands in for it on CPU."""
+        """The backend of the weight-update groups: NCCL on CUDA when asked (gloo stands in
+        for it on CPU), or shared memory on CPU when asked."""
+        if self.wire is Wire.SHM:
+            return "shm"
         return "nccl" if self.wire is Wire.NCCL and self.device == "cuda" else "gloo"
 
     def describe(self) -> dict[str, Any]:

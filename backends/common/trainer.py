@@ -38,15 +38,16 @@ from backends.common.policy import (
     checksum,
     grpo_loss,
 )
+from backends.common.shm_group import ShmArena, ShmGroup, send_many
 from backends.common.stack import CPU_STACK, Stack
 from backends.common.wire import (
     GLOO_TIMEOUT,
     BucketViews,
     client_store,
     gloo_group,
-    nccl_group,
     pack_into,
     payload_of,
+    update_group,
     wire_layout,
 )
 from miles_core.transfer import Bucket
@@ -108,6 +109,8 @@ class TrainerRank:
         self.model = self.build(policy, stack)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=policy.lr)
         self._update_groups: dict[str, Any] = {}
+        self._arena: ShmArena | None = None
+        """The shared-memory segment of this rank's shm update groups (made at the first)."""
         self._shared: dict[int, list[torch.Tensor]] = {}
         """Buffers whose handles went to engines, kept alive until the next update."""
         # one rank: the weights are the buckets' wire buffers (a sharded cell gathers instead)
@@ -254,8 +257,11 @@ class TrainerRank:
         self, store_addr: tuple[str, int], name: str, world: int, backend: str = "gloo"
     ) -> None:
         if self.rank == 0:
-            make = nccl_group if backend == "nccl" else gloo_group
-            self._update_groups[name] = make(store_addr, name, 0, world)
+            if backend == "shm" and self._arena is None:
+                self._arena = ShmArena()
+            self._update_groups[name] = update_group(
+                backend, store_addr, name, 0, world, self._arena
+            )
 
     def share_bucket(self, update_id: int, bucket: Bucket) -> tuple[str | None, float]:
         """The bucket packed into a fresh buffer on this device, its handle for
@@ -302,6 +308,9 @@ def send_to_groups(groups: Sequence[Any], buffer: torch.Tensor) -> float:
     this GB/s). The first failed group raises; the others are left to their timeouts with
     the groups discarded."""
     started = time.perf_counter()
+    if groups and all(isinstance(g, ShmGroup) for g in groups):
+        send_many(groups, buffer)  # one write into the arena for all of them
+        return time.perf_counter() - started
     options = dist.BroadcastOptions()
     options.rootRank = 0
     works = [group.broadcast([buffer], options) for group in groups]

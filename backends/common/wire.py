@@ -42,6 +42,34 @@ def nccl_group(store_addr: tuple[str, int], prefix: str, rank: int, size: int) -
     return dist.ProcessGroupNCCL(dist.PrefixStore(prefix, client_store(store_addr)), rank, size)
 
 
+def shm_group(
+    store_addr: tuple[str, int], prefix: str, rank: int, size: int, arena: Any = None
+) -> Any:
+    """The same members over shared memory (backends/common/shm_group.py); the source
+    (rank 0) passes its ShmArena."""
+    from backends.common.shm_group import ShmGroup
+
+    store = dist.PrefixStore(prefix, client_store(store_addr))
+    return ShmGroup(store, rank, size, GLOO_TIMEOUT, arena)
+
+
+UPDATE_BACKENDS = ("gloo", "nccl", "shm")
+"""The weight-update groups' backends: torch's two, and shared memory on one node."""
+
+
+def update_group(
+    backend: str, store_addr: tuple[str, int], prefix: str, rank: int, size: int, arena: Any = None
+) -> Any:
+    """A weight-update group of ``backend``, as the trainer and the engine both make it."""
+    if backend == "shm":
+        return shm_group(store_addr, prefix, rank, size, arena)
+    if backend == "nccl":
+        return nccl_group(store_addr, prefix, rank, size)
+    if backend == "gloo":
+        return gloo_group(store_addr, prefix, rank, size)
+    raise ValueError(f"unknown update backend {backend!r}: one of {', '.join(UPDATE_BACKENDS)}")
+
+
 def broadcast(group: Any, tensor: torch.Tensor, root: int = 0) -> None:
     options = dist.BroadcastOptions()
     options.rootRank = root

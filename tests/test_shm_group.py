@@ -1,0 +1,254 @@
+"""The shm update group (backends/common/shm_group.py) between real processes.
+
+Each test spawns its processes against a TCPStore of its own on loopback; a
+process that fails raises in the test (torch.multiprocessing.spawn), and none
+outlives it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from backends.common import shm_group
+from backends.common.shm_group import (
+    NODE_KEY,
+    PeerFailure,
+    ShmArena,
+    ShmGroup,
+    ShmUnavailable,
+    send_many,
+)
+
+HOST = "127.0.0.1"
+CHUNK = shm_group.CHUNK
+SIZES = (1, 4097, CHUNK - 1, CHUNK + 1, 3 * CHUNK + 5, 5, 2 * CHUNK)
+"""Within a piece, across pieces, growing the arena twice, then smaller again."""
+
+
+def _store() -> dist.TCPStore:
+    return dist.TCPStore(
+        HOST, 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
+    )
+
+
+def _group(port: int, prefix: str, rank: int, size: int, arena=None, seconds: float = 30.0):
+    client = dist.TCPStore(HOST, port, is_master=False, timeout=datetime.timedelta(seconds=60))
+    store = dist.PrefixStore(prefix, client)
+    return ShmGroup(store, rank, size, datetime.timedelta(seconds=seconds), arena)
+
+
+def _payload(size: int, index: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(1000 * index + size)
+    return torch.randint(0, 256, (size,), dtype=torch.uint8, generator=generator)
+
+
+def _fan_out(rank: int, port: int, receivers: int) -> None:
+    """Broadcast on a group of everyone, then p2p on one pair group per receiver."""
+    arena = ShmArena() if rank == 0 else None
+    everyone = _group(port, "everyone", rank, receivers + 1, arena)
+    if rank == 0:
+        pairs = [_group(port, f"pair{r}", 0, 2, arena) for r in range(1, receivers + 1)]
+    else:
+        mine = _group(port, f"pair{rank}", 1, 2)
+    for index, size in enumerate(SIZES):
+        expected = _payload(size, index)
+        if rank == 0:
+            everyone.broadcast([expected.clone()])
+            send_many(pairs, expected.clone())
+            continue
+        got = torch.zeros(size, dtype=torch.uint8)
+        everyone.broadcast([got])
+        assert torch.equal(got, expected), f"broadcast of {size} bytes differs"
+        got.zero_()
+        mine.broadcast([got])
+        assert torch.equal(got, expected), f"p2p of {size} bytes differs"
+
+
+def test_every_receiver_gets_the_bytes_exactly_by_broadcast_and_by_pairs() -> None:
+    before = set(os.listdir("/dev/shm")) if Path("/dev/shm").is_dir() else set()
+    store = _store()
+    mp.spawn(_fan_out, args=(store.port, 3), nprocs=4, join=True)
+    after = set(os.listdir("/dev/shm")) if Path("/dev/shm").is_dir() else set()
+    assert after <= before, f"files left in /dev/shm: {after - before}"
+
+
+def test_a_tensor_of_another_dtype_travels_as_its_bytes() -> None:
+    store = _store()
+    mp.spawn(_typed, args=(store.port,), nprocs=2, join=True)
+
+
+def _typed(rank: int, port: int) -> None:
+    arena = ShmArena() if rank == 0 else None
+    group = _group(port, "typed", rank, 2, arena)
+    values = torch.arange(1000, dtype=torch.bfloat16).reshape(10, 100) / 7
+    tensor = values.clone() if rank == 0 else torch.zeros(10, 100, dtype=torch.bfloat16)
+    group.broadcast([tensor])
+    assert torch.equal(tensor, values)
+
+
+def _dies_before_receiving(rank: int, port: int, out: str) -> None:
+    arena = ShmArena() if rank == 0 else None
+    group = _group(port, "dies", rank, 2, arena, seconds=60)
+    if rank == 1:
+        os._exit(0)  # joined, then gone without a word
+    time.sleep(0.2)
+    try:
+        group.broadcast([torch.ones(3 * CHUNK, dtype=torch.uint8)])
+    except PeerFailure as error:
+        Path(out).write_text(str(error))
+
+
+def test_a_dead_receiver_is_named_not_waited_for(tmp_path: Path) -> None:
+    out = tmp_path / "error.txt"
+    store = _store()
+    mp.spawn(_dies_before_receiving, args=(store.port, str(out)), nprocs=2, join=True)
+    # the source's liveness check named the dead rank; the 60 s timeout never came into it
+    assert "rank 1 (pid" in out.read_text() and "died" in out.read_text()
+
+
+def _silent_receiver(rank: int, port: int, out: str) -> None:
+    arena = ShmArena() if rank == 0 else None
+    group = _group(port, "silent", rank, 2, arena, seconds=1)
+    if rank == 1:
+        time.sleep(3)  # alive, but never takes the bucket
+        return
+    try:
+        group.broadcast([torch.ones(10, dtype=torch.uint8)])
+    except PeerFailure as error:
+        Path(out).write_text(str(error))
+
+
+def test_a_receiver_that_never_answers_meets_the_timeout(tmp_path: Path) -> None:
+    out = tmp_path / "error.txt"
+    store = _store()
+    mp.spawn(_silent_receiver, args=(store.port, str(out)), nprocs=2, join=True)
+    assert "ranks [1] of the shm group did not finish the broadcast in 1 s" in out.read_text()
+
+
+def _source_dies(rank: int, port: int, out: str) -> None:
+    arena = ShmArena() if rank == 0 else None
+    group = _group(port, "source", rank, 2, arena, seconds=60)
+    if rank == 0:
+        time.sleep(0.2)  # the receiver is waiting for the first piece
+        os._exit(0)
+    try:
+        group.broadcast([torch.zeros(10, dtype=torch.uint8)])
+    except PeerFailure as error:
+        Path(out).write_text(str(error))
+
+
+def test_a_dead_source_is_named_by_its_receivers(tmp_path: Path) -> None:
+    out = tmp_path / "error.txt"
+    store = _store()
+    mp.spawn(_source_dies, args=(store.port, str(out)), nprocs=2, join=True)
+    assert "rank 0 (pid" in out.read_text() and "died" in out.read_text()
+
+
+def test_a_receiver_on_another_node_is_refused_naming_gloo() -> None:
+    store = dist.HashStore()
+    store.set(NODE_KEY, "elsewhere/0000")
+    with pytest.raises(ShmUnavailable, match="source's node; use gloo across nodes"):
+        ShmGroup(store, 1, 2, datetime.timedelta(seconds=1), None)
+
+
+def test_only_rank_zero_sends_and_only_host_tensors_travel() -> None:
+    store = dist.HashStore()
+    with pytest.raises(ValueError, match="needs its ShmArena"):
+        ShmGroup(store, 0, 2, datetime.timedelta(seconds=1), None)
+    group = ShmGroup(store, 0, 1, datetime.timedelta(seconds=1), ShmArena())
+    options = dist.BroadcastOptions()
+    options.rootRank = 1
+    with pytest.raises(ValueError, match="from rank 0"):
+        group.broadcast([torch.zeros(4, dtype=torch.uint8)], options)
+    with pytest.raises(ValueError, match="contiguous host tensors"):
+        group.broadcast([torch.zeros(4, 4).t()])
+    group.broadcast([torch.zeros(4, dtype=torch.uint8)])  # a group of one: nobody to wait for
+
+
+def test_an_arena_grows_by_a_new_segment_and_never_reuses_a_generation() -> None:
+    arena = ShmArena()
+    first, _ = arena.reserve(10)
+    same, _ = arena.reserve(CHUNK)
+    grown, view = arena.reserve(CHUNK + 1)
+    assert same == first and first.capacity == CHUNK
+    assert grown.capacity == 2 * CHUNK and grown.generation > first.generation
+    assert view.numel() == grown.capacity
+    other, _ = ShmArena().reserve(10)
+    assert other.generation not in (first.generation, grown.generation)
+
+
+# -- the wire as the CPU backend offers it ---------------------------------------------
+
+
+def test_a_cuda_engine_refuses_an_shm_group_naming_the_backend() -> None:
+    import asyncio
+
+    from backends.common.engine_requests import BadRequest
+    from backends.common.engine_weights import EngineWeights
+
+    weights = EngineWeights(torch.nn.Linear(2, 2), "cuda")
+    body = {
+        "backend": "shm",
+        "master_address": HOST,
+        "master_port": 1,
+        "rank_offset": 1,
+        "world_size": 2,
+        "group_name": "g",
+    }
+    with pytest.raises(BadRequest, match="shm moves host memory") as caught:
+        asyncio.run(weights.join(body))
+    assert caught.value.field == "backend"
+
+
+def test_the_shm_wire_is_a_cpu_stack_only() -> None:
+    from backends.common.stack import Stack, Wire
+
+    assert Stack(wire=Wire.SHM).collective_backend == "shm"
+    with pytest.raises(ValueError, match="device cpu only"):
+        Stack(device="cuda", wire=Wire.SHM)
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--wire", "shm", "--address", "10.0.0.1:6379"], ("--wire", "pass --wire gloo")),
+        (["--wire", "tcp"], ("--wire", "invalid choice")),
+    ],
+)
+def test_a_wire_the_run_cannot_use_exits_2_before_ray(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv, words
+) -> None:
+    from backends.common import cli
+
+    monkeypatch.setattr(cli, "run_real", lambda *a, **k: pytest.fail("the run started"))
+    with pytest.raises(SystemExit) as caught:
+        cli.main(["run", "--steps", "1", *argv])
+    assert caught.value.code == 2
+    err = capsys.readouterr().err
+    for word in words:
+        assert word in err, (word, err)
+
+
+def test_the_replay_line_keeps_the_wire() -> None:
+    import argparse
+
+    from backends.common.cli import _replay, add_cpu_flags, cpu_stack_flags
+
+    parser = argparse.ArgumentParser()
+    add_cpu_flags(parser)
+    for name in ("scenario", "load"):
+        parser.add_argument(f"--{name}")
+    parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--engine-token-seconds", type=float, default=0.0)
+    args = parser.parse_args(["--wire", "shm"])
+    line = _replay(args, 4, "backends.cpu", cpu_stack_flags(args))
+    assert line.startswith("python -m backends.cpu run --wire shm --seed 3 --steps 4")
+    assert cpu_stack_flags(parser.parse_args([])) == []  # gloo, the default, is not spelt
