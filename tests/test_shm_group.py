@@ -99,7 +99,8 @@ def _dies_before_receiving(rank: int, port: int, out: str) -> None:
     group = _group(port, "dies", rank, 2, arena, seconds=60)
     if rank == 1:
         os._exit(0)  # joined, then gone without a word
-    time.sleep(0.2)
+    while not group.header.pid(1):
+        time.sleep(0.01)
     try:
         group.broadcast([torch.ones(3 * CHUNK, dtype=torch.uint8)])
     except PeerFailure as error:
@@ -130,14 +131,16 @@ def test_a_receiver_that_never_answers_meets_the_timeout(tmp_path: Path) -> None
     out = tmp_path / "error.txt"
     store = _store()
     mp.spawn(_silent_receiver, args=(store.port, str(out)), nprocs=2, join=True)
-    assert "ranks [1] of the shm group did not finish the broadcast in 1 s" in out.read_text()
+    assert "rank 1 of the shm group did not finish the broadcast in 1 s" in out.read_text()
 
 
 def _source_dies(rank: int, port: int, out: str) -> None:
     arena = ShmArena() if rank == 0 else None
     group = _group(port, "source", rank, 2, arena, seconds=60)
     if rank == 0:
-        time.sleep(0.2)  # the receiver is waiting for the first piece
+        while not group.header.pid(1):  # the receiver joined
+            time.sleep(0.01)
+        time.sleep(0.2)  # and is waiting for the first piece
         os._exit(0)
     try:
         group.broadcast([torch.zeros(10, dtype=torch.uint8)])
@@ -252,3 +255,18 @@ def test_the_replay_line_keeps_the_wire() -> None:
     line = _replay(args, 4, "backends.cpu", cpu_stack_flags(args))
     assert line.startswith("python -m backends.cpu run --wire shm --seed 3 --steps 4")
     assert cpu_stack_flags(parser.parse_args([])) == []  # gloo, the default, is not spelt
+
+
+def test_a_receiver_joining_a_dead_source_is_told_it_died() -> None:
+    import subprocess
+    import sys
+
+    from backends.common.shm_group import HEADER_KEY, node_id
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    store = dist.HashStore()
+    store.set(NODE_KEY, node_id())
+    store.set(HEADER_KEY, f"{gone.pid},3")
+    with pytest.raises(PeerFailure, match=f"rank 0 \\(pid {gone.pid}\\) of the shm group died"):
+        ShmGroup(store, 1, 2, datetime.timedelta(seconds=1), None)

@@ -38,7 +38,7 @@ import platform
 import socket
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -46,15 +46,15 @@ from typing import Any
 
 import torch
 
+from backends.common import futex
+
 CHUNK = 4 * 1024**2
 """Bytes per published piece: the receivers' copy of piece k overlaps the source's write of
 k+1, so smaller pieces leave a shorter tail (backends/bench)."""
 NODE_KEY = "shm-node"
 HEADER_KEY = "shm-header"
 LIVENESS_SECONDS = 0.05
-SPIN_SECONDS = 0.0003
-"""How long a waiter spins (yielding its core to anyone runnable) before it sleeps in 50 us
-steps: a piece takes about 0.4 ms to copy, and a sleep wakes 60 to 100 us late."""
+"""How often a waiter looks whether the peer it waits for is still alive."""
 _GENERATIONS = itertools.count(1)
 """Segment numbers, unique in a process: (pid, generation) names one segment."""
 ORDERED_MACHINES = frozenset(("x86_64", "AMD64", "i686"))
@@ -162,8 +162,17 @@ class Header:
     def nbytes(cls, size: int) -> int:
         return -(-8 * (8 + 2 * size) // 4096) * 4096
 
-    def done(self, rank: int) -> int:
-        return int(self.slots[8 + rank])
+    @staticmethod
+    def done_slot(rank: int) -> int:
+        return 8 + rank
+
+    def address(self, slot: int) -> int:
+        return self.slots.data_ptr() + 8 * slot
+
+    def ring(self, slot: int, value: int) -> None:
+        """Set a flag (each is written by one process only) and wake whoever waits on it."""
+        self.slots[slot] = value
+        futex.wake(self.address(slot))
 
     def pid(self, rank: int) -> int:
         return int(self.slots[8 + self.size + rank])
@@ -238,7 +247,13 @@ class ShmGroup:
                     "every member on the source's node; use gloo across nodes"
                 )
             pid, fd = (int(v) for v in store.get(HEADER_KEY).decode().split(","))
-            self.header = Header(_map_peer(pid, fd, nbytes).view(torch.int64), size)
+            try:
+                view = _map_peer(pid, fd, nbytes)
+            except ShmUnavailable:
+                if not _alive(pid):
+                    raise PeerFailure(f"rank 0 (pid {pid}) of the shm group died") from None
+                raise
+            self.header = Header(view.view(torch.int64), size)
         self.header.slots[8 + size + rank] = os.getpid()
 
     def broadcast(self, tensors: Sequence[torch.Tensor], options: Any = None) -> _Done:
@@ -253,12 +268,9 @@ class ShmGroup:
         return _Done()
 
     def _receive(self, flat: torch.Tensor) -> None:
-        slots = self.header.slots
         for a, b in _pieces(flat.numel()):
             self.published += 1
-            self.wait_for(
-                lambda n=self.published: int(slots[Header.PUBLISHED]) >= n, [0], "publish a piece"
-            )
+            self.wait_for(Header.PUBLISHED, self.published, 0, "publish a piece")
             segment = self.header.segment()
             if segment.capacity < flat.numel():
                 raise ValueError(
@@ -267,27 +279,23 @@ class ShmGroup:
                 )
             flat[a:b].copy_(_arena_view(segment)[a:b])
         self.rounds += 1
-        slots[8 + self.rank] = self.rounds
+        self.header.ring(Header.done_slot(self.rank), self.rounds)
 
-    def wait_for(self, ready: Callable[[], bool], ranks: Sequence[int], what: str) -> None:
-        """Poll ``ready``, yielding the core; a dead or silent peer of ``ranks`` raises."""
-        started = checked = time.monotonic()
-        while not ready():
-            now = time.monotonic()
-            if now - started < SPIN_SECONDS:
-                os.sched_yield()
-                continue
-            time.sleep(50e-6)
-            if now - checked < LIVENESS_SECONDS:
-                continue
-            checked = now
-            for rank in ranks:
-                pid = self.header.pid(rank)
-                if pid and not _alive(pid):
-                    raise PeerFailure(f"rank {rank} (pid {pid}) of the shm group died")
-            if now - started > self.timeout:
+    def wait_for(self, slot: int, target: int, peer: int, what: str) -> None:
+        """Sleep until flag ``slot`` (written by ``peer`` alone) reaches ``target``; a dead
+        peer raises within LIVENESS_SECONDS, a live one that never writes at the timeout."""
+        slots, address = self.header.slots, self.header.address(slot)
+        started = time.monotonic()
+        while (seen := int(slots[slot])) < target:
+            futex.wait(address, seen, LIVENESS_SECONDS)
+            if int(slots[slot]) >= target:
+                return
+            pid = self.header.pid(peer)
+            if pid and not _alive(pid):
+                raise PeerFailure(f"rank {peer} (pid {pid}) of the shm group died")
+            if time.monotonic() - started > self.timeout:
                 raise PeerFailure(
-                    f"ranks {list(ranks)} of the shm group did not {what} in {self.timeout:g} s"
+                    f"rank {peer} of the shm group did not {what} in {self.timeout:g} s"
                 )
 
 
@@ -307,12 +315,8 @@ def send_many(groups: Sequence[ShmGroup], tensor: torch.Tensor) -> None:
         view[a:b].copy_(flat[a:b])
         for group in groups:
             group.published += 1
-            group.header.slots[Header.PUBLISHED] = group.published
+            group.header.ring(Header.PUBLISHED, group.published)
     for group in groups:
         group.rounds += 1
-        rounds, receivers = group.rounds, range(1, group.size)
-        group.wait_for(
-            lambda g=group, n=rounds, rs=receivers: all(g.header.done(r) >= n for r in rs),
-            list(receivers),
-            "finish the broadcast",
-        )
+        for rank in range(1, group.size):
+            group.wait_for(Header.done_slot(rank), group.rounds, rank, "finish the broadcast")
