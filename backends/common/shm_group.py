@@ -17,10 +17,12 @@ gloo group, so the trainer's send and the engine's receive are the same code:
   the bytes, so the arena is free again. gloo's small messages cost 0.1 to 1 ms
   each here (measured: 0.13-0.36 ms to one receiver, about 1 ms to four), a flag
   costs microseconds;
-- a waiter polls its flag, yielding the core, and every ``LIVENESS_SECONDS``
-  checks that the peers it waits for are alive: a dead peer is an error naming
-  it at once (as a broken gloo connection is), a live one that never answers
-  meets ``timeout`` (gloo's).
+- a waiter sleeps on its flag (a futex: backends/common/futex.py), so engines
+  that outnumber the cores take none from the trainer while it writes (polling
+  did: with four engines on two cores the ``shm`` ceiling's gloo-blocked
+  receivers beat it), and every ``LIVENESS_SECONDS`` it checks that the peer it
+  waits for is alive: a dead peer is an error naming it at once (as a broken
+  gloo connection is), a live one that never answers meets ``timeout`` (gloo's).
 
 The flags are ordered by x86's store order (total store order): the bytes of a
 piece are stored before the count that publishes them. The arena belongs to the
