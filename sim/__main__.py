@@ -41,6 +41,7 @@ from miles_core.report import (
     write_json,
     write_json_lines,
 )
+from miles_core.report.progress import count_step
 from miles_core.scenario import SCENARIOS, Scenario, save_scenario_file
 from sim.aim import parse_aim
 from sim.plants import check_plant, planted
@@ -100,7 +101,7 @@ def _run(args: argparse.Namespace) -> int:
         result = run_scenario(
             scenario,
             args.seed,
-            observers=[lambda e: bar.update(1) if isinstance(e, StepCommitted) else None],
+            observers=[lambda e: count_step(bar) if isinstance(e, StepCommitted) else None],
             check_every=args.check_every,
         )
     bar.close()

@@ -270,3 +270,21 @@ def test_a_receiver_joining_a_dead_source_is_told_it_died() -> None:
     store.set(HEADER_KEY, f"{gone.pid},3")
     with pytest.raises(PeerFailure, match=f"rank 0 \\(pid {gone.pid}\\) of the shm group died"):
         ShmGroup(store, 1, 2, datetime.timedelta(seconds=1), None)
+
+
+def test_a_dead_sources_mapping_is_dropped_when_another_is_mapped(monkeypatch) -> None:
+    """An engine outlives trainer cells: the mapping of a killed cell's arena would keep
+    its pages (a bucket's worth) alive for as long as the engine runs."""
+    import subprocess
+    import sys
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    received = {(gone.pid, 5): (1, torch.zeros(1)), (os.getpid(), 999): (1, torch.zeros(1))}
+    monkeypatch.setattr(shm_group, "_RECEIVED", received)
+    arena = ShmArena()
+    segment, mine = arena.reserve(10)
+    mine[:3] = torch.tensor([7, 8, 9], dtype=torch.uint8)
+    view = shm_group._arena_view(segment)
+    assert view[:3].tolist() == [7, 8, 9]  # the same pages, mapped again through /proc
+    assert set(received) == {(os.getpid(), 999), (os.getpid(), segment.fd)}

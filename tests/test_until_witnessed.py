@@ -120,3 +120,25 @@ def test_more_steps_than_until_witnessed_is_refused_naming_it() -> None:
     with pytest.raises(ConfigError, match=r"--steps.*201 is more than.*until_witnessed = 200"):
         scenario.with_run(steps=201)
     assert scenario.with_run(steps=200).loop.steps == 200
+
+
+def test_the_step_bar_grows_past_the_asked_steps_and_says_why() -> None:
+    import io
+
+    from tqdm import tqdm
+
+    from miles_core.report.progress import PAST_ASKED, count_step
+
+    out = io.StringIO()
+    bar = tqdm(total=2, file=out)
+    for _ in range(2):
+        count_step(bar)
+    assert (bar.n, bar.total) == (2, 2) and not bar.desc
+    count_step(bar)  # a third step: the run went on for a witness
+    assert (bar.n, bar.total) == (3, 3) and bar.desc.startswith(PAST_ASKED)
+    bar.close()
+    assert "3/3" in out.getvalue() and "3/2" not in out.getvalue()
+    quiet = tqdm(total=1, disable=True)  # --json: nothing counted, nothing shown
+    count_step(quiet)
+    count_step(quiet)
+    assert quiet.total == 1

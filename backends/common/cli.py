@@ -38,6 +38,7 @@ from miles_core.report import (
     write_json,
     write_json_lines,
 )
+from miles_core.report.progress import count_step
 from miles_core.scenario import Scenario, find_scenario
 
 StackFrom = Callable[[argparse.Namespace, Scenario], tuple[Stack, Scenario]]
@@ -124,7 +125,7 @@ def run_command(
 
     def watch(event: Event) -> None:
         if isinstance(event, StepCommitted):
-            bar.update(1)
+            count_step(bar)
         elif isinstance(event, FaultInjected):
             target = f"cell {event.cell}" if event.cell is not None else event.engine or "the world"
             say(f"fault {event.fault.value} {target} at t={event.t:.2f} ({event.detail})")

@@ -59,7 +59,8 @@ LIVENESS_SECONDS = 0.05
 """How often a waiter looks whether the peer it waits for is still alive."""
 _GENERATIONS = itertools.count(1)
 """Segment numbers, unique in a process: (pid, generation) names one segment."""
-ORDERED_MACHINES = frozenset(("x86_64", "AMD64", "i686"))
+ORDERED_MACHINES = frozenset(("x86_64", "AMD64"))
+"""Machines whose stores are seen in program order, and whose futex call futex.py knows."""
 
 
 class ShmUnavailable(RuntimeError):
@@ -187,13 +188,16 @@ class Header:
 _RECEIVED: dict[tuple[int, int], tuple[int, torch.Tensor]] = {}
 """A receiver process's arena mappings: (pid, fd) -> (generation, view). One mapping per
 segment, whatever the number of groups (a new group per update would map and fault it in
-again); a new generation behind the same fd means the old segment is gone."""
+again); a new generation behind the same fd means the old segment is gone, and a dead
+source's mappings are dropped when another is mapped (they hold its pages alive)."""
 
 
 def _arena_view(segment: Segment) -> torch.Tensor:
     key = (segment.pid, segment.fd)
     found = _RECEIVED.get(key)
     if found is None or found[0] != segment.generation:
+        for gone in [k for k in _RECEIVED if k[0] != segment.pid and not _alive(k[0])]:
+            del _RECEIVED[gone]
         view = _map_peer(segment.pid, segment.fd, segment.capacity)
         found = _RECEIVED[key] = (segment.generation, view)
     return found[1]

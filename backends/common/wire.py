@@ -1,4 +1,4 @@
-"""The weight-transfer wire path, torch only: gloo groups, bucket packing and unpacking.
+"""The weight-transfer wire path, torch only: update groups, bucket packing and unpacking.
 
 A bucket on the wire is SGLang's ``flattened_bucket`` (sglang/srt/weight_sync/
 tensor_bucket.py, FlattenedTensorBucket): each tensor's bytes back to back, no
@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from backends.common.shm_group import ShmGroup
 from miles_core.transfer import Bucket, ParamSpec, StagingSpan, itemsize
 
 GLOO_TIMEOUT = datetime.timedelta(seconds=30)
@@ -47,8 +48,6 @@ def shm_group(
 ) -> Any:
     """The same members over shared memory (backends/common/shm_group.py); the source
     (rank 0) passes its ShmArena."""
-    from backends.common.shm_group import ShmGroup
-
     store = dist.PrefixStore(prefix, client_store(store_addr))
     return ShmGroup(store, rank, size, GLOO_TIMEOUT, arena)
 
