@@ -94,6 +94,14 @@ def _typed(rank: int, port: int) -> None:
     assert torch.equal(tensor, values)
 
 
+def _broadcast_noting_failure(group: ShmGroup, tensor: torch.Tensor, out: str) -> None:
+    """The broadcast, its PeerFailure written to ``out`` for the test to read."""
+    try:
+        group.broadcast([tensor])
+    except PeerFailure as error:
+        Path(out).write_text(str(error))
+
+
 def _dies_before_receiving(rank: int, port: int, out: str) -> None:
     arena = ShmArena() if rank == 0 else None
     group = _group(port, "dies", rank, 2, arena, seconds=60)
@@ -101,10 +109,7 @@ def _dies_before_receiving(rank: int, port: int, out: str) -> None:
         os._exit(0)  # joined, then gone without a word
     while not group.header.pid(1):
         time.sleep(0.01)
-    try:
-        group.broadcast([torch.ones(3 * CHUNK, dtype=torch.uint8)])
-    except PeerFailure as error:
-        Path(out).write_text(str(error))
+    _broadcast_noting_failure(group, torch.ones(3 * CHUNK, dtype=torch.uint8), out)
 
 
 def test_a_dead_receiver_is_named_not_waited_for(tmp_path: Path) -> None:
@@ -121,10 +126,7 @@ def _silent_receiver(rank: int, port: int, out: str) -> None:
     if rank == 1:
         time.sleep(3)  # alive, but never takes the bucket
         return
-    try:
-        group.broadcast([torch.ones(10, dtype=torch.uint8)])
-    except PeerFailure as error:
-        Path(out).write_text(str(error))
+    _broadcast_noting_failure(group, torch.ones(10, dtype=torch.uint8), out)
 
 
 def test_a_receiver_that_never_answers_meets_the_timeout(tmp_path: Path) -> None:
@@ -142,10 +144,7 @@ def _source_dies(rank: int, port: int, out: str) -> None:
             time.sleep(0.01)
         time.sleep(0.2)  # and is waiting for the first piece
         os._exit(0)
-    try:
-        group.broadcast([torch.zeros(10, dtype=torch.uint8)])
-    except PeerFailure as error:
-        Path(out).write_text(str(error))
+    _broadcast_noting_failure(group, torch.zeros(10, dtype=torch.uint8), out)
 
 
 def test_a_dead_source_is_named_by_its_receivers(tmp_path: Path) -> None:

@@ -131,3 +131,22 @@ def test_a_trainer_whose_parameters_are_bucket_views_trains_bitwise_like_one_wit
     assert raw(bound) == raw(plain)
     for bucket in plan(bound, 100):  # and the wire buffers hold the trained weights
         assert torch.equal(views.buffer_for(*payload(bucket)), pack_bucket(bound, bucket))
+
+
+def test_an_engine_remembers_a_checked_layout_and_still_refuses_its_mutants() -> None:
+    """check_bucket keeps the layouts that passed (the same buckets every update): a
+    request that differs in one dtype or one shape is checked afresh and refused."""
+    from backends.common.engine_requests import BadRequest
+    from backends.common.engine_weights import EngineWeights
+
+    model = torch.nn.Linear(4, 3)
+    weights = EngineWeights(model, "cpu")
+    names, dtypes, shapes = ["weight", "bias"], ["float32", "float32"], [[3, 4], [3]]
+    for _ in range(2):
+        weights.check_bucket(names, dtypes, shapes)
+    assert len(weights._valid) == 1
+    with pytest.raises(BadRequest, match="float32 here, the request says bfloat16"):
+        weights.check_bucket(names, ["float32", "bfloat16"], shapes)
+    with pytest.raises(BadRequest, match=r"\[3\] here, the request says \[4\]"):
+        weights.check_bucket(names, dtypes, [[3, 4], [4]])
+    assert len(weights._valid) == 1
