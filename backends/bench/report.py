@@ -16,7 +16,7 @@ did not measure: a bug in the ceiling, listed under ``above_ceiling`` and
 flagged in every table. Within ``TIE`` of it is a tie, marked but not flagged:
 ``backend-shm`` with one bucket of the whole payload is the ``shm-flags`` way
 plus the backend's calls, and two runs of one procedure trade places at random
-(5 repeats on this machine put their median ratio at 0.95 to 1.01). ``memcpy``
+(one such run measured 1.01x, others 0.79x to 0.93x). ``memcpy``
 moves nothing between processes: a bound, never flagged.
 """
 
