@@ -287,3 +287,19 @@ def test_a_dead_sources_mapping_is_dropped_when_another_is_mapped(monkeypatch) -
     view = shm_group._arena_view(segment)
     assert view[:3].tolist() == [7, 8, 9]  # the same pages, mapped again through /proc
     assert set(received) == {(os.getpid(), 999), (os.getpid(), segment.fd)}
+
+
+def test_a_zombie_peer_counts_as_dead() -> None:
+    """An exited process its parent has not reaped yet reads nothing: a waiter must not wait
+    for it until the timeout."""
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while "Z" not in Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2][:3]:
+        assert time.monotonic() < deadline, "the child never exited"
+        time.sleep(0.05)
+    assert not shm_group._alive(child.pid)  # exited, not yet reaped
+    child.wait()
+    assert not shm_group._alive(child.pid) and shm_group._alive(os.getpid())

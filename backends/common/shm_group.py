@@ -102,13 +102,12 @@ def _map_peer(pid: int, fd: int, nbytes: int) -> torch.Tensor:
 
 
 def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs: a zombie (exited, not yet reaped by its parent) does not."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return False
-    except PermissionError:
-        return True
-    return True
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 @dataclass(frozen=True)
