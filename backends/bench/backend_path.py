@@ -40,6 +40,11 @@ def pair_name(receiver: int, wire: str = "") -> str:
     return f"backend-{wire}-pair{receiver}" if wire else f"backend-pair{receiver}"
 
 
+def engine_group(mode: str, receiver: int, wire: str = "") -> str:
+    """The one update group ``receiver`` takes a bucket on in ``mode``."""
+    return everyone_name(wire) if mode == "broadcast" else pair_name(receiver, wire)
+
+
 def group_names(mode: str, receivers: int, wire: str = "") -> list[str]:
     """The update groups of one send: broadcast one of everyone, p2p one per engine; ``wire``
     "" is the bench's backend, "shm" the shared-memory groups."""

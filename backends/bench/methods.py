@@ -49,7 +49,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from backends.bench.backend_path import EngineSide, TrainerSide, group_names, pair_name
+from backends.bench.backend_path import EngineSide, TrainerSide, engine_group, group_names
 from backends.bench.ceiling import CEILINGS, run_ceiling
 from backends.common.wire import (
     BucketViews,
@@ -147,8 +147,7 @@ class Rank:
         for bucket in buckets:
             self.views.buffer_for(*_payload(bucket))
         if isinstance(self.backend, EngineSide):
-            names = [group_names("broadcast", 1, w)[0] for w in self.wires]
-            names += [pair_name(self.rank, w) for w in self.wires]
+            names = [engine_group(m, self.rank, w) for w in self.wires for m in MODES]
             self.backend.prepare(buckets, names)
 
     # -- one trial ---------------------------------------------------------------------
@@ -230,11 +229,7 @@ class Rank:
         """The backend's own send_bucket / receive, bucket after bucket."""
         side = self.backend
         if isinstance(side, EngineSide):
-            if mode == "broadcast":
-                name = group_names(mode, 1, wire)[0]
-            else:
-                name = pair_name(self.rank, wire)
-            side.receive_all(name, self.buckets)
+            side.receive_all(engine_group(mode, self.rank, wire), self.buckets)
             return
         assert isinstance(side, TrainerSide)
         names = group_names(mode, self.receivers, wire)

@@ -173,7 +173,6 @@ def _setup(
         me.wires = ("", "shm")
         arena = ShmArena() if rank == 0 else None
         me.shm_everyone = update_group("shm", (HOST, port), "ceiling-shm", rank, world, arena)
-    if device.type == "cpu":
         if rank == 0:
             me.shared = map_shared(shm_path, payload)
         _allreduce(everyone, torch.zeros(1), dist.ReduceOp.SUM)

@@ -90,6 +90,11 @@ def dtype(field: str, value: Any) -> str:
 shape = list_of(count, MAX_DIMS)
 
 
+UPDATE_BACKENDS: Final = ("nccl", "gloo", "shm")
+"""The weight-update groups' backends an engine joins: torch's two, and shared memory on one
+node (backends/common/shm_group.py; the CPU world's, not SGLang's)."""
+
+
 def one_of(*choices: str) -> Check:
     def checked(field: str, value: Any) -> str:
         if text(field, value) not in choices:
@@ -131,7 +136,7 @@ SPECS: Final[Mapping[str, Mapping[str, Field]]] = {
         "rank_offset": Field(count),
         "world_size": Field(count),
         "group_name": Field(text, "weight_update_group"),
-        "backend": Field(one_of("nccl", "gloo", "shm"), "nccl"),
+        "backend": Field(one_of(*UPDATE_BACKENDS), "nccl"),
     },
     "/update_weights_from_distributed": {
         "names": Field(list_of(text)),

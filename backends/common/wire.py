@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from backends.common.engine_requests import UPDATE_BACKENDS
 from backends.common.shm_group import ShmGroup
 from miles_core.transfer import Bucket, ParamSpec, StagingSpan, itemsize
 
@@ -50,10 +51,6 @@ def shm_group(
     (rank 0) passes its ShmArena."""
     store = dist.PrefixStore(prefix, client_store(store_addr))
     return ShmGroup(store, rank, size, GLOO_TIMEOUT, arena)
-
-
-UPDATE_BACKENDS = ("gloo", "nccl", "shm")
-"""The weight-update groups' backends: torch's two, and shared memory on one node."""
 
 
 def update_group(
