@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from backends.common.run import TRAIN, RealResult, _layout, run_in_ray
 from backends.common.stack import CPU_STACK, Wire
 from backends.common.transport import RayRouter
 from miles_core.conformance import decisions, rollout
+from miles_core.engines import EngineState
 from miles_core.events import (
     EngineRecoveryAsked,
     EnginesFlushed,
@@ -44,6 +46,7 @@ from miles_core.events import (
     EngineStateChanged,
     GroupRecycled,
     HealEnded,
+    History,
     QuorumChanged,
     SampleGenerated,
     StepMetrics,
@@ -51,6 +54,7 @@ from miles_core.events import (
     WeightsChecked,
 )
 from miles_core.kinds import PauseMode, RunStatus, SampleOutcome
+from miles_core.transfer import TransferMode
 from sim.run import Scenario, run_scenario
 from sim.scenarios import SCENARIOS, load_scenario_file
 
@@ -122,6 +126,27 @@ def _conformance_cases() -> list[tuple[Scenario, int | None]]:
     ]
 
 
+def _cell_shrinks_and_heals(history: History) -> None:
+    quorums = [e.members for e in history if isinstance(e, QuorumChanged)]
+    assert (0,) in quorums and quorums[-1] == (0, 1)
+    assert [e.dst_cell for e in history if isinstance(e, HealEnded) and e.ok] == [1]
+
+
+def _engine_kill_recycles_its_groups(history: History) -> None:
+    down = [e for e in history if isinstance(e, EngineStateChanged) and not e.up]
+    assert [e.engine for e in down] == ["engine-1"]
+    recycled = [e for e in history if isinstance(e, GroupRecycled)]
+    assert any(e.reason.startswith("aborted") and e.t >= down[0].t for e in recycled)
+
+
+STORIES: dict[str, Callable[[History], None]] = {
+    # the survivor trains alone, then the healed cell trains on with it
+    "cell_crash_before_allreduce": _cell_shrinks_and_heals,
+    "engine_crash_mid_generation": _engine_kill_recycles_its_groups,
+}
+"""What a scenario's real run must show on its own, beside agreeing with the simulator."""
+
+
 @pytest.mark.parametrize(
     ("scenario", "steps"), _conformance_cases(), ids=lambda c: getattr(c, "name", str(c))
 )
@@ -136,16 +161,21 @@ def test_conformance_with_the_simulator(ray_cluster, scenario: Scenario, steps) 
     # every published version reached every live engine bitwise (trainers may be sharded)
     checked = {e.version for e in real.history if isinstance(e, WeightsChecked)}
     assert set(real.report.versions) <= checked
+    if scenario.name in STORIES:
+        STORIES[scenario.name](real.history)
 
 
 SHM_STACK = dataclasses.replace(CPU_STACK, wire=Wire.SHM)
 
 
-@pytest.mark.parametrize("name", ["engine_killed_mid_update", "p2p_transfer"])
-def test_conformance_over_shared_memory(ray_cluster, name: str) -> None:
-    """``--wire shm``: the same decisions as the simulator, every version bitwise in every
-    engine; an engine that dies between buckets breaks the group as it breaks gloo's."""
-    scenario = SCENARIOS[name]
+def test_conformance_over_shared_memory(ray_cluster) -> None:
+    """``--wire shm``, p2p (one pair group per engine, the bucket written once for all):
+    the same decisions as the simulator, every version bitwise in every engine; an engine
+    that dies between buckets breaks the group as it breaks gloo's."""
+    killed = SCENARIOS["engine_killed_mid_update"]
+    scenario = dataclasses.replace(
+        killed, loop=dataclasses.replace(killed.loop, transfer_mode=TransferMode.P2P)
+    )
     real = run_in_ray(scenario, seed=0, timeout=600, stack=SHM_STACK)
     assert real.ok, _failed(real)
     assert real.stack.collective_backend == "shm"
@@ -154,6 +184,8 @@ def test_conformance_over_shared_memory(ray_cluster, name: str) -> None:
     checked = {e.version for e in real.history if isinstance(e, WeightsChecked)}
     assert set(real.report.versions) <= checked
     assert real.summary()["transfer"]["updates"] >= len(real.report.versions)
+    down = [e for e in real.history if isinstance(e, EngineStateChanged) and not e.up]
+    assert [e.engine for e in down] == ["engine-1"]  # the kill broke its shm group
 
 
 def _steps_run(scenario: Scenario, steps: int | None, real: RealResult) -> int | None:
@@ -176,17 +208,6 @@ def test_placement_orders_what_ray_reports(ray_cluster) -> None:
         assert {b.node for b in placement.bundles} == set(node_addresses().values())
     finally:
         remove_placement_group(pg)
-
-
-def test_real_cell_kill_shrinks_and_heals(ray_cluster) -> None:
-    scenario = SCENARIOS["cell_crash_before_allreduce"]
-    result = run_in_ray(scenario, seed=1, timeout=600)
-    assert result.ok, _failed(result)
-    quorums = [e.members for e in result.history if isinstance(e, QuorumChanged)]
-    assert (0,) in quorums and quorums[-1] == (0, 1)
-    assert [e.dst_cell for e in result.history if isinstance(e, HealEnded) and e.ok] == [1]
-    # the healed cell trains on with the survivor: both hold one set of weights
-    assert result.report.steps_done == scenario.loop.steps
 
 
 def test_a_real_restart_under_one_step_off_is_awaited(ray_cluster) -> None:
@@ -243,29 +264,38 @@ def test_real_pause_modes(ray_cluster, name: str, steps: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "steps"),
+    "name",
     [
-        ("ft_every_engine_dies", None),  # generation waits for the recovered engines
-        ("every_engine_dies_without_ft", None),
-        # steps enough for the recoveries, seconds each, while one engine serves
-        ("ft_engine_hangs", 40),
-        # the second kill strikes the recovery, seconds after the first: the scenario's
-        # until_witnessed runs on until it fired and took effect
-        ("ft_engine_dies_during_recovery", None),
+        "ft_every_engine_dies",  # generation waits for the recovered engines
+        "every_engine_dies_without_ft",
+        # the hung engine is found, killed and recovered seconds later, and the second
+        # kill strikes a recovery: their scenarios' until_witnessed runs on until the
+        # faults took effect and every recovered engine serves again
+        "ft_engine_hangs",
+        "ft_engine_dies_during_recovery",
     ],
 )
-def test_real_engine_fault_tolerance(ray_cluster, name: str, steps: int | None) -> None:
+def test_real_engine_fault_tolerance(ray_cluster, name: str) -> None:
     """With --use-fault-tolerance dead and hung engines come back with no injected restart
     and the run completes; without it, losing every engine fails clearly. Neither hangs."""
     scenario = SCENARIOS[name]
     started = time.monotonic()
-    result = run_in_ray(scenario, seed=0, steps=steps, timeout=300)
+    result = run_in_ray(scenario, seed=0, timeout=300)
     assert result.ok, _failed(result)
     assert result.report.status is scenario.expect.status
     assert time.monotonic() - started < 300
     asked = [e for e in result.history if isinstance(e, EngineRecoveryAsked)]
     if scenario.loop.use_fault_tolerance:
-        assert asked and result.report.steps_done >= (steps or scenario.loop.steps)
+        assert asked and result.report.steps_done >= scenario.loop.steps
+        for engine in {e.engine for e in asked}:  # each recovered engine serves again
+            last_asked = max(e.t for e in asked if e.engine == engine)
+            assert any(
+                isinstance(e, EngineStateChanged)
+                and e.engine == engine
+                and e.new is EngineState.SERVING
+                and e.t >= last_asked
+                for e in result.history
+            ), f"{engine} was asked to recover at t={last_asked:g} and never served again"
     else:
         assert not asked and type(result.report.error).__name__ == "NoLiveEngineError"
 
@@ -288,16 +318,6 @@ def test_a_generation_error_ends_the_real_run_with_its_cause(ray_cluster, monkey
     assert type(result.report.error) is ZeroDivisionError
     assert "planted: a reward function divided by zero" in result.report.reason
     assert "the run crashed: ZeroDivisionError" in str(result.verdicts["end_state"])
-
-
-def test_real_engine_kill_recycles_its_groups(ray_cluster) -> None:
-    scenario = dataclasses.replace(SCENARIOS["engine_crash_mid_generation"])
-    result = run_in_ray(scenario, seed=1, timeout=600)
-    assert result.ok, _failed(result)
-    down = [e for e in result.history if isinstance(e, EngineStateChanged) and not e.up]
-    assert [e.engine for e in down] == ["engine-1"]
-    recycled = [e for e in result.history if isinstance(e, GroupRecycled)]
-    assert any(e.reason.startswith("aborted") and e.t >= down[0].t for e in recycled)
 
 
 @pytest.fixture

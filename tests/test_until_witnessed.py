@@ -75,6 +75,42 @@ def test_a_fault_not_fired_yet_is_waited_for_too() -> None:
     assert f"{done} steps (2 asked, then until every fault was witnessed)" in first
 
 
+def test_an_engine_recovery_under_way_is_waited_for(monkeypatch) -> None:
+    """A hang's witness is the engine leaving rotation; with fault tolerance its recovery
+    follows, seconds later for real (here a new process takes 60 s to start). The run goes
+    on until the recovered engine serves again, not just until it was taken out."""
+    from miles_core.engines import EngineState
+    from miles_core.events import EngineRecoveryAsked, EngineStateChanged
+    from miles_core.oracles.witnesses import recovering
+    from sim.cluster import SimCluster
+
+    restart = SimCluster.restart_engine
+
+    def slow_restart(self: SimCluster, engine_id: str) -> None:
+        async def later() -> None:
+            await self.rt.sleep(60.0)
+            restart(self, engine_id)
+
+        self.rt.spawn(later(), f"slow-restart-{engine_id}")
+
+    monkeypatch.setattr(SimCluster, "restart_engine", slow_restart)
+    scenario = SCENARIOS["ft_engine_hangs"].with_run(steps=3)
+    cut = run_scenario(dataclasses.replace(scenario, until_witnessed=None), 0)
+    assert cut.report.steps_done == 3 and recovering(cut.history) == {"engine-0"}
+
+    result = run_scenario(dataclasses.replace(scenario, until_witnessed=100), 0)
+    assert result.ok, result.failures()
+    assert 3 < result.report.steps_done < 100 and not recovering(result.history)
+    asked = next(e for e in result.history if isinstance(e, EngineRecoveryAsked))
+    serving = [
+        e
+        for e in result.history
+        if isinstance(e, EngineStateChanged) and e.new is EngineState.SERVING and e.t > asked.t
+    ]
+    assert [e.engine for e in serving] == ["engine-0"]
+    assert serving[0].t >= asked.t + 60.0
+
+
 def test_the_run_goes_no_further_than_until_witnessed() -> None:
     # a slowed link needs sends outside its window to compare with: 8 steps here
     wide = run_scenario(_one_step("slow_link", 40), 0)

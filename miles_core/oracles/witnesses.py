@@ -41,6 +41,7 @@ from miles_core.events import (
     CellStateChanged,
     CellTrained,
     EngineExited,
+    EngineRecoveryAsked,
     EngineStarted,
     EngineStateChanged,
     Event,
@@ -167,14 +168,35 @@ def fault_witness(history: History) -> Violation | None:
 
 def awaited(history: History) -> bool:
     """Whether a run so far still waits on a fault: one scheduled that has not fired yet
-    (a point such as during_recovery comes when it comes), or one that fired and has not
-    had its witnessed effect yet (a restarted engine that does not serve yet). What a run
-    with until_witnessed goes on for."""
+    (a point such as during_recovery comes when it comes), one that fired and has not
+    had its witnessed effect yet (a restarted engine that does not serve yet), or, with
+    fault tolerance on, an engine out of rotation that does not serve again yet (a hang's
+    witness is the engine leaving rotation; the health monitor's recovery, seconds later
+    for real, is what such a run is there to show). What a run with until_witnessed goes
+    on for."""
     index = _Index.of(history)
     fired = {e.index for _, e in index.fired}  # type: ignore[union-attr]
     if any(e.index not in fired for _, e in index.scheduled):  # type: ignore[union-attr]
         return True
+    if recovering(history):
+        return True
     return any(WITNESSES[e.fault](e, seq, index) is not None for seq, e in index.fired)  # type: ignore[union-attr]
+
+
+def recovering(history: History) -> set[str]:
+    """In a run with fault tolerance, the engines taken out of rotation (down) or asked for
+    a new process that have not served since: the health monitor is to bring them back.
+    Empty without fault tolerance, where nothing would."""
+    started = next((e for _, e in select(history, RunStarted)), None)
+    if started is None or not started.fault_tolerance:  # type: ignore[union-attr]
+        return set()
+    pending: set[str] = set()
+    for _, e in select(history, EngineRecoveryAsked, EngineStateChanged):
+        if isinstance(e, EngineStateChanged) and e.new is EngineState.SERVING:
+            pending.discard(e.engine)
+        elif isinstance(e, EngineRecoveryAsked) or e.new is EngineState.DOWN:  # type: ignore[union-attr]
+            pending.add(e.engine)  # type: ignore[union-attr]
+    return pending
 
 
 def unfired_reason(fault: FaultScheduled, history: History) -> str:

@@ -312,13 +312,14 @@ SCENARIOS: Mapping[str, Scenario] = {
             "--rollout-health-check-timeout, not with a stall",
             _BOTH_ENGINES_DIE_AT_STEP_3,
             expect=Expect(RunStatus.FAILED, "NoLiveEngineError"),
-            rollout_health_check_timeout=10.0,
+            rollout_health_check_timeout=4.0,
         ),
         _scenario(
             "ft_engine_hangs",
             "with fault tolerance, engine-0 hangs at step 2 (alive, answering nothing): its "
             "/health_generate times out, it is killed and recovered, and the run completes",
             (F("hang_engine", engine="engine-0", point="step_begin", step=2),),
+            until_witnessed=RESTART_STEPS,  # for real, the kill and recovery take seconds
             **_FT,
         ),
         _scenario(
