@@ -19,6 +19,7 @@ from miles_core.events import (
     EngineHealthFailed,
     EngineRecoveryAsked,
     EnginesFlushed,
+    EngineStarted,
     EngineStateChanged,
     GroupDropped,
     GroupGot,
@@ -145,27 +146,26 @@ def test_fault_tolerance_recovers_engines_with_no_injected_restart(
         assert any("starting" in e.how for e in of(result.history, EngineExited))
 
 
-def test_a_recovery_slower_than_the_monitors_patience_is_waited_for(monkeypatch) -> None:
+def test_a_recovery_slower_than_the_monitors_patience_is_waited_for() -> None:
     """A new process that takes longer to start than --rollout-health-check-interval +
     timeout (4 s here) is not replaced by a second recovery while it starts: asking again
     would kill it, and every start after it, for ever (seen on the CPU backend under load).
-    Here each recovery takes 10 s; each engine is asked once and serves again."""
-    from sim.cluster import SimCluster
-
-    restart = SimCluster.restart_engine
-
-    def slow_restart(self: SimCluster, engine_id: str) -> None:
-        async def later() -> None:
-            await self.rt.sleep(10.0)
-            restart(self, engine_id)
-
-        self.rt.spawn(later(), f"slow-restart-{engine_id}")
-
-    monkeypatch.setattr(SimCluster, "restart_engine", slow_restart)
-    result = passed("ft_every_engine_dies")
+    Here each new process takes 10 s to answer (engine_start_seconds, as the CPU backend's
+    do); each engine is asked once and serves again."""
+    scenario = SCENARIOS["ft_every_engine_dies"]
+    slow = dataclasses.replace(
+        scenario, timing=dataclasses.replace(scenario.timing, engine_start_seconds=10.0)
+    )
+    result = run_scenario(slow, 0)
+    assert result.ok, result.failures()
     asked = of(result.history, EngineRecoveryAsked)
     assert sorted(e.engine for e in asked) == ["engine-0", "engine-1"]
     assert not any("starting" in e.how for e in of(result.history, EngineExited))
+    for e in asked:  # each new process answered 10 s after its recovery was asked
+        started = next(
+            s for s in of(result.history, EngineStarted) if s.engine == e.engine and s.t >= e.t
+        )
+        assert started.t == pytest.approx(e.t + 10.0)
 
 
 def test_without_fault_tolerance_losing_every_engine_fails_with_a_clear_error() -> None:

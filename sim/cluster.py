@@ -40,7 +40,7 @@ from miles_core.scenario.schedule import FaultPoints, NoFaults
 from miles_core.transfer import Bucket
 from sim.components import Exchange, SimCell
 from sim.engine import EngineHandle, SimEngine
-from sim.runtime import SimRuntime
+from sim.runtime import SimRuntime, SimTask
 
 
 class SimRouter:
@@ -183,6 +183,8 @@ class SimCluster:
         self._impairments: dict[str, tuple[float, float]] = {}
         """what -> (factor, until): slow cells and links, router delays and failures."""
         self._replies: dict[str, tuple[float, Awaitable[None]]] = {}
+        self._starting: dict[str, SimTask] = {}
+        """Engines whose new process is starting (engine_start_seconds), by the start's task."""
         """what -> (when asked, the reply's wait) shared by every call of it at that instant."""
 
     # -- the Cluster protocol ---------------------------------------------------------
@@ -268,9 +270,28 @@ class SimCluster:
 
     def restart_engine(self, engine_id: str) -> None:
         """Replace the engine's process (a fault's restart, or the control plane's recovery):
-        the world reports the old one's exit, then the new one once it is up, or its death if
-        it died while starting."""
+        the old one dies now and the world reports its exit; the new one comes up after the
+        world's engine_start_seconds (at once with 0), and the world reports it, or its death
+        if it died while starting. A restart while a new process starts replaces that start
+        (its process is killed before it answered, as Ray kills a pending actor)."""
         self.kill_engine(engine_id)
+        seconds = self.timing.engine_start_seconds
+        if not seconds:
+            self._start_engine(engine_id)
+            return
+        pending = self._starting.pop(engine_id, None)
+        if pending is not None:
+            pending.cancel("a later restart replaced this start")
+        self._starting[engine_id] = self.rt.spawn(
+            self._start_after(engine_id, seconds), f"start-{engine_id}"
+        )
+
+    async def _start_after(self, engine_id: str, seconds: float) -> None:
+        await self.rt.sleep(seconds)
+        del self._starting[engine_id]
+        self._start_engine(engine_id)
+
+    def _start_engine(self, engine_id: str) -> None:
         engine = self.engines[engine_id]
         incarnation = engine.start()
         self.faults.fire(FaultPoint.DURING_RECOVERY, engine=engine_id)

@@ -41,3 +41,51 @@ def test_weights_cross_nodes_slower_than_within_one() -> None:
     local = c.link_latency_seconds + bucket / c.nvlink_bytes_per_second
     ratio = _update_seconds(gpus_per_node=1) / _update_seconds(gpus_per_node=8)
     assert abs(ratio - remote / local) < 0.01 * remote / local
+
+
+class _Seen:
+    """A WorldObserver that keeps what the world reported about its engines, with the time."""
+
+    def __init__(self, rt: SimRuntime) -> None:
+        self.rt = rt
+        self.reports: list[tuple[float, str, str, int]] = []
+
+    def engine_started(self, engine: str, incarnation: int, how: str) -> None:
+        self.reports.append((self.rt.now(), "started", engine, incarnation))
+
+    def engine_exited(self, engine: str, incarnation: int, how: str) -> None:
+        self.reports.append((self.rt.now(), "exited", engine, incarnation))
+
+    def cell_started(self, cell: int, incarnation: int, how: str) -> None:
+        pass
+
+    def weights_checked(self, *args: object) -> None:
+        pass
+
+
+def test_a_restarted_engine_answers_after_its_start_time_and_a_later_restart_replaces_it() -> None:
+    """engine_start_seconds: the old process dies at once; the new one comes up that long
+    after, and is dead to calls meanwhile. A second restart while the first new process
+    starts replaces that start: one new process, 5 s after the second restart."""
+    rt = SimRuntime(0)
+    cluster = SimCluster(rt, SCENARIOS["no_failure"].world, TimeModel(engine_start_seconds=5.0))
+    seen = _Seen(rt)
+    cluster.attach(seen)
+    engine = cluster.engines["engine-1"]
+
+    async def main() -> None:
+        await rt.sleep(1.0)
+        cluster.restart_engine("engine-1")
+        await rt.sleep(4.0)
+        assert engine.dead  # still starting at t=5
+        cluster.restart_engine("engine-1")  # the first start is replaced
+        await rt.sleep(4.0)
+        assert engine.dead
+        await rt.sleep(2.0)
+        assert not engine.dead
+
+    rt.run(main())
+    assert seen.reports == [(1.0, "exited", "engine-1", 0), (10.0, "started", "engine-1", 1)]
+    instant = SimCluster(SimRuntime(0), SCENARIOS["no_failure"].world, TimeModel())
+    instant.restart_engine("engine-1")
+    assert not instant.engines["engine-1"].dead  # 0 s: up at once, as before

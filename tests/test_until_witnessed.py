@@ -12,8 +12,10 @@ import dataclasses
 
 import pytest
 
+from miles_core.engines import EngineState
 from miles_core.errors import ConfigError
-from miles_core.events import RunEnded
+from miles_core.events import EngineRecoveryAsked, EngineStateChanged, RunEnded
+from miles_core.oracles.witnesses import recovering
 from miles_core.report.summary import summary, text_lines
 from miles_core.scenario import scenario_from_toml
 from miles_core.scenario.dump import scenario_to_toml
@@ -75,26 +77,15 @@ def test_a_fault_not_fired_yet_is_waited_for_too() -> None:
     assert f"{done} steps (2 asked, then until every fault was witnessed)" in first
 
 
-def test_an_engine_recovery_under_way_is_waited_for(monkeypatch) -> None:
+def test_an_engine_recovery_under_way_is_waited_for() -> None:
     """A hang's witness is the engine leaving rotation; with fault tolerance its recovery
-    follows, seconds later for real (here a new process takes 60 s to start). The run goes
-    on until the recovered engine serves again, not just until it was taken out."""
-    from miles_core.engines import EngineState
-    from miles_core.events import EngineRecoveryAsked, EngineStateChanged
-    from miles_core.oracles.witnesses import recovering
-    from sim.cluster import SimCluster
-
-    restart = SimCluster.restart_engine
-
-    def slow_restart(self: SimCluster, engine_id: str) -> None:
-        async def later() -> None:
-            await self.rt.sleep(60.0)
-            restart(self, engine_id)
-
-        self.rt.spawn(later(), f"slow-restart-{engine_id}")
-
-    monkeypatch.setattr(SimCluster, "restart_engine", slow_restart)
-    scenario = SCENARIOS["ft_engine_hangs"].with_run(steps=3)
+    follows, seconds later for real (here a new process takes 60 s to answer:
+    engine_start_seconds). The run goes on until the recovered engine serves again, not
+    just until it was taken out."""
+    hangs = SCENARIOS["ft_engine_hangs"].with_run(steps=3)
+    scenario = dataclasses.replace(
+        hangs, timing=dataclasses.replace(hangs.timing, engine_start_seconds=60.0)
+    )
     cut = run_scenario(dataclasses.replace(scenario, until_witnessed=None), 0)
     assert cut.report.steps_done == 3 and recovering(cut.history) == {"engine-0"}
 

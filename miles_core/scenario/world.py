@@ -86,6 +86,10 @@ class TimeModel:
     the version stamp, resume, adapter unload): the engine acts when it ends. It opens the
     windows between an update's start and its first bucket, and between its last bucket and
     the stamp, that a fault at a time can land in (0: calls answer at once)."""
+    engine_start_seconds: float = 0.0
+    """From an engine's restart (a fault's, or fault tolerance's recovery) to its new process
+    answering: importing, loading weights, serving (10 to 13 s on the CPU backend here). The
+    old process dies at once; meanwhile the slot has none (0: the new one answers at once)."""
     router_failure_seconds: float = 0.5
     """How long a failing router takes to answer with an error."""
     reward_success_rate: float | None = None
@@ -98,6 +102,7 @@ class TimeModel:
             "train_jitter",
             "link_latency_seconds",
             "control_reply_seconds",
+            "engine_start_seconds",
         }
         rate = self.reward_success_rate
         if rate is not None and not (
