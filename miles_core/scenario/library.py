@@ -44,8 +44,9 @@ def _scenario(
 
 RESTART_STEPS = 200
 """``until_witnessed`` of the scenarios that restart or recover an engine: instant in the
-simulator (which never needs a step more), 10 to 13 s for real on CPU (importing torch and
-transformers), tens of steps at a quarter of a second each."""
+simulator by default (which then never needs a step more; ``engine_start_seconds`` models a
+slower start), 10 to 13 s for real on CPU (importing torch and transformers), tens of steps
+at a quarter of a second each."""
 
 
 _LONG = TimeModel(response_tokens_mean=2048.0, response_tokens_sigma=0.3)
