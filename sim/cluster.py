@@ -183,9 +183,9 @@ class SimCluster:
         self._impairments: dict[str, tuple[float, float]] = {}
         """what -> (factor, until): slow cells and links, router delays and failures."""
         self._replies: dict[str, tuple[float, Awaitable[None]]] = {}
+        """what -> (when asked, the reply's wait) shared by every call of it at that instant."""
         self._starting: dict[str, SimTask] = {}
         """Engines whose new process is starting (engine_start_seconds), by the start's task."""
-        """what -> (when asked, the reply's wait) shared by every call of it at that instant."""
 
     # -- the Cluster protocol ---------------------------------------------------------
 
