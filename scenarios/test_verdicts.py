@@ -29,7 +29,7 @@ from miles_core.events import (
 from miles_core.kinds import FaultKind, FaultPoint, RunStatus
 from miles_core.loop.producer import Producer
 from miles_core.oracles.witnesses import WITNESSES
-from miles_core.scenario import SCENARIOS, Expect, make_fault
+from miles_core.scenario import SCENARIOS, Expect, TimeModel, make_fault
 from miles_core.scenario.schedule import FaultSchedule
 from sim.__main__ import main
 from sim.cluster import SimCluster
@@ -173,6 +173,36 @@ def test_the_simulated_world_reports_exits_and_new_processes_itself() -> None:
         ("engine_exited", "engine-0", 0),
         ("cell_started", 1, 1),
     ]
+
+
+def test_a_restarted_engine_answers_after_its_start_time_and_a_later_restart_replaces_it() -> None:
+    """engine_start_seconds: the old process dies at once; the new one comes up that long
+    after, and is dead to calls meanwhile. A second restart while the first new process
+    starts replaces that start: one new process, 5 s after the second restart (t=10)."""
+    rt = SimRuntime(0)
+    cluster = SimCluster(rt, SCENARIOS["no_failure"].world, TimeModel(engine_start_seconds=5.0))
+    observer = _Observer()
+    cluster.attach(observer)
+    engine = cluster.engines["engine-1"]
+    exited = [("engine_exited", "engine-1", 0)]
+
+    async def main() -> None:
+        await rt.sleep(1.0)
+        cluster.restart_engine("engine-1")
+        assert observer.calls == exited  # at t=1
+        await rt.sleep(4.0)
+        assert engine.dead  # still starting at t=5
+        cluster.restart_engine("engine-1")  # the first start is replaced
+        await rt.sleep(4.0)
+        assert engine.dead and observer.calls == exited  # t=9
+        await rt.sleep(2.0)
+        assert not engine.dead  # t=11
+
+    rt.run(main())
+    assert observer.calls == [*exited, ("engine_started", "engine-1", 1)]
+    instant = SimCluster(SimRuntime(0), SCENARIOS["no_failure"].world, TimeModel())
+    instant.restart_engine("engine-1")
+    assert not instant.engines["engine-1"].dead  # 0 s: up at once, as before
 
 
 def test_the_fault_schedule_records_only_that_faults_fired() -> None:
