@@ -297,6 +297,7 @@ SCENARIOS: Mapping[str, Scenario] = {
             "health monitor finds it, takes it out of rotation and recovers it (a new "
             "process, synced to the published version before it serves)",
             (F("kill_engine", engine="engine-1", point="step_begin", step=2),),
+            until_witnessed=RESTART_STEPS,  # for real, the recovery comes seconds later
             **_FT,
         ),
         _scenario(
@@ -304,6 +305,8 @@ SCENARIOS: Mapping[str, Scenario] = {
             "with fault tolerance, both engines die at step 3: generation stops, the monitor "
             "recovers both, and the run completes",
             _BOTH_ENGINES_DIE_AT_STEP_3,
+            # for real, generation goes on once one is back: the run waits for both
+            until_witnessed=RESTART_STEPS,
             **_FT,
         ),
         _scenario(
