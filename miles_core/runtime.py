@@ -9,8 +9,8 @@ Rules the orchestration code keeps, so that both worlds run it identically:
 
 - time comes from ``rt.now()`` and passes through ``await rt.sleep(dt)``;
 - concurrency is ``rt.spawn(coro, name[, eager])``, joined with ``await task``,
-  ``rt.wait_any`` or ``rt.wait_all``; a task is stopped with ``task.cancel``,
-  which raises Cancelled inside it at its current await;
+  ``rt.wait_any`` or ``rt.wait_all``, or ``rt.gather`` of coroutines; a task is
+  stopped with ``task.cancel``, which raises Cancelled inside it at its current await;
 - waiting for a condition is a ``rt.signal()``, set once;
 - randomness comes from named streams ``rt.rng(name)``, each derived from the
   run's root seed, so adding a stream never shifts another one's draws.
@@ -89,6 +89,16 @@ class Runtime(Protocol):
 
     def wait_all(self, waitables: Sequence[Task[Any] | Signal]) -> Awaitable[list[Any]]:
         """Wait for all of them; gives their values in order (the first failure raises)."""
+        ...
+
+    def gather(
+        self, coros: Sequence[Coroutine[Any, Any, T]], names: Sequence[str], reason: str
+    ) -> Awaitable[list[T]]:
+        """Run every coroutine at once (task ``names[i]`` each); gives their results in order.
+        The first failure raises, and the coroutines still running are cancelled with
+        ``reason``, as ``miles_core.sync.join_all`` does. The simulator takes each one's
+        first step at once and makes a task only of one that then waits: most control calls
+        answer without waiting, and an update calls every engine six times."""
         ...
 
     def rng(self, stream: str) -> Rng:

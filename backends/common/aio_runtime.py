@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from miles_core.runtime import Cancelled
 from miles_core.scenario.seeds import derive_seed
+from miles_core.sync import join_all
 
 T = TypeVar("T")
 
@@ -115,6 +116,14 @@ class AsyncioRuntime:
             if f.done() and (f.cancelled() or f.exception() is not None):
                 return [await w]  # raises, through the same path as awaiting it alone
         return [f.result() for f in futures]
+
+    async def gather(
+        self, coros: Sequence[Coroutine[Any, Any, T]], names: Sequence[str], reason: str
+    ) -> list[Any]:
+        """A task for each coroutine, joined: asyncio may not step a coroutine outside its
+        own task (a timeout inside it would cancel the caller's)."""
+        tasks = [self.spawn(coro, name) for coro, name in zip(coros, names, strict=True)]
+        return await join_all(self, tasks, reason)
 
     def rng(self, stream: str) -> random.Random:
         if stream not in self._streams:

@@ -14,6 +14,8 @@ the last cell would only end the run sooner than its next call would).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 from miles_core.cells import CellState
 from miles_core.events import HeartbeatMissed
 from miles_core.loop.context import RunContext
@@ -27,21 +29,34 @@ class HeartbeatMonitor:
 
     async def _round(self, cells: list[int]) -> list[bool]:
         """Ping every cell at once, each against the timeout (miles runs one
-        SimpleHealthChecker per cell, each on its own): which answered in time."""
+        SimpleHealthChecker per cell, each on its own): which answered in time.
+
+        Cells whose heartbeat hands back the same wait (the simulator answers every healthy
+        cell pinged at one instant with one shared reply) are waited for by one task: a
+        64-cell round is then one task, not 64. Distinct waits, as every real world's
+        are, each get their own."""
         rt = self.ctx.rt
         answered = [False] * len(cells)
         everyone = rt.signal()
-        left = len(cells)
+        waits: dict[int, tuple[Awaitable[None], list[int]]] = {}
+        for i, cell in enumerate(cells):
+            reply = self.ctx.cluster.cell(cell).heartbeat()
+            waits.setdefault(id(reply), (reply, []))[1].append(i)
+        left = len(waits)
 
-        async def ping(i: int, cell: int) -> None:
+        async def ping(reply: Awaitable[None], indices: list[int]) -> None:
             nonlocal left
-            await self.ctx.cluster.cell(cell).heartbeat()
-            answered[i] = True
+            await reply
+            for i in indices:
+                answered[i] = True
             left -= 1
             if not left:
                 everyone.set()
 
-        replies = [rt.spawn(ping(i, c), f"heartbeat-{c}", eager=True) for i, c in enumerate(cells)]
+        replies = [
+            rt.spawn(ping(reply, indices), f"heartbeat-{cells[indices[0]]}", eager=True)
+            for reply, indices in waits.values()
+        ]
         try:
             await rt.wait_any([everyone, rt.timer(self.ctx.config.heartbeat_timeout)])
         finally:  # timed out, or the checker was cancelled: no ping outlives its round

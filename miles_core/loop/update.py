@@ -49,7 +49,6 @@ from miles_core.loop.context import RunContext
 from miles_core.loop.supervision import EngineSupervisor
 from miles_core.loop.train import Trainer
 from miles_core.runtime import Task
-from miles_core.sync import join_all
 from miles_core.transfer import Bucket, TransferMode, lora_unit, plan_buckets, plan_transfer
 from miles_core.weight_update import (
     BeginUpdate,
@@ -123,14 +122,12 @@ class Updater:
         answered: Callable[[str], None] = lambda engine: None,
     ) -> list[EngineFailure]:
         """Call every engine at once; ``answered(engine)`` as each succeeds; the failures,
-        in engine order, once all ended. Each call starts at once (an eager task): an
-        engine's answer to a control call usually needs no wait at all."""
-        rt, call = self.ctx.rt, self._call
-        tasks = [
-            rt.spawn(call(e, i, method, args, answered), f"{method}-{e}", eager=True)
-            for e, i in targets.items()
-        ]
-        results = await join_all(rt, tasks, "the update was cancelled")
+        in engine order, once all ended (``rt.gather``: an engine's answer to a control call
+        usually needs no wait at all, and the simulator then makes no task of it)."""
+        call = self._call
+        calls = [call(e, i, method, args, answered) for e, i in targets.items()]
+        names = [f"{method}-{e}" for e in targets]
+        results = await self.ctx.rt.gather(calls, names, "the update was cancelled")
         return [f for f in results if f is not None]
 
     # -- one action of the sequence ------------------------------------------------------
