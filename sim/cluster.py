@@ -184,6 +184,10 @@ class SimCluster:
         """what -> (factor, until): slow cells and links, router delays and failures."""
         self._replies: dict[str, tuple[float, Awaitable[None]]] = {}
         """what -> (when asked, the reply's wait) shared by every call of it at that instant."""
+        self.spans: dict[tuple[int | None, ...], tuple[int | None, ...]] = {}
+        """Each distinct list of a response's span versions, as one shared tuple: a run keeps
+        a sample event for each of its requests, and the collector walks every tuple left
+        alive when the run hands it back (a large run's end took seconds more)."""
         self._starting: dict[str, SimTask] = {}
         """Engines whose new process is starting (engine_start_seconds), by the start's task."""
 

@@ -207,6 +207,7 @@ class SimEngine(_Mortal):
 
     def _result(self, job: _Request, aborted: bool) -> GenerateResult:
         versions = tuple(job.spans) or (self.version,)
+        versions = self.cluster.spans.setdefault(versions, versions)
         return GenerateResult(
             self.id,
             versions[-1],
