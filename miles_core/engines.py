@@ -117,6 +117,16 @@ class EngineTable:
         """Whether ``incarnation`` is still the engine's process."""
         return self.incarnation(engine) == incarnation
 
+    def replaced(self, processes: Mapping[str, int]) -> str | None:
+        """The first engine (in the mapping's order) whose named process is no longer its
+        process, or None: ``current`` for every engine of a bucket's 256 at once."""
+        incarnations = self._incarnations
+        for engine, incarnation in processes.items():
+            # current() raises for an unknown engine (whose .get gave None)
+            if incarnations.get(engine) != incarnation and not self.current(engine, incarnation):
+                return engine
+        return None
+
     def _check(self, engine: str) -> None:
         if engine not in self._states:
             raise ConfigError(

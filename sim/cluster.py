@@ -111,15 +111,22 @@ class SimTransport:
     ) -> None:
         cluster = self.cluster
         source = cluster.cells[source_cell]
-        processes = [cluster.engines[e] for e in engines]
-        for process in processes:  # a process not in the update's group fails the collective
-            process.check(engines[process.id])
+        _check_receivers(cluster, engines)  # one not in the update's group fails the collective
         if await source.work(seconds):
             raise source.failure(f"killed sending bucket {bucket.index}")
-        for process in processes:  # a receiver that died meanwhile fails the collective too
-            process.check(engines[process.id])
+        _check_receivers(cluster, engines)  # one that died meanwhile fails the collective too
         # the bucket arrived; a fault here strikes before the updater's next step
         cluster.faults.fire(FaultPoint.AFTER_BUCKET, cell=source_cell, bucket=bucket.index)
+
+
+def _check_receivers(cluster: SimCluster, engines: Mapping[str, int]) -> None:
+    """Raise as the first receiver whose named process is gone would (``SimEngine.check``),
+    with the test inlined for the live ones: a bucket goes to every engine, twice a send."""
+    processes = cluster.engines
+    for engine, incarnation in engines.items():
+        process = processes[engine]
+        if process.dead or process.incarnation != incarnation:
+            process.check(incarnation)
 
 
 def _place(world: WorldShape, rng: random.Random) -> Placement:
@@ -184,6 +191,7 @@ class SimCluster:
         """what -> (factor, until): slow cells and links, router delays and failures."""
         self._replies: dict[str, tuple[float, Awaitable[None]]] = {}
         """what -> (when asked, the reply's wait) shared by every call of it at that instant."""
+        self._handles: dict[tuple[str, int], EngineHandle] = {}
         self.spans: dict[tuple[int | None, ...], tuple[int | None, ...]] = {}
         """Each distinct list of a response's span versions, as one shared tuple: a run keeps
         a sample event for each of its requests, and the collector walks every tuple left
@@ -197,7 +205,13 @@ class SimCluster:
         return self.cells[index]
 
     def engine(self, engine_id: str, incarnation: int) -> EngineHandle:
-        return EngineHandle(self.engines[engine_id], incarnation)
+        """The handle of that process, made once (an update asks for every engine's six
+        times): a handle holds nothing but the process it addresses."""
+        key = (engine_id, incarnation)
+        handle = self._handles.get(key)
+        if handle is None:
+            handle = self._handles[key] = EngineHandle(self.engines[engine_id], incarnation)
+        return handle
 
     def attach(self, observer: WorldObserver) -> None:
         self.observer = observer

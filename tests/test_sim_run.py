@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 
+from miles_core.events import SampleGenerated
 from sim.run import run_scenario
 from sim.scenarios import SCENARIOS
 
@@ -17,3 +18,12 @@ def test_a_run_leaves_the_garbage_collector_as_it_found_it() -> None:
             assert gc.isenabled() is enabled
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def test_samples_of_the_same_span_versions_share_one_tuple() -> None:
+    """A large run keeps a sample event per request, and the collector walks every tuple
+    still alive when the run ends: equal span lists are one object."""
+    history = run_scenario(SCENARIOS["no_failure"], 0, 4).history
+    versions = [e.versions for e in history if isinstance(e, SampleGenerated)]
+    assert len(set(versions)) < len(versions)  # some repeat (else this checks nothing)
+    assert len({id(v) for v in versions}) == len(set(versions))

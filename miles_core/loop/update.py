@@ -232,9 +232,9 @@ class Updater:
         bucket = self.buckets[action.bucket]
         plan = plan_transfer(ctx.config.transfer_mode, (bucket,), tuple(targets))
         to = {e: targets[e] for transfer in plan.transfers for e in transfer.targets}
-        for engine in to:
-            if not ctx.engines.current(engine, to[engine]):
-                raise EngineFailure(engine, "its process was replaced during the update")
+        replaced = ctx.engines.replaced(to)
+        if replaced is not None:
+            raise EngineFailure(replaced, "its process was replaced during the update")
         transport = ctx.cluster.transport
         if plan.mode is TransferMode.P2P:
             deliveries = await transport.send_bucket_each(update_id, cell, bucket, to)
