@@ -35,6 +35,19 @@ if TYPE_CHECKING:
 class _Request:
     """One generate request's progress: tokens done, the versions its spans came from."""
 
+    __slots__ = (
+        "aborted",
+        "death",
+        "done",
+        "first",
+        "holds_pages",
+        "kept_kv",
+        "recompute",
+        "spans",
+        "started",
+        "total",
+    )
+
     def __init__(self, total: float, started: float, death: SimSignal) -> None:
         self.total = total
         self.started = started
