@@ -17,9 +17,12 @@ NAME = "bounded_staleness"
 
 def _oldest(sample: SampleGenerated) -> int:
     """The oldest version a sample's tokens came from (miles' oldest_weight_version)."""
-    if not sample.versions:  # one span: the reported version (most samples)
+    versions = sample.versions
+    if len(versions) == 1:  # one span (most samples)
+        return version_number(versions[0])
+    if not versions:  # no spans reported: the reported version
         return version_number(sample.version)
-    return min(map(version_number, sample.versions))
+    return min(map(version_number, versions))
 
 
 def bounded_staleness(history: History, bound: int | None = None) -> Violation | None:

@@ -34,7 +34,7 @@ def monotonic_versions(history: History) -> Violation | None:
     the consumer's version never decrease; no stamp is below the published version."""
     last_published: Indexed | None = None
     last_stamp: dict[tuple[str, int], Indexed] = {}
-    last_sample: dict[str, Indexed] = {}
+    last_sample: dict[str, tuple[int, Indexed]] = {}  # engine -> (its version's number, pair)
     last_got: Indexed | None = None
     kinds = (VersionPublished, LedgerRestored, EngineStamped, SampleGenerated, GroupGot)
     for seq, e in select(history, *kinds):
@@ -42,15 +42,16 @@ def monotonic_versions(history: History) -> Violation | None:
         if isinstance(e, SampleGenerated):
             if e.aborted:
                 continue
+            number = version_number(e.version)
             prev = last_sample.get(e.engine)
-            if prev is not None and version_number(e.version) < version_number(prev[1].version):
+            if prev is not None and number < prev[0]:
                 return Violation(
                     NAME,
                     f"engine {e.engine} generated under version {e.version} after "
-                    f"{prev[1].version}",
-                    (prev, (seq, e)),
+                    f"{prev[1][1].version}",  # type: ignore[attr-defined]
+                    (prev[1], (seq, e)),
                 )
-            last_sample[e.engine] = (seq, e)
+            last_sample[e.engine] = (number, (seq, e))
         elif isinstance(e, EngineStamped):
             prev = last_stamp.get((e.engine, e.incarnation))
             if prev is not None and e.version < prev[1].version:
