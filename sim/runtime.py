@@ -448,21 +448,21 @@ class _Condition(Event):
         self.callbacks = None  # while it is built, a check only records the outcome
         for event in events:
             event._defused = True
-        check = self._check  # not kept on self: a bound method there would be a cycle
         for event in events:
             callbacks = event.callbacks
             if callbacks is None:
-                check(event)
+                self(event)
                 if self._value is not PENDING:
                     break
-            else:
-                callbacks.append(check)
+            else:  # the condition is its events' callback itself: no bound method to make,
+                callbacks.append(self)  # and found again by identity when it is decided
         if self._value is PENDING:
-            self.callbacks = [self._build]
+            self.callbacks = [_decided]
         else:
-            self._build(self)
+            _decided(self)
 
-    def _check(self, event: Event) -> None:
+    def __call__(self, event: Event) -> None:
+        """One of its events was processed: decide, if that decides it."""
         if self._value is not PENDING:
             return
         self._count += 1
@@ -478,22 +478,31 @@ class _Condition(Event):
         if self.callbacks is not None:
             _process_now(self, self.callbacks)
 
-    def _build(self, event: Event) -> None:
-        events = self._events
-        check = self._check
-        for sub in events:
-            callbacks = sub.callbacks
-            if callbacks and check in callbacks:
-                callbacks.remove(check)
-        if not self._ok:
-            return
-        if self._any:
-            self._value = next(i for i, sub in enumerate(events) if sub.callbacks is None)
-        else:
-            self._value = [sub._value for sub in events]
-
     def __await__(self) -> Generator[Event, Any, Any]:
         return (yield self)
+
+
+def _decided(condition: _Condition) -> None:
+    """A condition's first callback when it is processed: off its other events' callbacks,
+    and its value (a function, not a method: a condition holding its own bound method in
+    its callbacks would be a reference cycle until it is decided)."""
+    events = condition._events
+    for sub in events:
+        callbacks = sub.callbacks
+        if callbacks:
+            try:  # noqa: SIM105 (suppress() is a context manager: slower, on a hot path)
+                callbacks.remove(condition)
+            except ValueError:
+                pass
+    if not condition._ok:
+        return
+    if condition._any:
+        for i, sub in enumerate(events):
+            if sub.callbacks is None:
+                condition._value = i
+                break
+    else:
+        condition._value = [sub._value for sub in events]
 
 
 class SimRuntime:
