@@ -357,6 +357,10 @@ def _process_now(event: Event, callbacks: list[Any]) -> None:
         raise _copy(event._value)  # a failure nobody waited for crashes the run
 
 
+_TAKEN = object()
+"""What a _Stepped holds once its first step has been handed on."""
+
+
 class _Stepped:
     """A coroutine whose first step was taken already (``SimRuntime.gather``): its first
     ``send`` hands back what that step yielded, or raises what it raised; then it is the
@@ -373,9 +377,9 @@ class _Stepped:
 
     def send(self, value: Any) -> Any:
         first = self._first
-        if first is None:
+        if first is _TAKEN:
             return self._coro.send(value)
-        self._first = None
+        self._first = _TAKEN
         if self._raised:
             raise first
         return first
