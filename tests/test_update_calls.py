@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from miles_core.loop.update import Updater
+from miles_core.loop.update import Updater, _CallNames
 from miles_core.runtime import Cancelled
 from sim.runtime import SimRuntime
 
@@ -68,3 +68,11 @@ def test_a_call_that_answers_in_time_acts_and_is_answered() -> None:
 
     assert rt.run(main()) is None
     assert engine.paused_at == 1.0 and answered == ["engine-0"]
+
+
+def test_an_updates_call_names_are_made_only_when_asked_for() -> None:
+    names = _CallNames("pause", ("engine-0", "engine-1"))
+    assert len(names) == 2
+    assert list(names) == ["pause-engine-0", "pause-engine-1"]
+    assert names[1] == "pause-engine-1"
+    assert names[:1] == ["pause-engine-0"]

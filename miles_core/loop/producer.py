@@ -80,20 +80,22 @@ class Producer:
             outcome = SampleOutcome.ROUTER_FAILED
         finally:
             self.engines.release(engine)
-        ctx.emit(
-            SampleGenerated,
-            group_id=group_id,
-            prompt_id=prompt_id,
-            sample=index,
-            turn=0,
-            engine=engine,
-            incarnation=incarnation,
-            version=result.weight_version if result else None,
-            versions=result.versions if result else (),
-            kept_kv=result.kept_kv if result else False,
-            outcome=outcome,
-            sent=sent,
-            engine_seconds=result.engine_seconds if result else None,
+        ctx.history.append(  # built here, not through emit's keyword dict: once per request
+            SampleGenerated(
+                t=ctx.rt.now(),
+                group_id=group_id,
+                prompt_id=prompt_id,
+                sample=index,
+                turn=0,
+                engine=engine,
+                incarnation=incarnation,
+                version=result.weight_version if result else None,
+                versions=result.versions if result else (),
+                kept_kv=result.kept_kv if result else False,
+                outcome=outcome,
+                sent=sent,
+                engine_seconds=result.engine_seconds if result else None,
+            )
         )
         if result is None or outcome is not SampleOutcome.COMPLETED:
             return Sample(index, (), SampleStatus.ABORTED)

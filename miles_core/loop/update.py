@@ -24,8 +24,8 @@ Where each decision is made:
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, overload
 
 from miles_core.backend import ComponentFailure, EngineFailure
 from miles_core.buffer import Group
@@ -64,6 +64,26 @@ from miles_core.weight_update import (
     UpdateKind,
     WeightUpdate,
 )
+
+
+class _CallNames(Sequence[str]):
+    """The task names of an update's calls, "method-engine", made only if asked for (the
+    simulator asks only for a call that waits)."""
+
+    def __init__(self, method: str, engines: tuple[str, ...]) -> None:
+        self._method, self._engines = method, engines
+
+    def __len__(self) -> int:
+        return len(self._engines)
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[str]: ...
+    def __getitem__(self, i: int | slice) -> str | Sequence[str]:
+        if isinstance(i, slice):
+            return [f"{self._method}-{e}" for e in self._engines[i]]
+        return f"{self._method}-{self._engines[i]}"
 
 
 class Updater:
@@ -126,7 +146,7 @@ class Updater:
         usually needs no wait at all, and the simulator then makes no task of it)."""
         call = self._call
         calls = [call(e, i, method, args, answered) for e, i in targets.items()]
-        names = [f"{method}-{e}" for e in targets]
+        names = _CallNames(method, tuple(targets))
         results = await self.ctx.rt.gather(calls, names, "the update was cancelled")
         return [f for f in results if f is not None]
 
@@ -194,13 +214,15 @@ class Updater:
         ctx = self.ctx
         await ctx.cluster.cell(cell).ping()  # the updater's rank 0 stamps: it must be alive
 
-        def stamped(engine: str) -> None:  # recorded as each engine answers
-            ctx.emit(
-                EngineStamped,
-                update_id=update_id,
-                engine=engine,
-                incarnation=targets[engine],
-                version=version,
+        def stamped(engine: str) -> None:  # recorded as each engine answers (built here, not
+            ctx.history.append(  # through emit's keyword dict: once per engine and update)
+                EngineStamped(
+                    t=ctx.rt.now(),
+                    update_id=update_id,
+                    engine=engine,
+                    incarnation=targets[engine],
+                    version=version,
+                )
             )
 
         # SGLang aborts every request in flight unless told not to (miles #2589, #2296)
