@@ -548,7 +548,8 @@ class SimRuntime:
         """Each coroutine's first step now, in order, as eager tasks would take it; one that
         returned needs no task, one that waits (or raised) becomes the eager task its step
         began, with the same events. An update's control calls mostly answer at once, and a
-        task each (six calls to each of 256 engines a step) was a tenth of a large run."""
+        task each (six calls to each of 256 engines a step) cost 3% of a large run's
+        instructions (callgrind, 64x256)."""
         results: list[Any] = [None] * len(coros)
         waiting: list[SimTask] = []
         at: list[int] = []
