@@ -267,6 +267,10 @@ class DataBuffer:
         self._filter = dynamic_filter
         self._queue: deque[Group] = deque()
         self._queued_ids: set[int] = set()
+        self._newest: Counter[int] = Counter()
+        """Queued groups by their newest sample version (the ones with a version): whether
+        any is newer than the consumer's version is then one max over a few keys, not a
+        walk of the queue on every get."""
         self._known_version: int | None = None
         self._window = _Window()
 
@@ -323,6 +327,8 @@ class DataBuffer:
             return Verdict(group, Fate.BLOCKED)
         self._queue.append(group)
         self._queued_ids.add(group.group_id)
+        if group.newest_version is not None:
+            self._newest[group.newest_version] += 1
         return Verdict(group, Fate.QUEUED)
 
     def _check_forward(self, current_version: int | None) -> None:
@@ -344,7 +350,9 @@ class DataBuffer:
         if current_version is not None:
             # Checked for every queued group before anything is popped: a refusal must not
             # lose the stale groups already popped ahead of the offending one.
-            for group in self._queue:
+            newest_queued = max(self._newest, default=None)
+            too_new = newest_queued is not None and newest_queued > current_version
+            for group in self._queue if too_new else ():  # the first offender, named
                 newest = group.newest_version
                 if newest is not None and newest > current_version:
                     raise VersionRegressionError(
@@ -358,6 +366,10 @@ class DataBuffer:
         while self._queue:
             group = self._queue.popleft()
             self._queued_ids.discard(group.group_id)
+            if group.newest_version is not None:
+                self._newest[group.newest_version] -= 1
+                if not self._newest[group.newest_version]:
+                    del self._newest[group.newest_version]
             age = staleness(current_version, group.oldest_version)
             if age is None:
                 verdicts.append(Verdict(group, Fate.TRAIN))
