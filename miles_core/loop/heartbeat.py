@@ -41,7 +41,11 @@ class HeartbeatMonitor:
         waits: dict[int, tuple[Awaitable[None], list[int]]] = {}
         for i, cell in enumerate(cells):
             reply = self.ctx.cluster.cell(cell).heartbeat()
-            waits.setdefault(id(reply), (reply, []))[1].append(i)
+            known = waits.get(id(reply))
+            if known is None:
+                waits[id(reply)] = (reply, [i])
+            else:
+                known[1].append(i)
         left = len(waits)
 
         async def ping(reply: Awaitable[None], indices: list[int]) -> None:
