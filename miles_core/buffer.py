@@ -327,8 +327,8 @@ class DataBuffer:
             return Verdict(group, Fate.BLOCKED)
         self._queue.append(group)
         self._queued_ids.add(group.group_id)
-        if group.newest_version is not None:
-            self._newest[group.newest_version] += 1
+        if (newest := group.newest_version) is not None:
+            self._newest[newest] += 1
         return Verdict(group, Fate.QUEUED)
 
     def _check_forward(self, current_version: int | None) -> None:
@@ -350,26 +350,25 @@ class DataBuffer:
         if current_version is not None:
             # Checked for every queued group before anything is popped: a refusal must not
             # lose the stale groups already popped ahead of the offending one.
-            newest_queued = max(self._newest, default=None)
-            too_new = newest_queued is not None and newest_queued > current_version
-            for group in self._queue if too_new else ():  # the first offender, named
-                newest = group.newest_version
-                if newest is not None and newest > current_version:
-                    raise VersionRegressionError(
-                        f"group {group.group_id} holds a sample of weight version {newest} but "
-                        f"the consumer's version is {current_version}: a version was used before "
-                        "it was published; publish before resuming the engines"
-                    )
+            if max(self._newest, default=current_version) > current_version:
+                for group in self._queue:  # the first offender, named
+                    newest = group.newest_version
+                    if newest is not None and newest > current_version:
+                        raise VersionRegressionError(
+                            f"group {group.group_id} holds a sample of weight version {newest} "
+                            f"but the consumer's version is {current_version}: a version was "
+                            "used before it was published; publish before resuming the engines"
+                        )
             self._known_version = current_version
         bound = self.config.max_weight_staleness
         verdicts: list[Verdict] = []
         while self._queue:
             group = self._queue.popleft()
             self._queued_ids.discard(group.group_id)
-            if group.newest_version is not None:
-                self._newest[group.newest_version] -= 1
-                if not self._newest[group.newest_version]:
-                    del self._newest[group.newest_version]
+            if (newest := group.newest_version) is not None:
+                self._newest[newest] -= 1
+                if not self._newest[newest]:
+                    del self._newest[newest]
             age = staleness(current_version, group.oldest_version)
             if age is None:
                 verdicts.append(Verdict(group, Fate.TRAIN))

@@ -31,7 +31,6 @@ import random
 from collections.abc import Coroutine, Generator, Sequence
 from heapq import heappop, heappush
 from inspect import iscoroutine
-from operator import attrgetter
 from typing import Any, TypeVar
 
 import simpy
@@ -415,10 +414,6 @@ class SimSignal:
         return (yield self.event)
 
 
-_EVENT_OF = attrgetter("event")
-"""A waitable's SimPy event (a list comprehension is a function call of its own in 3.11)."""
-
-
 class _Condition(Event):
     """SimPy's AnyOf / AllOf minus the ConditionValue, decided without an event of its own.
 
@@ -437,7 +432,7 @@ class _Condition(Event):
         self.env = env
         # the events behind the waitables, defused: the waiter receives the first failure;
         # a later failure among them has been waited for too and must not crash the run
-        self._events = events = list(map(_EVENT_OF, waitables))
+        self._events = events = [w.event for w in waitables]
         self._any = any_
         self._count = 0
         if not events:  # SimPy: an empty condition triggers at once
