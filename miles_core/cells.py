@@ -158,6 +158,8 @@ class CellGroup:
         self.max_step_attempts = max_step_attempts
         self.max_route_attempts = max_route_attempts
         self._states = [initial] * num_cells
+        self._alive = self._find_alive()
+        """The alive cells, kept by ``apply`` (the heartbeat asks twice a round)."""
         self._quorum_id = 0
         self._members: tuple[int, ...] = self.alive()
         self._transitions: list[Transition] = []
@@ -174,6 +176,9 @@ class CellGroup:
         return tuple(self._states)
 
     def alive(self) -> tuple[int, ...]:
+        return self._alive
+
+    def _find_alive(self) -> tuple[int, ...]:
         return tuple(i for i, s in enumerate(self._states) if s is CellState.ALIVE)
 
     def ranks(self, cell: int) -> tuple[int, ...]:
@@ -205,6 +210,8 @@ class CellGroup:
                 f"cell {cell}: event {event.value} is not allowed in state {old.value}"
             )
         self._states[cell] = new
+        if (old is CellState.ALIVE) != (new is CellState.ALIVE):
+            self._alive = self._find_alive()
         self._transitions.append(Transition(cell, old, new, event, reason))
         return new
 

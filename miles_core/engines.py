@@ -115,7 +115,10 @@ class EngineTable:
 
     def current(self, engine: str, incarnation: int) -> bool:
         """Whether ``incarnation`` is still the engine's process."""
-        return self.incarnation(engine) == incarnation
+        known = self._incarnations.get(engine)
+        if known is None:
+            self._check(engine)
+        return known == incarnation
 
     def replaced(self, processes: Mapping[str, int]) -> str | None:
         """The first engine (in the mapping's order) whose named process is no longer its

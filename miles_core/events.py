@@ -581,14 +581,15 @@ class History:
     def append(self, event: Event) -> Event:
         if not isinstance(event, Event):
             raise ConfigError("event", f"got {type(event).__name__}", "append Event instances")
-        if self._events and event.t < self._events[-1].t:
+        events = self._events
+        if events and event.t < events[-1].t:
             raise ConfigError(
                 "event.t",
                 f"{event.type_name} at t={event.t} is earlier than the last event at "
-                f"t={self._events[-1].t}",
+                f"t={events[-1].t}",
                 "append events in time order",
             )
-        self._events.append(event)
+        events.append(event)
         for callback in self._observers:
             callback(event)
         return event

@@ -246,7 +246,7 @@ class SimCluster:
         return self._shared_reply("control", self.timing.control_reply_seconds)
 
     def _shared_reply(self, what: str, seconds: float) -> Awaitable[None]:
-        now = self.rt.now()
+        now = self.rt.env._now  # compared only: the clock as it is (every heartbeat asks)
         asked, reply = self._replies.get(what, (-1.0, None))
         if asked != now or reply is None:
             reply = self.rt.sleep(seconds)
@@ -254,7 +254,7 @@ class SimCluster:
         return reply
 
     def impaired(self, what: str) -> bool:
-        return self.rt.now() < self._impairments.get(what, (1.0, 0.0))[1]
+        return self.rt.env._now < self._impairments.get(what, (1.0, 0.0))[1]
 
     def kill_cell(self, index: int) -> None:
         """Kill at once: in virtual time a named point is now."""

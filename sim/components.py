@@ -55,8 +55,7 @@ class _Mortal:
         ``death``: the death of the process the work belongs to (default: the current one),
         so that work of a replaced process ends with it. The wait itself is returned (no
         coroutine around it: every request and every send makes one)."""
-        died = self._death if death is None else death
-        return self.rt.wait_any([self.rt.timer(seconds), died, *interrupts])
+        return self.rt.timer_or(seconds, (self._death if death is None else death, *interrupts))
 
 
 class SimCell(_Mortal):

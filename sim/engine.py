@@ -135,6 +135,8 @@ class SimEngine(_Mortal):
     # -- generation ------------------------------------------------------------------------
 
     async def generate(self, incarnation: int, request: GenerateRequest) -> GenerateResult:
+        """Decode until done, through pauses (one coroutine for the whole request, not one
+        more around its loop: a large run makes 512 requests a step)."""
         self.check(incarnation)
         if self.hung:
             await self.answer()
@@ -144,31 +146,28 @@ class SimEngine(_Mortal):
         job = _Request(self._lengths.lognormvariate(mu, sigma), self.rt.now(), self._death)
         self.jobs.add(job)
         try:
-            return await self._generate(job)
-        finally:
-            self.jobs.discard(job)
-
-    async def _generate(self, job: _Request) -> GenerateResult:
-        while job.done < job.total:
-            if self.paused and await self._wait_paused(job):
-                return self._result(job, aborted=True)  # abort_all while it waited
-            if job.death.is_set():  # its process was replaced while it waited to go on
-                raise self.failure("killed while the request waited")
+            while job.done < job.total:
+                if self.paused and await self._wait_paused(job):
+                    return self._result(job, aborted=True)  # abort_all while it waited
+                if job.death.is_set():  # its process was replaced while it waited to go on
+                    raise self.failure("killed while the request waited")
+                if self.hung:
+                    await self.answer()
+                job.on_weights(self.version)
+                interrupted = await self._decode(job)
+                if interrupted is None:
+                    continue
+                if job.aborted:
+                    return self._result(job, aborted=True)
+                mode = self._interrupt_mode
+                job.recompute = mode is PauseMode.RETRACT
+                if mode is PauseMode.IN_PLACE and self.paused and await self._wait_paused(job):
+                    return self._result(job, aborted=True)
             if self.hung:
                 await self.answer()
-            job.on_weights(self.version)
-            interrupted = await self._decode(job)
-            if interrupted is None:
-                continue
-            if job.aborted:
-                return self._result(job, aborted=True)
-            mode = self._interrupt_mode
-            job.recompute = mode is PauseMode.RETRACT
-            if mode is PauseMode.IN_PLACE and self.paused and await self._wait_paused(job):
-                return self._result(job, aborted=True)
-        if self.hung:
-            await self.answer()
-        return self._result(job, aborted=job.aborted)
+            return self._result(job, aborted=job.aborted)
+        finally:
+            self.jobs.discard(job)
 
     async def _decode(self, job: _Request) -> bool | None:
         """Prefill (if retracted) and decode until done (None) or interrupted (True)."""
@@ -308,7 +307,9 @@ class EngineHandle:
         return self.engine
 
     def _control(self, method: str, *args: object) -> Awaitable[None]:
-        engine = self._check()
+        engine = self.engine
+        if engine.incarnation != self.incarnation or engine.dead:  # _check's test, inline:
+            engine.check(self.incarnation)  # every update makes six calls to each engine
         if not engine.cluster.timing.control_reply_seconds:
             return getattr(engine, method)(*args)
         return self._after_reply(method, args)

@@ -31,6 +31,7 @@ import random
 from collections.abc import Coroutine, Generator, Sequence
 from heapq import heappop, heappush
 from inspect import iscoroutine
+from operator import attrgetter
 from typing import Any, TypeVar
 
 import simpy
@@ -426,13 +427,11 @@ class _Condition(Event):
     await goes on without waiting.
     """
 
-    def __init__(
-        self, env: SeededEnvironment, waitables: Sequence[SimTask | SimSignal], any_: bool
-    ) -> None:
+    def __init__(self, env: SeededEnvironment, events: list[Event], any_: bool) -> None:
         self.env = env
         # the events behind the waitables, defused: the waiter receives the first failure;
         # a later failure among them has been waited for too and must not crash the run
-        self._events = events = [w.event for w in waitables]
+        self._events = events
         self._any = any_
         self._count = 0
         if not events:  # SimPy: an empty condition triggers at once
@@ -504,6 +503,10 @@ def _decided(condition: _Condition) -> None:
         condition._value = [sub._value for sub in events]
 
 
+_event_of = attrgetter("event")
+"""The event behind a waitable (a signal or a task)."""
+
+
 class SimRuntime:
     """Runtime over a SeededEnvironment; ``run`` drives a root coroutine to completion."""
 
@@ -532,10 +535,18 @@ class SimRuntime:
         return SimSignal(self.env, _Sleep(self.env, seconds))
 
     def wait_any(self, waitables: Sequence[SimTask | SimSignal]) -> _Condition:
-        return _Condition(self.env, waitables, True)
+        return _Condition(self.env, [w.event for w in waitables], True)
 
     def wait_all(self, waitables: Sequence[SimTask | SimSignal]) -> _Condition:
-        return _Condition(self.env, waitables, False)
+        return _Condition(self.env, [w.event for w in waitables], False)
+
+    def timer_or(self, seconds: float, signals: Sequence[SimSignal]) -> _Condition:
+        """``wait_any([timer(seconds), *signals])`` without a signal around the timer: the
+        simulated components' work (every request's decode, every train step) is this."""
+        if seconds < 0:
+            raise ValueError(f"timer needs seconds >= 0, got {seconds}")
+        env = self.env
+        return _Condition(env, [_Sleep(env, seconds), *map(_event_of, signals)], True)
 
     async def gather(
         self, coros: Sequence[Coroutine[Any, Any, T]], names: Sequence[str], reason: str

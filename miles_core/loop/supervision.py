@@ -37,6 +37,8 @@ class EngineSupervisor:
         self._indexed: tuple[str, ...] | None = None
         """The serving engines ``_by_load`` holds (rebuilt when the set changes)."""
         self._members: frozenset[str] = frozenset()
+        self._router = ctx.rt.rng("router")
+        """The ties' stream, looked up once (the same object for the whole run: rt.rng)."""
 
     def serving(self) -> tuple[str, ...]:
         return self.ctx.engines.serving()
@@ -57,7 +59,7 @@ class EngineSupervisor:
         if candidates is not self._indexed:
             self._index(candidates)
         by_load = self._by_load
-        engine = ctx.rt.rng("router").choice(by_load[min(by_load)])
+        engine = self._router.choice(by_load[min(by_load)])
         return engine, ctx.engines.incarnation(engine)
 
     def acquire(self, engine: str) -> None:

@@ -156,7 +156,9 @@ class Updater:
         self, update_id: int, cell: int, action: UpdateAction, targets: dict[str, int]
     ) -> None:
         ctx = self.ctx
-        mine = {e: targets[e] for e in getattr(action, "engines", ())}
+        engines = getattr(action, "engines", ())
+        # most actions name every target, in order: those share the update's mapping
+        mine = targets if engines == tuple(targets) else {e: targets[e] for e in engines}
         if isinstance(action, PauseEngines):
             await self._all_answer(update_id, mine, EnginesPaused, "pause", action.mode)
         elif isinstance(action, FlushCache):
@@ -203,7 +205,7 @@ class Updater:
             event,
             update_id=update_id,
             engines=answered,
-            incarnations=tuple(targets[e] for e in answered),
+            incarnations=tuple(map(targets.__getitem__, answered)),
         )
         if failures:
             raise failures[0]
@@ -236,7 +238,7 @@ class Updater:
             EnginesResumed,
             update_id=update_id,
             engines=resumed,
-            incarnations=tuple(targets[e] for e in resumed),
+            incarnations=tuple(map(targets.__getitem__, resumed)),
         )
         self.engines.synced(
             {e: targets[e] for e in resumed}, f"stamped and resumed by update {update_id}"
@@ -269,7 +271,7 @@ class Updater:
                 bucket=action.bucket,
                 n_buckets=action.n_buckets,
                 engines=delivery.engines,
-                incarnations=tuple(targets[e] for e in delivery.engines),
+                incarnations=tuple(map(targets.__getitem__, delivery.engines)),
                 nbytes=bucket.nbytes,
                 seconds=delivery.seconds,
             )
