@@ -129,7 +129,7 @@ class SimEngine(_Mortal):
         if mode is None or mode is PauseMode.ABORT:
             for job in self.jobs:
                 job.aborted = True
-        self._interrupt.set()
+        self._interrupt.set_for_current_waiters()  # replaced at once: no later waiter
         self._interrupt = self.rt.signal()
 
     # -- generation ------------------------------------------------------------------------
@@ -249,7 +249,7 @@ class SimEngine(_Mortal):
         if self.hung:
             await self.answer()
         self.paused = False
-        self._resumed.set()
+        self._resumed.set_for_current_waiters()  # awaited only while paused: no later waiter
 
     async def flush_cache(self) -> None:
         if self.hung:

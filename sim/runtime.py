@@ -408,6 +408,23 @@ class SimSignal:
             env = event.env
             heappush(env._queue, (env._now, NORMAL, env._tie_now(), next(env._eid), event))
 
+    def set_for_current_waiters(self) -> None:
+        """``set()`` for a signal that nobody begins to wait on once it is set (its owner
+        replaces it, or waits on it only in a state that setting it ends). With no waiter
+        it is processed now, not queued to be popped with nothing to do; its tie is drawn
+        all the same, so every other event keeps its place. An update's pause and resume
+        each set one on every engine, most of them with no request waiting."""
+        event = self.event
+        if event._value is not PENDING:
+            return
+        if event.callbacks:
+            self.set()
+            return
+        event._ok, event._value, event.callbacks = True, None, None
+        env = event.env
+        env._tie_now()
+        next(env._eid)
+
     def is_set(self) -> bool:
         return self.event._value is not PENDING
 

@@ -384,3 +384,60 @@ def test_a_task_that_never_started_by_the_end_of_the_run_is_closed_without_warni
         run()
         gc.collect()
     assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []
+
+
+def _same_instant_order(seed: int, set_signal: str, waiter: bool) -> tuple[list[str], int]:
+    """Eight tasks woken at one instant after a signal is set (by ``set_signal``): the order
+    they ran in, and the events processed."""
+    rt = SimRuntime(seed=seed)
+    order: list[str] = []
+    signal = rt.signal()
+
+    async def sleeper(name: str) -> None:
+        await rt.sleep(0)  # queued for this instant: its tie follows the signal's
+        order.append(name)
+
+    async def waiting() -> None:
+        await signal
+        order.append("waiter")
+
+    async def main() -> None:
+        tasks = [rt.spawn(waiting(), "waiter", eager=True)] if waiter else []
+        await rt.sleep(1)
+        getattr(signal, set_signal)()
+        tasks += [rt.spawn(sleeper(f"s{i}"), f"s{i}", eager=True) for i in range(8)]
+        await rt.wait_all(tasks)
+        assert signal.is_set()
+
+    rt.run(main())
+    return order, rt.env.processed
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_signal_set_for_its_current_waiters_keeps_every_other_event_in_place(seed: int) -> None:
+    """With nobody waiting it queues no event (an update sets one on each of 256 engines)
+    and the events after it keep their order; with a waiter it is a plain set."""
+    plain, plain_events = _same_instant_order(seed, "set", waiter=False)
+    unheard, unheard_events = _same_instant_order(seed, "set_for_current_waiters", waiter=False)
+    assert unheard == plain
+    assert unheard_events == plain_events - 1
+    waited, waited_events = _same_instant_order(seed, "set", waiter=True)
+    assert _same_instant_order(seed, "set_for_current_waiters", waiter=True) == (
+        waited,
+        waited_events,
+    )
+    assert "waiter" in waited
+
+
+def test_a_signal_set_for_its_current_waiters_lets_a_later_await_go_on_at_once() -> None:
+    rt = SimRuntime(seed=3)
+    signal = rt.signal()
+
+    async def main() -> float:
+        signal.set_for_current_waiters()
+        signal.set_for_current_waiters()  # set already: nothing more
+        await signal
+        return rt.now()
+
+    assert rt.run(main()) == 0.0
+    assert rt.env.processed == 1  # main's own end

@@ -79,6 +79,8 @@ class HeartbeatMonitor:
             cells = list(ctx.cells.alive())
             sent = ctx.rt.now()
             answered = await self._round(cells)
+            if all(answered) and not any(misses.values()):
+                continue  # nothing to count: every cell answered, and none had missed before
             for cell, ok in zip(cells, answered, strict=True):
                 if ctx.monitor_paused:  # an update or a heal began: busy cells are not dead
                     break
