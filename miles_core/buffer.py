@@ -118,7 +118,13 @@ class Group:
 
     @property
     def aborted(self) -> bool:
-        return any(s.status is SampleStatus.ABORTED for s in self.samples())
+        for item in self.items:  # not through samples(): the buffer asks on every put
+            if isinstance(item, Sample):
+                if item.status is SampleStatus.ABORTED:
+                    return True
+            elif any(s.status is SampleStatus.ABORTED for s in item):
+                return True
+        return False
 
     @cached_property
     def _version_range(self) -> tuple[int | None, int | None]:

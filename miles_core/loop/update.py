@@ -157,8 +157,9 @@ class Updater:
     ) -> None:
         ctx = self.ctx
         engines = getattr(action, "engines", ())
-        # most actions name every target, in order: those share the update's mapping
-        mine = targets if engines == tuple(targets) else {e: targets[e] for e in engines}
+        # most actions name every target, in order: a copy of the update's mapping (its own,
+        # as each action's always was), made in one C call
+        mine = dict(targets) if engines == tuple(targets) else {e: targets[e] for e in engines}
         if isinstance(action, PauseEngines):
             await self._all_answer(update_id, mine, EnginesPaused, "pause", action.mode)
         elif isinstance(action, FlushCache):

@@ -24,9 +24,12 @@ from miles_core.events import (
     SampleGenerated,
     VersionPublished,
 )
-from miles_core.oracles.base import Indexed, Violation, select, version_number
+from miles_core.kinds import SampleOutcome
+from miles_core.oracles.base import Indexed, Violation, select
+from miles_core.versions import INITIAL_WEIGHTS_VERSION
 
 NAME = "monotonic_versions"
+_COMPLETED = SampleOutcome.COMPLETED
 
 
 def monotonic_versions(history: History) -> Violation | None:
@@ -34,24 +37,25 @@ def monotonic_versions(history: History) -> Violation | None:
     the consumer's version never decrease; no stamp is below the published version."""
     last_published: Indexed | None = None
     last_stamp: dict[tuple[str, int], Indexed] = {}
-    last_sample: dict[str, tuple[int, Indexed]] = {}  # engine -> (its version's number, pair)
+    last_sample: dict[str, tuple[int, int, SampleGenerated]] = {}  # engine -> (number, seq, e)
     last_got: Indexed | None = None
     kinds = (VersionPublished, LedgerRestored, EngineStamped, SampleGenerated, GroupGot)
     for seq, e in select(history, *kinds):
         # the most common events first: samples, then stamps
         if isinstance(e, SampleGenerated):
-            if e.aborted:
+            if e.outcome is not _COMPLETED:  # e.aborted, without a property call per sample
                 continue
-            number = version_number(e.version)
+            version = e.version
+            number = INITIAL_WEIGHTS_VERSION if version is None else version  # version_number
             prev = last_sample.get(e.engine)
             if prev is not None and number < prev[0]:
                 return Violation(
                     NAME,
                     f"engine {e.engine} generated under version {e.version} after "
-                    f"{prev[1][1].version}",  # type: ignore[attr-defined]
-                    (prev[1], (seq, e)),
+                    f"{prev[2].version}",
+                    ((prev[1], prev[2]), (seq, e)),
                 )
-            last_sample[e.engine] = (number, (seq, e))
+            last_sample[e.engine] = (number, seq, e)
         elif isinstance(e, EngineStamped):
             prev = last_stamp.get((e.engine, e.incarnation))
             if prev is not None and e.version < prev[1].version:

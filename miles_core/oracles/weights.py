@@ -38,6 +38,7 @@ from miles_core.events import (
     VersionPublished,
     WeightsChecked,
 )
+from miles_core.kinds import SampleOutcome
 from miles_core.oracles.base import (
     ByType,
     Indexed,
@@ -46,10 +47,11 @@ from miles_core.oracles.base import (
     evidence,
     process_set,
     select,
-    version_number,
 )
+from miles_core.versions import INITIAL_WEIGHTS_VERSION
 
 NAME = "published_weights"
+_COMPLETED = SampleOutcome.COMPLETED
 
 
 class _Held:
@@ -138,16 +140,26 @@ class _Judge:
         return state
 
     def sample(self, seq: int, e: SampleGenerated) -> Violation | None:
-        if e.aborted:
+        if e.outcome is not _COMPLETED:  # e.aborted, without a property call per sample
             return None
         state = self.held.get((e.engine, e.incarnation)) or self.of(e.engine, e.incarnation)
         held = state.at_pause
-        if held is None or e.version == state.version != held.version:
+        version, versions = e.version, e.versions
+        if held is None or version == state.version != held.version:
             held = state  # not paused, or generated after a resume not yet recorded
-        violation = _judge_sample(seq, e, held, self.published)
-        if violation is not None or self.completed is None:
-            return violation
-        if version_number(e.version) < self.newest:
+        if not (  # what _judge_sample finds nothing in (most samples: asked before the call)
+            held.partial is None
+            and held.unsynced is None
+            and version == held.version
+            and (not versions or (len(versions) == 1 and versions[0] == version))
+            and (version is None or version in self.published)
+        ):
+            violation = _judge_sample(seq, e, held, self.published)
+            if violation is not None:
+                return violation
+        if self.completed is None:
+            return None
+        if (INITIAL_WEIGHTS_VERSION if version is None else version) < self.newest:
             return Violation(
                 NAME,
                 f"engine {e.engine} served version {e.version} after the update to "
