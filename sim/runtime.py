@@ -31,7 +31,6 @@ import random
 from collections.abc import Coroutine, Generator, Sequence
 from heapq import heappop, heappush
 from inspect import iscoroutine
-from operator import attrgetter
 from typing import Any, TypeVar
 
 import simpy
@@ -520,10 +519,6 @@ def _decided(condition: _Condition) -> None:
         condition._value = [sub._value for sub in events]
 
 
-_event_of = attrgetter("event")
-"""The event behind a waitable (a signal or a task)."""
-
-
 class SimRuntime:
     """Runtime over a SeededEnvironment; ``run`` drives a root coroutine to completion."""
 
@@ -563,7 +558,7 @@ class SimRuntime:
         if seconds < 0:
             raise ValueError(f"timer needs seconds >= 0, got {seconds}")
         env = self.env
-        return _Condition(env, [_Sleep(env, seconds), *map(_event_of, signals)], True)
+        return _Condition(env, [_Sleep(env, seconds), *[s.event for s in signals]], True)
 
     async def gather(
         self, coros: Sequence[Coroutine[Any, Any, T]], names: Sequence[str], reason: str

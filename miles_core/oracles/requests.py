@@ -17,7 +17,6 @@ from miles_core.kinds import PauseMode, SampleOutcome
 from miles_core.oracles.base import Indexed, Violation, select
 
 NAME = "requests_kept"
-_ABORTED = SampleOutcome.ABORTED
 
 
 def requests_kept(history: History) -> Violation | None:
@@ -25,7 +24,8 @@ def requests_kept(history: History) -> Violation | None:
     pauses: list[Indexed] = []  # every pause, in order; searched by engine only on a violation
     for seq, e in select(history, RunStarted, EnginesPaused, SampleGenerated):
         if isinstance(e, SampleGenerated):
-            if e.outcome is not _ABORTED and not e.kept_kv and mode is not PauseMode.ABORT:
+            aborted = e.outcome is SampleOutcome.ABORTED
+            if not aborted and not e.kept_kv and mode is not PauseMode.ABORT:
                 continue  # nothing _judge could find (most samples: asked before the call)
             problem = _judge(mode, e)
             if problem is not None:

@@ -24,12 +24,9 @@ from miles_core.events import (
     SampleGenerated,
     VersionPublished,
 )
-from miles_core.kinds import SampleOutcome
-from miles_core.oracles.base import Indexed, Violation, select
-from miles_core.versions import INITIAL_WEIGHTS_VERSION
+from miles_core.oracles.base import Indexed, Violation, select, version_number
 
 NAME = "monotonic_versions"
-_COMPLETED = SampleOutcome.COMPLETED
 
 
 def monotonic_versions(history: History) -> Violation | None:
@@ -43,10 +40,9 @@ def monotonic_versions(history: History) -> Violation | None:
     for seq, e in select(history, *kinds):
         # the most common events first: samples, then stamps
         if isinstance(e, SampleGenerated):
-            if e.outcome is not _COMPLETED:  # e.aborted, without a property call per sample
+            if e.aborted:
                 continue
-            version = e.version
-            number = INITIAL_WEIGHTS_VERSION if version is None else version  # version_number
+            number = version_number(e.version)
             prev = last_sample.get(e.engine)
             if prev is not None and number < prev[0]:
                 return Violation(

@@ -38,7 +38,6 @@ from miles_core.events import (
     VersionPublished,
     WeightsChecked,
 )
-from miles_core.kinds import SampleOutcome
 from miles_core.oracles.base import (
     ByType,
     Indexed,
@@ -47,11 +46,10 @@ from miles_core.oracles.base import (
     evidence,
     process_set,
     select,
+    version_number,
 )
-from miles_core.versions import INITIAL_WEIGHTS_VERSION
 
 NAME = "published_weights"
-_COMPLETED = SampleOutcome.COMPLETED
 
 
 class _Held:
@@ -140,7 +138,7 @@ class _Judge:
         return state
 
     def sample(self, seq: int, e: SampleGenerated) -> Violation | None:
-        if e.outcome is not _COMPLETED:  # e.aborted, without a property call per sample
+        if e.aborted:
             return None
         state = self.held.get((e.engine, e.incarnation)) or self.of(e.engine, e.incarnation)
         held = state.at_pause
@@ -159,7 +157,7 @@ class _Judge:
                 return violation
         if self.completed is None:
             return None
-        if (INITIAL_WEIGHTS_VERSION if version is None else version) < self.newest:
+        if version_number(version) < self.newest:
             return Violation(
                 NAME,
                 f"engine {e.engine} served version {e.version} after the update to "
