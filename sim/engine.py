@@ -82,6 +82,11 @@ class SimEngine(_Mortal):
         self._lengths = cluster.rt.rng(f"{engine_id}.lengths")
         self._rewards = cluster.rt.rng(f"{engine_id}.rewards")
         """Looked up once: a stream is the same object for the whole run (rt.rng's contract)."""
+        t = cluster.timing
+        self._length_sigma = t.response_tokens_sigma
+        self._length_mu = math.log(t.response_tokens_mean) - self._length_sigma**2 / 2
+        """The response length's lognormal parameters (mean response_tokens_mean), worked out
+        once: the cluster's timing is fixed for its run, and every request draws one."""
         self._fresh()
 
     def _fresh(self) -> None:
@@ -140,10 +145,8 @@ class SimEngine(_Mortal):
         self.check(incarnation)
         if self.hung:
             await self.answer()
-        t = self.cluster.timing
-        sigma = t.response_tokens_sigma
-        mu = math.log(t.response_tokens_mean) - sigma**2 / 2
-        job = _Request(self._lengths.lognormvariate(mu, sigma), self.rt.now(), self._death)
+        length = self._lengths.lognormvariate(self._length_mu, self._length_sigma)
+        job = _Request(length, self.rt.now(), self._death)
         self.jobs.add(job)
         try:
             while job.done < job.total:
@@ -220,14 +223,17 @@ class SimEngine(_Mortal):
     def _result(self, job: _Request, aborted: bool) -> GenerateResult:
         versions = tuple(job.spans) or (self.version,)
         versions = self.cluster.spans.setdefault(versions, versions)
+        # by position, in field order: a type call with keywords builds a dict of them, and
+        # this is once per request
         return GenerateResult(
-            self.id,
-            versions[-1],
-            aborted=aborted,
-            reward=self._reward(),
-            engine_seconds=self.rt.now() - job.started,
-            versions=versions,
-            kept_kv=job.kept_kv,
+            self.id,  # engine
+            versions[-1],  # weight_version
+            aborted,
+            self._reward(),  # reward
+            None,  # payload
+            self.rt.now() - job.started,  # engine_seconds
+            versions,
+            job.kept_kv,
         )
 
     def _reward(self) -> float:

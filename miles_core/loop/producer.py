@@ -68,7 +68,7 @@ class Producer:
         picked = engines.pick_now() if ctx.engines.serving() else await engines.pick()
         engine, incarnation = picked
         self.engines.acquire(engine)
-        request = GenerateRequest(group_id=group_id, prompt_id=prompt_id, sample=index)
+        request = GenerateRequest(group_id, prompt_id, index)  # by position: once per request
         sent = ctx.rt.now()
         outcome, result = SampleOutcome.ENGINE_FAILED, None
         try:
@@ -100,8 +100,9 @@ class Producer:
         if result is None or outcome is not SampleOutcome.COMPLETED:
             return Sample(index, (), SampleStatus.ABORTED)
         versions = result.versions or (result.weight_version,)
+        # by position, in field order (a type call with keywords builds a dict of them)
         return Sample(
-            index, versions, reward=result.reward, kept_kv=result.kept_kv, payload=result.payload
+            index, versions, SampleStatus.COMPLETED, result.reward, result.kept_kv, result.payload
         )
 
     async def _generate_group(self, group_id: int, prompt_id: int) -> bool:
