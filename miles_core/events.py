@@ -573,10 +573,10 @@ class _RowReaders(dict[type, _Row]):
     of its values in that order (the class's ``type_name`` under "type").
 
     Hashing reads every event of a history, a million in a large run; a row made in
-    one C call (``attrgetter``) instead of ``to_dict``'s loop takes a sixth off the hash
-    (the rest is the encoder's own work). The values go to the encoder as they are: it writes an enum member (a ``StrEnum``)
-    as its value and a tuple as a list, as it writes ``to_dict``'s plain values, so
-    each row's JSON is the same text.
+    one C call (``attrgetter``) instead of ``to_dict``'s loop takes a sixth off the
+    hash (the rest is the encoder's own work). The values go to the encoder as they
+    are: it writes an enum member (a ``StrEnum``) as its value and a tuple as a list,
+    as it writes ``to_dict``'s plain values, so each row's JSON is the same text.
     """
 
     def __missing__(self, cls: type) -> _Row:
