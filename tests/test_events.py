@@ -220,22 +220,19 @@ def test_properties_read_the_enum_fields() -> None:
         )
 
 
-def test_hash_is_sha256_of_the_canonical_json() -> None:
-    history = _history()
-    digest = hashlib.sha256()
-    for row in history.to_dicts():
-        digest.update(json.dumps(row, sort_keys=True, separators=(",", ":")).encode() + b"\n")
-    assert history.hash() == digest.hexdigest()
-    assert len(history.hash()) == 64
-    assert History().hash() == hashlib.sha256().hexdigest()
-
-
 def _reference_hash(history: History) -> str:
     """The hash as its docstring defines it: each row's canonical JSON, a newline after each."""
     digest = hashlib.sha256()
     for row in history.to_dicts():
         digest.update(json.dumps(row, sort_keys=True, separators=(",", ":")).encode() + b"\n")
     return digest.hexdigest()
+
+
+def test_hash_is_sha256_of_the_canonical_json() -> None:
+    history = _history()
+    assert history.hash() == _reference_hash(history)
+    assert len(history.hash()) == 64
+    assert History().hash() == hashlib.sha256().hexdigest()
 
 
 def test_the_hash_of_simulated_histories_is_that_of_their_canonical_rows() -> None:
