@@ -254,7 +254,10 @@ class SimCluster:
         return reply
 
     def impaired(self, what: str) -> bool:
-        return self.rt.env._now < self._impairments.get(what, (1.0, 0.0))[1]
+        """Whether ``what`` is impaired now (asked by every heartbeat: nothing to look up
+        when nothing was ever impaired)."""
+        impairments = self._impairments
+        return bool(impairments) and self.rt.env._now < impairments.get(what, (1.0, 0.0))[1]
 
     def kill_cell(self, index: int) -> None:
         """Kill at once: in virtual time a named point is now."""

@@ -111,10 +111,9 @@ class SimCell(_Mortal):
     def heartbeat(self) -> Awaitable[None]:
         """A healthy cell answers after the reply time: that wait itself is handed back (no
         coroutine around each of a large run's hundreds of thousands of heartbeats)."""
-        cluster = self.cluster
-        if self.dead or (cluster._impairments and cluster.impaired(self._heartbeat)):
+        if self.dead or self.cluster.impaired(self._heartbeat):
             return self._heartbeat_when_healthy()
-        return cluster.heartbeat_reply()
+        return self.cluster.heartbeat_reply()
 
     async def _heartbeat_when_healthy(self) -> None:
         """A dead or muted cell answers nothing until it is back (polled ten times per reply
