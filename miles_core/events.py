@@ -9,6 +9,9 @@ enums (CellState, Decision, AbortCause, ...), never free strings.
 
 An event is a frozen dataclass with the time ``t`` at which it happened
 (virtual seconds in the simulator, seconds since the run started for real).
+Its fields are slots: a long run keeps over a million events alive, and an
+object without a ``__dict__`` is one allocation instead of two, which the
+run's memory and the collector's pass over it both feel.
 Cells are named by index, engines by id (and their processes by incarnation),
 groups by a group_id unique per generation attempt, prompts by a prompt_id that
 survives recycling. The history's hash (sha256 over its canonical JSON) is what
@@ -45,8 +48,20 @@ from miles_core.weight_update import UpdateKind
 _REGISTRY: dict[str, type[Event]] = {}
 
 
-@dataclass(frozen=True, kw_only=True)
-class Event:
+class _FieldsByName:
+    """``vars(event)`` and ``event.__dict__`` for events that keep their fields in slots:
+    the fields by name, in a new dict (read code written for a plain dataclass keeps
+    working; writing to it changes nothing, as an event is frozen)."""
+
+    __slots__ = ()
+
+    @property
+    def __dict__(self) -> dict[str, Any]:  # type: ignore[override]
+        return {name: getattr(self, name) for name in _field_names(type(self))}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Event(_FieldsByName):
     """Base of every event: ``t`` is when it happened."""
 
     t: float
@@ -54,7 +69,8 @@ class Event:
     type_name: ClassVar[str] = "Event"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
+        # super() with no arguments would name the class before ``slots=True`` rebuilt it
+        super(Event, cls).__init_subclass__(**kwargs)
         cls.type_name = cls.__name__
         _REGISTRY[cls.__name__] = cls
 
@@ -119,7 +135,7 @@ def _enum_of(hint: Any) -> type[StrEnum] | None:
 # -- the run -----------------------------------------------------------------
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class RunStarted(Event):
     seed: int
     scenario: str
@@ -137,7 +153,7 @@ class RunStarted(Event):
     """The error class a scenario about a clean failure expects, e.g. NoAliveCellError."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class RunEnded(Event):
     status: RunStatus
     reason: str
@@ -151,7 +167,7 @@ class RunEnded(Event):
     """Where it was raised: frames as package-relative ``path:line in function``."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class FaultScheduled(Event):
     """A fault the run is set to inject; fault_witness checks that it fired and took effect."""
 
@@ -166,7 +182,7 @@ class FaultScheduled(Event):
     """For a fault at a time: when."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class FaultInjected(Event):
     """The injector acted on the world (and nothing more: the world reports the effects)."""
 
@@ -187,12 +203,12 @@ class FaultInjected(Event):
 # -- training steps and cells -------------------------------------------------
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class StepBegan(Event):
     step: int
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class AttemptBegan(Event):
     step: int
     attempt: int
@@ -200,7 +216,7 @@ class AttemptBegan(Event):
     cells: tuple[int, ...]
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class CellTrained(Event):
     """A cell's report of one attempt it finished (an errored cell raised instead)."""
 
@@ -214,7 +230,7 @@ class CellTrained(Event):
     """The cell's forward/backward time, as the world measured it."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class AttemptEnded(Event):
     step: int
     attempt: int
@@ -224,14 +240,14 @@ class AttemptEnded(Event):
     errored: tuple[int, ...]
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class StepCommitted(Event):
     step: int
     attempt: int
     n_groups: int
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class CellStateChanged(Event):
     cell: int
     old: CellState
@@ -239,7 +255,7 @@ class CellStateChanged(Event):
     reason: str
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class CellStarted(Event):
     """The world reports a new set of processes for a cell (they answered)."""
 
@@ -248,13 +264,13 @@ class CellStarted(Event):
     how: str
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class QuorumChanged(Event):
     quorum_id: int
     members: tuple[int, ...]
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class HealBegan(Event):
     quorum_id: int
     src_cell: int
@@ -263,13 +279,13 @@ class HealBegan(Event):
     dst_ranks: tuple[int, ...]
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class HealEnded(Event):
     dst_cell: int
     ok: bool
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class HeartbeatMissed(Event):
     """A cell did not answer a heartbeat within the timeout."""
 
@@ -283,7 +299,7 @@ class HeartbeatMissed(Event):
 # -- weight updates -----------------------------------------------------------
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class UpdateBegan(Event):
     update_id: int
     version: int
@@ -297,7 +313,7 @@ class UpdateBegan(Event):
     """False for a sync of restarted engines to the already published version."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class EnginesPaused(Event):
     """The engine processes that answered the update's pause."""
 
@@ -307,7 +323,7 @@ class EnginesPaused(Event):
     """The process of each engine, in the same order."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class EnginesFlushed(Event):
     """The engine processes whose /flush_cache succeeded (miles flushes unless in_place)."""
 
@@ -316,7 +332,7 @@ class EnginesFlushed(Event):
     incarnations: tuple[int, ...]
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class UpdateSessionOpened(Event):
     """The engine processes that answered /begin_weight_update."""
 
@@ -325,7 +341,7 @@ class UpdateSessionOpened(Event):
     incarnations: tuple[int, ...]
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class UpdateSessionClosed(Event):
     """The engine processes that answered /end_weight_update."""
 
@@ -334,7 +350,7 @@ class UpdateSessionClosed(Event):
     incarnations: tuple[int, ...]
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class AdapterUnloaded(Event):
     """LoRA: the engines dropped the old adapter before the new one's buckets arrive."""
 
@@ -343,7 +359,7 @@ class AdapterUnloaded(Event):
     engines: tuple[str, ...]
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class BucketReceived(Event):
     """A bucket has arrived at these engines (the world's transport says so)."""
 
@@ -358,7 +374,7 @@ class BucketReceived(Event):
     """How long the send took, as the world measured it."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class EngineStamped(Event):
     """The engine process answered update_weight_version with ``version``."""
 
@@ -368,7 +384,7 @@ class EngineStamped(Event):
     version: int
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class LedgerRestored(Event):
     """The run resumed from a checkpoint whose ledger had published ``version``: the
     sequence continues from it, and engines must be synced to it before they serve."""
@@ -376,14 +392,14 @@ class LedgerRestored(Event):
     version: int
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class VersionPublished(Event):
     update_id: int
     version: int
     updater: int
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class EnginesResumed(Event):
     """The engine processes that answered the update's continue_generation."""
 
@@ -392,7 +408,7 @@ class EnginesResumed(Event):
     incarnations: tuple[int, ...]
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class UpdateAborted(Event):
     update_id: int
     version: int
@@ -402,7 +418,7 @@ class UpdateAborted(Event):
     reason: str
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class WeightsChecked(Event):
     """An engine's weights compared with the trainer's after an update."""
 
@@ -415,7 +431,7 @@ class WeightsChecked(Event):
 # -- engines, samples and groups ----------------------------------------------
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class EngineStarted(Event):
     """The world reports a new process for an engine slot (it answered its health check)."""
 
@@ -424,7 +440,7 @@ class EngineStarted(Event):
     how: str
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class EngineHealthFailed(Event):
     """The health monitor (--use-fault-tolerance) found an engine process dead or hung."""
 
@@ -433,7 +449,7 @@ class EngineHealthFailed(Event):
     reason: str
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class EngineRecoveryAsked(Event):
     """The control plane asked the world for a new process for an engine slot."""
 
@@ -441,7 +457,7 @@ class EngineRecoveryAsked(Event):
     reason: str
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class EngineExited(Event):
     """The world reports that an engine process is gone (its actor died, it exited)."""
 
@@ -450,7 +466,7 @@ class EngineExited(Event):
     how: str
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class EngineStateChanged(Event):
     """The control plane moved an engine in its table (rotation); see miles_core.engines."""
 
@@ -465,12 +481,12 @@ class EngineStateChanged(Event):
         return self.new is not EngineState.DOWN
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class PromptDrawn(Event):
     prompt_id: int
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class GroupStarted(Event):
     """The producer started generating a group for a prompt (new or recycled)."""
 
@@ -478,7 +494,7 @@ class GroupStarted(Event):
     prompt_id: int
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class SampleGenerated(Event):
     """One generate call (one turn) ended."""
 
@@ -512,7 +528,7 @@ class SampleGenerated(Event):
         return self.versions or (self.version,)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class GroupPut(Event):
     group_id: int
     prompt_id: int
@@ -520,7 +536,7 @@ class GroupPut(Event):
     """queued or blocked (recycle/drop verdicts are GroupRecycled/GroupDropped)."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class GroupGot(Event):
     """The buffer handed a group to the trainer."""
 
@@ -530,21 +546,21 @@ class GroupGot(Event):
     staleness: int | None
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class GroupRecycled(Event):
     group_id: int
     prompt_id: int
     reason: str
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class GroupDropped(Event):
     group_id: int
     prompt_id: int
     reason: str
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class StepMetrics(Event):
     """miles' rollout metrics for a step (rollout/fully_async/*, rollout/dynamic_filter/*),
     collected once per step, so each step's window covers that step only."""
@@ -553,7 +569,7 @@ class StepMetrics(Event):
     metrics: tuple[tuple[str, float], ...]
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class GroupTrained(Event):
     """The group was part of a committed step."""
 

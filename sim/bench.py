@@ -1,7 +1,7 @@
 """Simulator speed on fixed workloads: wall time and simulated seconds per wall second.
 
-    python -m sim bench [--preset NAME ...] [--steps K] [--repeats R] [--json]
-                        [--baseline FILE]
+    python -m sim bench [--preset NAME ...] [--steps K] [--repeats R] [--rounds N]
+                        [--json] [--baseline FILE]
 
 The workloads (each a whole ``run_scenario``: the simulation and every oracle's
 verdict; the history hash is computed after the clock stops and shown apart):
@@ -19,6 +19,11 @@ faster by it (the SimPy event count is printed, for information only).
 ``--baseline`` reads an earlier ``--json`` output (the previous commit's, say)
 and prints the ratios beside the numbers, and whether each history hash is the
 same (it must be, for the same steps and seeds, unless the model changed).
+
+``--rounds N`` times each workload N times and reports the median round (with
+the fastest and slowest): a shared VM's speed moves by more than a change
+gains, so one round says little. Every round must give the same hashes; one
+that does not is a determinism failure, and the bench stops with it.
 """
 
 from __future__ import annotations
@@ -110,40 +115,56 @@ def _timed_run(scenario: Scenario, seed: int, steps: int) -> tuple[SimResult, fl
     return result, wall, cpu
 
 
-def measure(workload: Workload, steps: int | None, seeds: Sequence[int]) -> dict[str, Any]:
-    """Run ``workload`` once per seed; its totals over the seeds and each run's hash."""
+def measure(
+    workload: Workload, steps: int | None, seeds: Sequence[int], rounds: int = 1
+) -> dict[str, Any]:
+    """Run ``workload`` once per seed, ``rounds`` times; the median round's totals over the
+    seeds, and each run's hash (the same in every round, or RuntimeError)."""
     steps = workload.steps if steps is None or workload.fixed_steps else steps
     scenario = workload.build(steps)
-    runs: list[dict[str, Any]] = []
-    for seed in seeds:
-        result, seconds, cpu = _timed_run(scenario, seed, steps)
-        started = time.perf_counter()
-        history_hash = result.hash
-        runs.append(
-            {
-                "seed": seed,
-                "wall_seconds": seconds,
-                "cpu_seconds": cpu,
-                "simulated_seconds": result.history[-1].t,
-                "simpy_events": result.events,
-                "history_events": len(result.history),
-                "hash_seconds": time.perf_counter() - started,
-                "history_hash": history_hash,
-            }
-        )
-    return _summary(scenario.name, steps, runs)
+    timed = [[_measured_run(scenario, seed, steps) for seed in seeds] for _ in range(rounds)]
+    for later in timed[1:]:
+        for first, again in zip(timed[0], later, strict=True):
+            if again["history_hash"] != first["history_hash"]:
+                raise RuntimeError(
+                    f"{scenario.name} seed {first['seed']} gave two histories in one bench "
+                    f"({first['history_hash'][:12]}, then {again['history_hash'][:12]}): "
+                    "the simulator is not deterministic"
+                )
+    return _summary(scenario.name, steps, timed)
 
 
-def _summary(scenario: str, steps: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
-    wall = sum(r["wall_seconds"] for r in runs)
+def _measured_run(scenario: Scenario, seed: int, steps: int) -> dict[str, Any]:
+    result, seconds, cpu = _timed_run(scenario, seed, steps)
+    started = time.perf_counter()
+    history_hash = result.hash
+    return {
+        "seed": seed,
+        "wall_seconds": seconds,
+        "cpu_seconds": cpu,
+        "simulated_seconds": result.history[-1].t,
+        "simpy_events": result.events,
+        "history_events": len(result.history),
+        "hash_seconds": time.perf_counter() - started,
+        "history_hash": history_hash,
+    }
+
+
+def _summary(scenario: str, steps: int, rounds: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """Totals over the seeds; the times are the median round's, every round's wall time
+    beside them (the rest is the same in every round: the same runs)."""
+    walls = [sum(r["wall_seconds"] for r in runs) for runs in rounds]
+    wall = statistics.median(walls)
+    runs = rounds[0]
     simulated = sum(r["simulated_seconds"] for r in runs)
     return {
         "scenario": scenario,
         "steps": steps,
         "seeds": [r["seed"] for r in runs],
         "wall_seconds": wall,
-        "wall_seconds_median": statistics.median(r["wall_seconds"] for r in runs),
-        "cpu_seconds": sum(r["cpu_seconds"] for r in runs),
+        "wall_seconds_rounds": walls,
+        "wall_seconds_median": statistics.median(r["wall_seconds"] for rs in rounds for r in rs),
+        "cpu_seconds": statistics.median(sum(r["cpu_seconds"] for r in rs) for rs in rounds),
         "simulated_seconds": simulated,
         "sim_per_wall": simulated / wall if wall > 0 else float("inf"),
         "simpy_events": sum(r["simpy_events"] for r in runs),
@@ -211,9 +232,12 @@ def compare(now: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str, Any]
 
 
 def _line(name: str, w: Mapping[str, Any]) -> str:
+    walls = w.get("wall_seconds_rounds", [w["wall_seconds"]])
+    spread = f" (median of {len(walls)}: {min(walls):.2f} to {max(walls):.2f})"
     return (
         f"{name:20s} {w['steps']:5d} steps x {len(w['seeds'])} seed(s): "
-        f"{w['wall_seconds']:7.2f} s wall ({w['cpu_seconds']:.2f} s CPU), "
+        f"{w['wall_seconds']:7.2f} s wall{spread if len(walls) > 1 else ''} "
+        f"({w['cpu_seconds']:.2f} s CPU), "
         f"{w['simulated_seconds']:9,.0f} s simulated, "
         f"{w['sim_per_wall']:8,.0f} sim s / wall s  (hash {w['history_hash'][:12]}, "
         f"+{w['hash_seconds']:.2f} s to hash; {w['simpy_events']:,} SimPy events)"
@@ -246,10 +270,17 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--steps", type=int, help="steps of the preset workloads (default 1000)")
     parser.add_argument("--repeats", type=int, default=3, help="seeds of the scenario workload")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="time each workload this many times (the median)"
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--baseline", type=Path, help="an earlier --json output to compare with")
     args = parser.parse_args(argv)
-    for flag, value in (("--steps", args.steps), ("--repeats", args.repeats)):
+    for flag, value in (
+        ("--steps", args.steps),
+        ("--repeats", args.repeats),
+        ("--rounds", args.rounds),
+    ):
         if value is not None and value < 1:
             parser.error(str(ConfigError(flag, f"got {value}", "pass an integer >= 1")))
     return args
@@ -262,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.preset or list(WORKLOADS):
         workload = WORKLOADS[name]
         seeds = range(args.repeats) if workload.fixed_steps else (0,)
-        workloads[name] = measure(workload, args.steps, list(seeds))
+        workloads[name] = measure(workload, args.steps, list(seeds), args.rounds)
         if name in baseline:
             workloads[name]["vs_baseline"] = compare(workloads[name], baseline[name])
         if not args.json:

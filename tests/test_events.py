@@ -205,6 +205,27 @@ def test_round_trip_through_dicts_keeps_types_and_hash() -> None:
     assert again.hash() == history.hash()
 
 
+def test_every_event_holds_its_fields_in_slots_and_stays_frozen() -> None:
+    """A long run keeps a million events: each is one object, with no dict beside it (vars()
+    still reads its fields). A pickled event (a sweep's, through Ray) comes back equal, and
+    of the registered class."""
+    import dataclasses
+    import pickle
+
+    from miles_core.events import _REGISTRY
+
+    for event in _history():
+        cls = type(event)
+        assert _REGISTRY[cls.__name__] is cls
+        assert cls.__dictoffset__ == 0, cls.__name__  # no dict of its own
+        assert vars(event) == {f.name: getattr(event, f.name) for f in dataclasses.fields(event)}
+        again = pickle.loads(pickle.dumps(event))
+        assert again == event and type(again) is cls
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            event.t = 0.0  # type: ignore[misc]
+    assert len({type(e) for e in _history()}) >= 14
+
+
 def test_properties_read_the_enum_fields() -> None:
     sample = _history()[12]
     assert isinstance(sample, SampleGenerated)

@@ -105,3 +105,47 @@ def test_main_compares_with_its_own_json_output(tmp_path, capsys) -> None:
     again = json.loads(capsys.readouterr().out)["workloads"]["production-30b-moe"]
     assert again["vs_baseline"]["same_hash"] is True
     assert again["vs_baseline"]["speedup"] == first["wall_seconds"] / again["wall_seconds"]
+
+
+def _fake_runs(monkeypatch, walls: list[float], hashes: list[str]) -> None:
+    """bench._measured_run handing out the given wall times and hashes, one per call."""
+    figures = iter(zip(walls, hashes, strict=True))
+
+    def fake(scenario, seed, steps) -> dict:
+        wall, digest = next(figures)
+        run = _figures(wall, 100.0, 7, digest) | {"seed": seed, "cpu_seconds": wall}
+        return run | {"history_events": 3, "hash_seconds": 0.0, "history_hash": digest}
+
+    monkeypatch.setattr(bench, "_measured_run", fake)
+
+
+def test_rounds_report_the_median_round_beside_every_rounds_time(monkeypatch) -> None:
+    _fake_runs(monkeypatch, [3.0, 1.0, 2.0], ["h", "h", "h"])
+    figures = bench.measure(bench.WORKLOADS["production-30b-moe"], 2, [0], rounds=3)
+    assert figures["wall_seconds_rounds"] == [3.0, 1.0, 2.0]
+    assert figures["wall_seconds"] == 2.0 and figures["cpu_seconds"] == 2.0
+    assert figures["sim_per_wall"] == 100.0 / 2.0
+    assert figures["simulated_seconds"] == 100.0  # one round's runs, not three rounds' summed
+    line = bench._line("production-30b-moe", figures)
+    assert "2.00 s wall (median of 3: 1.00 to 3.00)" in line
+
+
+def test_a_round_that_gives_another_history_stops_the_bench(monkeypatch) -> None:
+    _fake_runs(monkeypatch, [1.0, 1.0, 1.0, 1.0], ["a", "b", "a", "c"])
+    with pytest.raises(RuntimeError, match=r"seed 1 gave two histories.*not deterministic"):
+        bench.measure(bench.WORKLOADS["production-30b-moe"], 2, [0, 1], rounds=2)
+
+
+def test_rounds_time_the_same_run_again(capsys) -> None:
+    argv = ["--preset", "production-30b-moe", "--steps", "2", "--rounds", "2", "--json"]
+    assert bench.main(argv) == 0
+    figures = json.loads(capsys.readouterr().out)["workloads"]["production-30b-moe"]
+    assert len(figures["wall_seconds_rounds"]) == 2
+    assert figures["history_hash"] == run_scenario(bench.production_scenario(2), 0).hash
+
+
+@pytest.mark.parametrize("flag", ["--rounds", "--steps", "--repeats"])
+def test_a_count_below_one_is_refused_naming_its_flag(flag, capsys) -> None:
+    with pytest.raises(SystemExit):
+        bench.main([flag, "0"])
+    assert f"{flag}: got 0" in capsys.readouterr().err
