@@ -20,7 +20,7 @@ faster by it (the SimPy event count is printed, for information only).
 and prints the ratios beside the numbers, and whether each history hash is the
 same (it must be, for the same steps and seeds, unless the model changed).
 
-``--rounds N`` times each workload N times and reports the median round (with
+``--rounds N`` times each workload N times and reports the median of the rounds (with
 the fastest and slowest): a shared VM's speed moves by more than a change
 gains, so one round says little. Every round must give the same hashes; one
 that does not is a determinism failure, and the bench stops with it.
