@@ -118,8 +118,9 @@ def _timed_run(scenario: Scenario, seed: int, steps: int) -> tuple[SimResult, fl
 def measure(
     workload: Workload, steps: int | None, seeds: Sequence[int], rounds: int = 1
 ) -> dict[str, Any]:
-    """Run ``workload`` once per seed, ``rounds`` times; the median round's totals over the
-    seeds, and each run's hash (the same in every round, or RuntimeError)."""
+    """Run ``workload`` once per seed, ``rounds`` times; its totals over the seeds (the times
+    as medians over the rounds), and each run's hash (the same in every round, or
+    RuntimeError)."""
     steps = workload.steps if steps is None or workload.fixed_steps else steps
     scenario = workload.build(steps)
     timed = [[_measured_run(scenario, seed, steps) for seed in seeds] for _ in range(rounds)]
@@ -151,8 +152,8 @@ def _measured_run(scenario: Scenario, seed: int, steps: int) -> dict[str, Any]:
 
 
 def _summary(scenario: str, steps: int, rounds: list[list[dict[str, Any]]]) -> dict[str, Any]:
-    """Totals over the seeds; the times are the median round's, every round's wall time
-    beside them (the rest is the same in every round: the same runs)."""
+    """Totals over the seeds; wall and CPU time are medians over the rounds, with every
+    round's wall time beside them (the rest is the same in every round: the same runs)."""
     walls = [sum(r["wall_seconds"] for r in runs) for runs in rounds]
     wall = statistics.median(walls)
     runs = rounds[0]
