@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import pickle
 
 import pytest
 
@@ -11,6 +13,7 @@ from miles_core.cells import CellState, Decision, Outcome
 from miles_core.engines import EngineState
 from miles_core.errors import ConfigError
 from miles_core.events import (
+    _REGISTRY,
     AttemptEnded,
     BucketReceived,
     CellStateChanged,
@@ -36,7 +39,10 @@ from miles_core.kinds import (
     RunStatus,
     SampleOutcome,
 )
+from miles_core.scenario import SCENARIOS
 from miles_core.weight_update import UpdateKind
+from sim.run import run_scenario
+from sim.swarm import swarm_scenario
 
 
 def _history() -> History:
@@ -209,11 +215,6 @@ def test_every_event_holds_its_fields_in_slots_and_stays_frozen() -> None:
     """A long run keeps a million events: each is one object, with no dict beside it (vars()
     still reads its fields). A pickled event (a sweep's, through Ray) comes back equal, and
     of the registered class."""
-    import dataclasses
-    import pickle
-
-    from miles_core.events import _REGISTRY
-
     for event in _history():
         cls = type(event)
         assert _REGISTRY[cls.__name__] is cls
@@ -259,10 +260,6 @@ def test_hash_is_sha256_of_the_canonical_json() -> None:
 def test_the_hash_of_simulated_histories_is_that_of_their_canonical_rows() -> None:
     """Every event class a run records, with enums and tuples in every position: the rows
     the hash reads in one call each hash as ``to_dict``'s."""
-    from miles_core.scenario import SCENARIOS
-    from sim.run import run_scenario
-    from sim.swarm import swarm_scenario
-
     runs = [run_scenario(scenario, 0) for scenario in SCENARIOS.values()]
     runs += [run_scenario(swarm_scenario(seed), seed) for seed in range(12)]
     kinds = {type(event) for run in runs for event in run.history}
