@@ -27,6 +27,7 @@ from miles_core.buffer import Group
 from miles_core.cells import Heal, Outcome
 from miles_core.kinds import PauseMode
 from miles_core.transfer import Bucket, ParamSpec, UpdateUnit
+from miles_core.values import frozen_value
 
 
 class ComponentFailure(Exception):
@@ -79,7 +80,7 @@ class RouterFailure(ComponentFailure):
         self.args = (reason,)
 
 
-@dataclass(frozen=True)
+@frozen_value()
 class GenerateRequest:
     group_id: int
     prompt_id: int
@@ -87,7 +88,7 @@ class GenerateRequest:
     turn: int = 0
 
 
-@dataclass(frozen=True)
+@frozen_value()
 class GenerateResult:
     """What SGLang's /generate returns that the control plane reads (meta_info)."""
 

@@ -33,6 +33,7 @@ from functools import cached_property
 from typing import Any
 
 from miles_core.errors import ConfigError, VersionRegressionError, int_at_least
+from miles_core.values import frozen_value
 from miles_core.versions import INITIAL_WEIGHTS_VERSION, staleness
 
 METRIC_PREFIX = "rollout/fully_async/"
@@ -57,7 +58,7 @@ DEFAULT_UNUSED_HANDLER = UnusedHandler.DROP
 LoopConfig uses this same value."""
 
 
-@dataclass(frozen=True)
+@frozen_value()
 class Sample:
     """One response; ``weight_versions`` holds one entry per generate call (turn).
 

@@ -11,7 +11,9 @@ An event is a frozen dataclass with the time ``t`` at which it happened
 (virtual seconds in the simulator, seconds since the run started for real).
 Its fields are slots: a long run keeps over a million events alive, and an
 object without a ``__dict__`` is one allocation instead of two, which the
-run's memory and the collector's pass over it both feel.
+run's memory and the collector's pass over it both feel. ``frozen_value`` makes
+each class (``miles_core.values``: the dataclass, with an ``__init__`` that fills
+the slots without a generic attribute write per field).
 Cells are named by index, engines by id (and their processes by incarnation),
 groups by a group_id unique per generation attempt, prompts by a prompt_id that
 survives recycling. The history's hash (sha256 over its canonical JSON) is what
@@ -27,7 +29,6 @@ import json
 import operator
 import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar
 
@@ -43,6 +44,7 @@ from miles_core.kinds import (
     RunStatus,
     SampleOutcome,
 )
+from miles_core.values import frozen_value
 from miles_core.weight_update import UpdateKind
 
 _REGISTRY: dict[str, type[Event]] = {}
@@ -60,7 +62,7 @@ class _FieldsByName:
         return {name: getattr(self, name) for name in _field_names(type(self))}
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class Event(_FieldsByName):
     """Base of every event: ``t`` is when it happened."""
 
@@ -69,8 +71,8 @@ class Event(_FieldsByName):
     type_name: ClassVar[str] = "Event"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        # super() with no arguments would name the class before ``slots=True`` rebuilt it
-        super(Event, cls).__init_subclass__(**kwargs)
+        # super() with no arguments would name the class before frozen_value (slots) rebuilt it
+        super(Event, cls).__init_subclass__(**kwargs)  # noqa: UP008
         cls.type_name = cls.__name__
         _REGISTRY[cls.__name__] = cls
 
@@ -135,7 +137,7 @@ def _enum_of(hint: Any) -> type[StrEnum] | None:
 # -- the run -----------------------------------------------------------------
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class RunStarted(Event):
     seed: int
     scenario: str
@@ -153,7 +155,7 @@ class RunStarted(Event):
     """The error class a scenario about a clean failure expects, e.g. NoAliveCellError."""
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class RunEnded(Event):
     status: RunStatus
     reason: str
@@ -167,7 +169,7 @@ class RunEnded(Event):
     """Where it was raised: frames as package-relative ``path:line in function``."""
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class FaultScheduled(Event):
     """A fault the run is set to inject; fault_witness checks that it fired and took effect."""
 
@@ -182,7 +184,7 @@ class FaultScheduled(Event):
     """For a fault at a time: when."""
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class FaultInjected(Event):
     """The injector acted on the world (and nothing more: the world reports the effects)."""
 
@@ -203,12 +205,12 @@ class FaultInjected(Event):
 # -- training steps and cells -------------------------------------------------
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class StepBegan(Event):
     step: int
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class AttemptBegan(Event):
     step: int
     attempt: int
@@ -216,7 +218,7 @@ class AttemptBegan(Event):
     cells: tuple[int, ...]
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class CellTrained(Event):
     """A cell's report of one attempt it finished (an errored cell raised instead)."""
 
@@ -230,7 +232,7 @@ class CellTrained(Event):
     """The cell's forward/backward time, as the world measured it."""
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class AttemptEnded(Event):
     step: int
     attempt: int
@@ -240,14 +242,14 @@ class AttemptEnded(Event):
     errored: tuple[int, ...]
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class StepCommitted(Event):
     step: int
     attempt: int
     n_groups: int
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class CellStateChanged(Event):
     cell: int
     old: CellState
@@ -255,7 +257,7 @@ class CellStateChanged(Event):
     reason: str
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class CellStarted(Event):
     """The world reports a new set of processes for a cell (they answered)."""
 
@@ -264,13 +266,13 @@ class CellStarted(Event):
     how: str
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class QuorumChanged(Event):
     quorum_id: int
     members: tuple[int, ...]
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class HealBegan(Event):
     quorum_id: int
     src_cell: int
@@ -279,13 +281,13 @@ class HealBegan(Event):
     dst_ranks: tuple[int, ...]
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class HealEnded(Event):
     dst_cell: int
     ok: bool
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class HeartbeatMissed(Event):
     """A cell did not answer a heartbeat within the timeout."""
 
@@ -299,7 +301,7 @@ class HeartbeatMissed(Event):
 # -- weight updates -----------------------------------------------------------
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class UpdateBegan(Event):
     update_id: int
     version: int
@@ -313,7 +315,7 @@ class UpdateBegan(Event):
     """False for a sync of restarted engines to the already published version."""
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class EnginesPaused(Event):
     """The engine processes that answered the update's pause."""
 
@@ -323,7 +325,7 @@ class EnginesPaused(Event):
     """The process of each engine, in the same order."""
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class EnginesFlushed(Event):
     """The engine processes whose /flush_cache succeeded (miles flushes unless in_place)."""
 
@@ -332,7 +334,7 @@ class EnginesFlushed(Event):
     incarnations: tuple[int, ...]
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class UpdateSessionOpened(Event):
     """The engine processes that answered /begin_weight_update."""
 
@@ -341,7 +343,7 @@ class UpdateSessionOpened(Event):
     incarnations: tuple[int, ...]
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class UpdateSessionClosed(Event):
     """The engine processes that answered /end_weight_update."""
 
@@ -350,7 +352,7 @@ class UpdateSessionClosed(Event):
     incarnations: tuple[int, ...]
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class AdapterUnloaded(Event):
     """LoRA: the engines dropped the old adapter before the new one's buckets arrive."""
 
@@ -359,7 +361,7 @@ class AdapterUnloaded(Event):
     engines: tuple[str, ...]
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class BucketReceived(Event):
     """A bucket has arrived at these engines (the world's transport says so)."""
 
@@ -374,7 +376,7 @@ class BucketReceived(Event):
     """How long the send took, as the world measured it."""
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class EngineStamped(Event):
     """The engine process answered update_weight_version with ``version``."""
 
@@ -384,7 +386,7 @@ class EngineStamped(Event):
     version: int
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class LedgerRestored(Event):
     """The run resumed from a checkpoint whose ledger had published ``version``: the
     sequence continues from it, and engines must be synced to it before they serve."""
@@ -392,14 +394,14 @@ class LedgerRestored(Event):
     version: int
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class VersionPublished(Event):
     update_id: int
     version: int
     updater: int
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class EnginesResumed(Event):
     """The engine processes that answered the update's continue_generation."""
 
@@ -408,7 +410,7 @@ class EnginesResumed(Event):
     incarnations: tuple[int, ...]
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class UpdateAborted(Event):
     update_id: int
     version: int
@@ -418,7 +420,7 @@ class UpdateAborted(Event):
     reason: str
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class WeightsChecked(Event):
     """An engine's weights compared with the trainer's after an update."""
 
@@ -431,7 +433,7 @@ class WeightsChecked(Event):
 # -- engines, samples and groups ----------------------------------------------
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class EngineStarted(Event):
     """The world reports a new process for an engine slot (it answered its health check)."""
 
@@ -440,7 +442,7 @@ class EngineStarted(Event):
     how: str
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class EngineHealthFailed(Event):
     """The health monitor (--use-fault-tolerance) found an engine process dead or hung."""
 
@@ -449,7 +451,7 @@ class EngineHealthFailed(Event):
     reason: str
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class EngineRecoveryAsked(Event):
     """The control plane asked the world for a new process for an engine slot."""
 
@@ -457,7 +459,7 @@ class EngineRecoveryAsked(Event):
     reason: str
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class EngineExited(Event):
     """The world reports that an engine process is gone (its actor died, it exited)."""
 
@@ -466,7 +468,7 @@ class EngineExited(Event):
     how: str
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class EngineStateChanged(Event):
     """The control plane moved an engine in its table (rotation); see miles_core.engines."""
 
@@ -481,12 +483,12 @@ class EngineStateChanged(Event):
         return self.new is not EngineState.DOWN
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class PromptDrawn(Event):
     prompt_id: int
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class GroupStarted(Event):
     """The producer started generating a group for a prompt (new or recycled)."""
 
@@ -494,7 +496,7 @@ class GroupStarted(Event):
     prompt_id: int
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class SampleGenerated(Event):
     """One generate call (one turn) ended."""
 
@@ -528,7 +530,7 @@ class SampleGenerated(Event):
         return self.versions or (self.version,)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class GroupPut(Event):
     group_id: int
     prompt_id: int
@@ -536,7 +538,7 @@ class GroupPut(Event):
     """queued or blocked (recycle/drop verdicts are GroupRecycled/GroupDropped)."""
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class GroupGot(Event):
     """The buffer handed a group to the trainer."""
 
@@ -546,21 +548,21 @@ class GroupGot(Event):
     staleness: int | None
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class GroupRecycled(Event):
     group_id: int
     prompt_id: int
     reason: str
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class GroupDropped(Event):
     group_id: int
     prompt_id: int
     reason: str
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class StepMetrics(Event):
     """miles' rollout metrics for a step (rollout/fully_async/*, rollout/dynamic_filter/*),
     collected once per step, so each step's window covers that step only."""
@@ -569,7 +571,7 @@ class StepMetrics(Event):
     metrics: tuple[tuple[str, float], ...]
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@frozen_value(kw_only=True)
 class GroupTrained(Event):
     """The group was part of a committed step."""
 
