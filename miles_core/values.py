@@ -7,8 +7,8 @@ builds about four million such values (events, requests, results, samples),
 and those writes were about 8% of its time (py-spy). The ``__init__`` made here
 calls each field's slot descriptor directly, found once when the class is made;
 everything else is the dataclass's own: the signature, the defaults, equality,
-``repr``, hashing, pickling, ``__post_init__`` and the refusal of writes
-(``FrozenInstanceError``).
+``repr``, hashing, pickling and ``__post_init__``. Writes are refused with
+``FrozenInstanceError``, to a field or any other name (``_refusals``).
 
 Only fields with a plain default (or none) are set this way. A class with a
 ``default_factory`` or an ``init=False`` field keeps the dataclass's ``__init__``:
@@ -33,6 +33,7 @@ def frozen_value(*, kw_only: bool = False) -> Callable[[type[T]], type[T]]:
         init = _slot_init(made)
         if init is not None:
             made.__init__ = init  # type: ignore[misc]
+        made.__setattr__, made.__delattr__ = _refusals(made)  # type: ignore[method-assign]
         return made
 
     return make
@@ -66,6 +67,27 @@ def _slot_init(cls: type) -> Callable[..., None] | None:
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     init.__module__ = cls.__module__
     return init
+
+
+def _refusals(cls: type) -> tuple[Callable[..., None], Callable[..., None]]:
+    """``__setattr__`` and ``__delattr__`` that refuse every write with FrozenInstanceError.
+
+    Python 3.11's own name the class as it was before ``slots=True`` rebuilt it, so a write
+    to a name that is not a field raised ``TypeError: super(type, obj)`` instead (fixed in
+    3.12)."""
+    fields = frozenset(f.name for f in dataclasses.fields(cls))
+
+    def __setattr__(self: Any, name: str, value: Any) -> None:
+        if type(self) is cls or name in fields:
+            raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+        super(cls, self).__setattr__(name, value)
+
+    def __delattr__(self: Any, name: str) -> None:
+        if type(self) is cls or name in fields:
+            raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+        super(cls, self).__delattr__(name)
+
+    return __setattr__, __delattr__
 
 
 def _descriptor(cls: type, name: str) -> Any:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from miles_core.backend import GenerateRequest, GenerateResult
 from miles_core.buffer import Sample
 from miles_core.errors import ConfigError
-from miles_core.events import _REGISTRY
+from miles_core.events import _REGISTRY, PromptDrawn
 from miles_core.values import frozen_value
 
 _NAMES = ["a", "b", "c", "d", "e"]
@@ -103,3 +103,13 @@ def test_a_default_factory_keeps_the_dataclass_init() -> None:
     first, second = WithFactory(), WithFactory()
     assert first.items == [] and first.items is not second.items
     assert "__setattr__" in WithFactory.__init__.__code__.co_names
+
+
+@pytest.mark.parametrize("name", ["group_id", "not_a_field"])
+def test_a_write_or_delete_of_any_name_is_refused_as_frozen(name: str) -> None:
+    """Python 3.11's frozen slots dataclass raised TypeError for a name that is not a field."""
+    for value in (GenerateRequest(1, 2, 3), PromptDrawn(t=0.0, prompt_id=1)):
+        with pytest.raises(dataclasses.FrozenInstanceError, match=repr(name)):
+            setattr(value, name, 5)
+        with pytest.raises(dataclasses.FrozenInstanceError, match=repr(name)):
+            delattr(value, name)
