@@ -57,7 +57,7 @@ def _slot_init(cls: type) -> Callable[..., None] | None:
             scope[f"_default_{f.name}"] = f.default
             param = f"{f.name}=_default_{f.name}"
         params.append(param)
-        scope[f"_set_{f.name}"] = _descriptor(cls, f.name).__set__
+        scope[f"_set_{f.name}"] = getattr(cls, f.name).__set__  # the slot's member descriptor
     body = [f"    _set_{f.name}(self, {f.name})" for f in fields]
     if hasattr(cls, "__post_init__"):
         body.append("    self.__post_init__()")
@@ -87,11 +87,3 @@ def _refusals(cls: type) -> tuple[Callable[..., None], Callable[..., None]]:
         super(cls, self).__delattr__(name)
 
     return __setattr__, __delattr__
-
-
-def _descriptor(cls: type, name: str) -> Any:
-    """The slot descriptor of field ``name``: on the class, or on the base that declared it."""
-    for klass in cls.__mro__:
-        if name in klass.__dict__:
-            return klass.__dict__[name]
-    raise AttributeError(f"{cls.__qualname__} has no slot for its field {name!r}")
