@@ -6,6 +6,8 @@ from collections.abc import Coroutine
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from miles_core.runtime import Cancelled
 from sim.runtime import SimRuntime, derive_seed
@@ -441,3 +443,71 @@ def test_a_signal_set_for_its_current_waiters_lets_a_later_await_go_on_at_once()
 
     assert rt.run(main()) == 0.0
     assert rt.env.processed == 1  # main's own end
+
+
+def _races(plan: dict[str, Any], timer_or: bool) -> tuple[list[tuple[str, int, float]], int]:
+    """Waiters racing timers against shared signals, as requests race their engine's death and
+    interrupt; each waits twice. What woke each, when, and the events processed."""
+    rt = SimRuntime(plan["seed"])
+    signals = [rt.signal() for _ in plan["signals"]]
+    log: list[tuple[str, int, float]] = []
+
+    def race(seconds: float) -> Any:
+        if timer_or:
+            return rt.timer_or(seconds, signals)
+        return rt.wait_any([rt.timer(seconds), *signals])
+
+    async def waiter(name: str, start: float, seconds: float) -> None:
+        await rt.sleep(start)
+        for round_ in range(2):
+            log.append((f"{name}.{round_}", await race(seconds), rt.now()))
+
+    async def setter(i: int, at: float, method: str) -> None:
+        await rt.sleep(at)
+        getattr(signals[i], method)()
+
+    async def main() -> None:
+        for i, (at, method) in enumerate(plan["signals"]):
+            if at == "before":  # set and processed before any wait
+                getattr(signals[i], method)()
+                await rt.sleep(0)
+        tasks = [
+            rt.spawn(setter(i, at, method), f"set{i}")
+            for i, (at, method) in enumerate(plan["signals"])
+            if isinstance(at, float)
+        ]
+        tasks += [
+            rt.spawn(waiter(f"w{j}", start, seconds), f"w{j}", eager=j % 2 == 0)
+            for j, (start, seconds) in enumerate(plan["waiters"])
+        ]
+        await rt.wait_all(tasks)
+
+    rt.run(main())
+    return log, rt.env.processed
+
+
+_TIMES = st.sampled_from([0.0, 0.5, 1.0, 2.0])
+
+
+@given(
+    st.fixed_dictionaries(
+        {
+            "seed": st.integers(0, 2**16),
+            "signals": st.lists(
+                st.tuples(
+                    st.one_of(st.just("before"), st.just(None), _TIMES),
+                    st.sampled_from(["set", "set_for_current_waiters"]),
+                ),
+                min_size=1,
+                max_size=3,
+            ),
+            "waiters": st.lists(st.tuples(_TIMES, _TIMES), min_size=1, max_size=3),
+        }
+    )
+)
+def test_timer_or_is_wait_any_of_a_timer_and_the_signals(plan: dict[str, Any]) -> None:
+    """``timer_or`` (every decode and train step waits on one) decides as ``wait_any`` of
+    the same timer and signals: the same index, at the same instant, and the same events
+    in the same order (the count, and the waiters' order at shared instants), whether a
+    signal was set before the wait, during it, after it or never."""
+    assert _races(plan, timer_or=True) == _races(plan, timer_or=False)
