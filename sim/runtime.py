@@ -501,13 +501,7 @@ def _decided(condition: _Condition) -> None:
     and its value (a function, not a method: a condition holding its own bound method in
     its callbacks would be a reference cycle until it is decided)."""
     events = condition._events
-    for sub in events:
-        callbacks = sub.callbacks
-        if callbacks:
-            try:  # noqa: SIM105 (suppress() is a context manager: slower, on a hot path)
-                callbacks.remove(condition)
-            except ValueError:
-                pass
+    _unhook(condition, events)
     if not condition._ok:
         return
     if condition._any:
@@ -517,6 +511,18 @@ def _decided(condition: _Condition) -> None:
                 break
     else:
         condition._value = [sub._value for sub in events]
+
+
+def _unhook(waiter: Event, events: list[Event]) -> None:
+    """Take a decided wait off the callbacks of its events that still hold it (one being
+    processed, or processed already, holds none)."""
+    for sub in events:
+        callbacks = sub.callbacks
+        if callbacks:
+            try:  # noqa: SIM105 (suppress() is a context manager: slower, on a hot path)
+                callbacks.remove(waiter)
+            except ValueError:
+                pass
 
 
 class _TimerOr(Event):
@@ -544,7 +550,7 @@ class _TimerOr(Event):
             if callbacks is None:  # set and processed already: decided now, by it
                 self._value = i
                 self.callbacks = []
-                self._off(event)
+                _unhook(self, self._events)
                 _process_now(self, self.callbacks)
                 return
             events.append(event)
@@ -556,19 +562,8 @@ class _TimerOr(Event):
         if self._value is not PENDING:
             return
         self._value = self._events.index(event)
-        self._off(event)
+        _unhook(self, self._events)
         _process_now(self, self.callbacks)
-
-    def _off(self, decider: Event) -> None:
-        """Off the callbacks of the events that did not decide it."""
-        for sub in self._events:
-            if sub is not decider:
-                callbacks = sub.callbacks
-                if callbacks:
-                    try:  # noqa: SIM105 (suppress() is a context manager: slower, on a hot path)
-                        callbacks.remove(self)
-                    except ValueError:
-                        pass
 
     def __await__(self) -> Generator[Event, Any, Any]:
         return (yield self)
