@@ -547,11 +547,10 @@ class _TimerOr(Event):
         for i, signal in enumerate(signals, 1):
             event = signal.event
             callbacks = event.callbacks
-            if callbacks is None:  # set and processed already: decided now, by it
-                self._value = i
-                self.callbacks = []
-                _unhook(self, self._events)
-                _process_now(self, self.callbacks)
+            if callbacks is None:  # set and processed already: decided now, by it, and
+                self._value = i  # processed (nobody waits on it yet): an await goes on at once
+                self.callbacks = None
+                _unhook(self, events)
                 return
             events.append(event)
             callbacks.append(self)
