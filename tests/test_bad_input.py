@@ -456,6 +456,18 @@ CORPUS: list[tuple[str, str, str, tuple[str, ...]]] = [
         "engine-int",
         fault_toml(kind="restart_engine", engine=0, at=1.0),
         "faults[0] (restart_engine).engine",
+        ("by id, not by index", 'write engine = "engine-0"'),
+    ),
+    (
+        "engine-index-at-a-point",
+        fault_toml(kind="kill_engine", engine=2, point="mid_generation", after_step=1),
+        "faults[0] (kill_engine).engine",
+        ('write engine = "engine-2"',),
+    ),
+    (
+        "engine-bool",
+        fault_toml(kind="hang_engine", engine=True, at=1.0),
+        "faults[0] (hang_engine).engine",
         ("string",),
     ),
     (

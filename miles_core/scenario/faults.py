@@ -348,10 +348,22 @@ def fault_from_mapping(data: Mapping[str, Any], where: str = "fault") -> AnyFaul
     for key, hint in params.items():
         if key not in data:
             raise ConfigError(f"{where}.{key}", "is missing", _missing_fix(key))
+        _check_engine_index(key, data[key], where)
         values[key] = check_value(hint, data[key], f"{where}.{key}")
     fault = cls(when=trigger, **values)
     _check_parameters(fault, where)
     return fault  # type: ignore[return-value]
+
+
+def _check_engine_index(key: str, value: object, where: str) -> None:
+    """An engine named by its index, as a cell is (``engine = 1``): said with the id it
+    means, not taken as that id (engines are named by id, cells by index)."""
+    if key == "engine" and isinstance(value, int) and not isinstance(value, bool):
+        raise ConfigError(
+            f"{where}.engine",
+            f"got {value!r}; engines are named by id, not by index",
+            f'write engine = "engine-{value}"',
+        )
 
 
 def _missing_fix(key: str) -> str:
