@@ -50,6 +50,9 @@ class Producer:
         self.engines = engines
         self.batch: list[Group] = []
         """The batch being trained (held outside the buffer until its step commits)."""
+        self._drained: list[Group] = []
+        """The groups a drain has taken from the buffer so far: held by nobody else until it
+        returns, so outstanding if the run ends while it waits for the rest."""
         self._prompts = itertools.count()
         self._groups = itertools.count()
         self.recycled: deque[int] = deque()
@@ -191,6 +194,7 @@ class Producer:
         """The next batch: ``rollout_batch_size`` groups the buffer lets through now."""
         ctx = self.ctx
         batch: list[Group] = []
+        self._drained = batch
         while len(batch) < ctx.config.rollout_batch_size:
             current = ctx.ledger.current
             verdicts = ctx.buffer.get(current)
@@ -216,12 +220,14 @@ class Producer:
                     self._progress.notify()  # recycled prompts may be regenerated now
                     await self._arrived.wait()
         batch.sort(key=lambda g: g.prompt_id)
+        self._drained = []  # the caller holds it now, as the batch
         return batch
 
     # -- what is left at the end --------------------------------------------------------------
 
     def outstanding(self) -> tuple[int, ...]:
-        """Prompts drawn but neither trained nor dropped: queued, in the batch, or generating."""
-        held = [g.prompt_id for g in (*self.ctx.buffer.queued(), *self.batch)]
+        """Prompts drawn but neither trained nor dropped: queued, in the batch or the one being
+        drained, or generating."""
+        held = [g.prompt_id for g in (*self.ctx.buffer.queued(), *self.batch, *self._drained)]
         waiting = [*self.recycled, *self._in_flight.values(), *self._blocked.values()]
         return tuple(sorted([*held, *waiting]))
