@@ -136,6 +136,24 @@ CORPUS: list[tuple[str, str, str, tuple[str, ...]]] = [
     ("unknown-top-key", "stpes = 8\n", SOURCE, ("stpes", "unknown top-level keys")),
     ("unknown-loop-key", "[loop]\nstpes = 8\n", "[loop]", ("stpes", "steps")),
     ("unknown-sim-key", "[sim]\nnum_cell = 3\n", "[sim]", ("num_cell", "num_cells")),
+    # what each unknown key most likely meant, said beside the keys there are
+    (
+        "loop-flag-with-dashes",
+        "[loop]\nrollout-batch-size = 8\n",
+        "[loop].rollout-batch-size",
+        ("dashes", "write rollout_batch_size"),
+    ),
+    (
+        "loop-key-misspelt",
+        "[loop]\nrollout_batch_sise = 8\n",
+        "[loop]",
+        ("'rollout_batch_sise' may be rollout_batch_size",),
+    ),
+    ("sim-key-with-dashes", "[sim]\nnum-cells = 3\n", "[sim]", ("as num_cells",)),
+    ("loop-key-at-the-top", "steps = 8\n", SOURCE, ("steps belongs under [loop]",)),
+    ("sim-key-at-the-top", "num_cells = 3\n", SOURCE, ("num_cells belongs under [sim]",)),
+    ("loop-key-misspelt-at-the-top", "stpes = 8\n", SOURCE, ("may be steps, under [loop]",)),
+    ("unknown-key-nothing-close", "[loop]\ncolour = 'red'\n", "[loop]", ("use only",)),
     ("unknown-expect-key", "expect = { staus = 'failed' }\n", "expect", ("staus",)),
     (
         "unknown-fault-key",

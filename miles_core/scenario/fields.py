@@ -10,6 +10,7 @@ not accepted for an integer, "8" is not accepted for a number.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import types
 import typing
@@ -20,6 +21,30 @@ from typing import Any, TypeVar
 from miles_core.errors import ConfigError
 
 T = TypeVar("T")
+
+
+def unknown_keys_fix(
+    unknown: list[Any], known: typing.Iterable[str], elsewhere: Mapping[str, str] | None = None
+) -> str:
+    """The fix for keys a table does not have: the key each one most likely meant (a miles
+    flag written with dashes, a misspelling, a key of another section: ``elsewhere`` maps
+    such keys to their section), then every key there is. Only said, never taken: the
+    file still fails to load."""
+    keys = sorted(known)
+    elsewhere = elsewhere or {}
+    meant = []
+    for key in unknown:
+        written = str(key)
+        snake = written.replace("-", "_").lower()
+        if snake in elsewhere:
+            meant.append(f"{snake} belongs under {elsewhere[snake]}")
+        elif snake in keys:
+            meant.append(f"write {written!r} as {snake} (keys are snake_case)")
+        elif close := difflib.get_close_matches(snake, [*keys, *elsewhere], n=1, cutoff=0.75):
+            under = f", under {elsewhere[close[0]]}" if close[0] in elsewhere else ""
+            meant.append(f"{written!r} may be {close[0]}{under}")
+    said = "; ".join(meant)
+    return f"{said}; use only {keys}" if said else f"use only {keys}"
 
 
 def require_table(value: object, where: str, how: str) -> Mapping[str, Any]:
@@ -100,7 +125,7 @@ def build(
     known = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
     unknown = sorted(set(data) - set(known), key=str)
     if unknown:
-        raise ConfigError(where, f"unknown keys {unknown}", f"use only {sorted(known)}")
+        raise ConfigError(where, f"unknown keys {unknown}", unknown_keys_fix(unknown, known))
     values = {k: check_value(hints[k], v, f"{where}.{k}") for k, v in data.items()}
     try:
         return dataclasses.replace(base, **values) if base is not None else cls(**values)  # type: ignore[type-var]

@@ -24,13 +24,14 @@ and says how to fix it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 from miles_core.errors import ConfigError
 from miles_core.loop.config import FIELD_OF_KEY, LoopConfig, field_name
 from miles_core.scenario.faults import faults_from_list
-from miles_core.scenario.fields import build, check_value, require_table
+from miles_core.scenario.fields import build, check_value, require_table, unknown_keys_fix
 from miles_core.scenario.model import Expect, Scenario
 from miles_core.scenario.presets import DEFAULT_LOOP, PRESETS
 from miles_core.scenario.world import SHAPE_KEYS, TIME_KEYS, TimeModel, WorldShape
@@ -67,7 +68,10 @@ def scenario_from_mapping(
     data = require_table(data, source, "a scenario is a TOML document of keys and tables")
     unknown = sorted(set(data) - set(TOP_KEYS), key=str)
     if unknown:
-        raise ConfigError(source, f"unknown top-level keys {unknown}", f"use only {list(TOP_KEYS)}")
+        sections = dict.fromkeys([*LOOP_FIELDS, *FIELD_OF_KEY], "[loop]")
+        sections |= dict.fromkeys(SHAPE_KEYS | TIME_KEYS, "[sim]")
+        fix = unknown_keys_fix(unknown, TOP_KEYS, sections)
+        raise ConfigError(source, f"unknown top-level keys {unknown}", fix)
     name = check_value(str, data.get("name", default_name), "name")
     description = check_value(str, data.get("description", ""), "description")
     preset_name = check_value(str, data.get("preset", "small"), "preset")
@@ -104,6 +108,8 @@ def scenario_from_mapping(
     )
 
 
+LOOP_FIELDS = frozenset(f.name for f in dataclasses.fields(LoopConfig))
+
 RENAMED = {
     "in_flight_groups": (
         "async_max_concurrent_samples",
@@ -121,6 +127,9 @@ def _loop_keys(data: Mapping[str, Any]) -> dict[str, Any]:
         if key in RENAMED:
             new, why = RENAMED[key]
             raise ConfigError(f"[loop].{key}", f"was replaced by {new}", why)
+        snake = key.replace("-", "_") if isinstance(key, str) else key
+        if snake != key and (snake in FIELD_OF_KEY or snake in LOOP_FIELDS):
+            raise ConfigError(f"[loop].{key}", "is a flag written with dashes", f"write {snake}")
         name = FIELD_OF_KEY.get(key, key)
         if name in out:
             raise ConfigError(
@@ -136,7 +145,7 @@ def _sim_section(data: Any, world: WorldShape, timing: TimeModel) -> tuple[World
     unknown = sorted(set(data) - SHAPE_KEYS - TIME_KEYS, key=str)
     if unknown:
         raise ConfigError(
-            "[sim]", f"unknown keys {unknown}", f"use only {sorted(SHAPE_KEYS | TIME_KEYS)}"
+            "[sim]", f"unknown keys {unknown}", unknown_keys_fix(unknown, SHAPE_KEYS | TIME_KEYS)
         )
     shape = {k: v for k, v in data.items() if k in SHAPE_KEYS}
     time = {k: v for k, v in data.items() if k in TIME_KEYS}
