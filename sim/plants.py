@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from miles_core.buffer import Group, SampleStatus
 from miles_core.cells import CellGroup, Decision, Outcome
 from miles_core.errors import ConfigError
 from miles_core.events import PromptDrawn
@@ -169,6 +170,17 @@ def staleness_from_final_version(mp: Patcher) -> None:
     mp.setattr(Producer, "_generate_sample", last_only)
 
 
+def aborted_group_trained(mp: Patcher) -> None:
+    """The buffer refuses a group only when every sample was aborted, not when any was: a
+    group cut short by an update, a dead engine or a failing router is trained with its
+    truncated responses (miles' buffer refuses it whole, fully_async_data_buffer.py)."""
+
+    def all_aborted(self: Group) -> bool:
+        return all(s.status is SampleStatus.ABORTED for s in self.samples())
+
+    mp.setattr(Group, "aborted", property(all_aborted))
+
+
 PLANTS: dict[str, tuple[Plant, str]] = {
     "publish_after_resume": (publish_after_resume, "update_order"),
     "discarded_attempt_commits": (discarded_attempt_commits, "step_attempts"),
@@ -179,6 +191,7 @@ PLANTS: dict[str, tuple[Plant, str]] = {
     "version_update_aborts_all": (version_update_aborts_all, "requests_kept"),
     "flush_under_in_place": (flush_under_in_place, "end_state"),
     "staleness_from_final_version": (staleness_from_final_version, "bounded_staleness"),
+    "aborted_group_trained": (aborted_group_trained, "whole_groups"),
 }
 
 

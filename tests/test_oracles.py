@@ -65,6 +65,7 @@ from miles_core.oracles import (
     step_attempts,
     unfired_reason,
     update_order,
+    whole_groups,
 )
 from miles_core.weight_update import UpdateKind
 
@@ -232,12 +233,13 @@ def sample(
     outcome: SampleOutcome = SampleOutcome.COMPLETED,
     sent: float = 0.0,
     engine_seconds: float | None = None,
+    index: int = 0,
 ) -> Spec:
     return E(
         SampleGenerated,
         group_id=group,
         prompt_id=prompt,
-        sample=0,
+        sample=index,
         turn=0,
         engine=engine,
         incarnation=incarnation,
@@ -523,6 +525,47 @@ def test_trained_after_dropped_and_drop_without_reason_are_caught() -> None:
     )
     violation = exactly_once(no_reason)
     assert violation is not None and "without a reason" in violation.message
+
+
+# -- 3b. whole groups -----------------------------------------------------------------
+
+
+def test_whole_groups_passes_complete_groups_and_cut_groups_not_trained() -> None:
+    h = hist(
+        sample(0, 0, None, index=0),
+        sample(0, 0, None, index=1),
+        sample(1, 1, None, index=0),
+        sample(1, 1, None, outcome=SampleOutcome.ABORTED, index=1),
+        *trained(0, 0, None, None),
+        E(GroupRecycled, group_id=1, prompt_id=1, reason="aborted"),
+    )
+    assert whole_groups(h) is None
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [SampleOutcome.ABORTED, SampleOutcome.ENGINE_FAILED, SampleOutcome.ROUTER_FAILED],
+)
+def test_a_trained_group_with_a_sample_that_did_not_complete_is_caught(
+    outcome: SampleOutcome,
+) -> None:
+    h = hist(
+        sample(3, 7, None, index=0),
+        sample(3, 7, None, outcome=outcome, index=1),
+        sample(3, 7, None, outcome=SampleOutcome.ABORTED, index=2),
+        *trained(3, 7, None, None, step=2),
+    )
+    violation = whole_groups(h)
+    assert violation is not None
+    assert f"group 3 was trained in step 2 although its sample 1 ended {outcome.value}" in (
+        violation.message
+    )
+    assert [seq for seq, _ in violation.evidence] == [1, 4]  # the first cut call, the training
+
+
+def test_a_trained_group_with_no_generated_sample_is_caught() -> None:
+    violation = whole_groups(hist(sample(0, 0, None), *trained(1, 1, None, None)))
+    assert violation is not None and "none of its samples was generated" in violation.message
 
 
 # -- 4. published weights ----------------------------------------------------------
@@ -1524,6 +1567,7 @@ def test_check_all_returns_every_oracle_by_name() -> None:
         "bounded_staleness",
         "exactly_once",
         "recycled_regenerated",
+        "whole_groups",
         "published_weights",
         "update_order",
         "requests_kept",

@@ -12,6 +12,8 @@ first violation with the events that prove it, or None.
     exactly_once          each prompt is trained at most once; at the end each drawn prompt
                           is trained, dropped or outstanding
     recycled_regenerated  a recycled prompt is generated again, before any new prompt
+    whole_groups          a trained group's samples all completed (one aborted or failed
+                          sends the group to the unused handler, as miles' buffer does)
     published_weights     every sample came from published, whole, current weights
     update_order          pause -> flush -> session -> buckets -> stamp -> close -> publish ->
                           resume, per engine process; every engine of a transfer plan received
@@ -33,6 +35,7 @@ from miles_core.events import History
 from miles_core.oracles.base import Indexed, Violation, forget
 from miles_core.oracles.delivery import exactly_once, recycled_regenerated
 from miles_core.oracles.end_state import end_state
+from miles_core.oracles.groups import whole_groups
 from miles_core.oracles.progress import progress
 from miles_core.oracles.requests import requests_kept
 from miles_core.oracles.staleness import bounded_staleness
@@ -47,6 +50,7 @@ SAFETY: dict[str, Callable[[History], Violation | None]] = {
     "bounded_staleness": bounded_staleness,
     "exactly_once": exactly_once,
     "recycled_regenerated": recycled_regenerated,
+    "whole_groups": whole_groups,
     "published_weights": published_weights,
     "update_order": update_order,
     "requests_kept": requests_kept,
@@ -116,4 +120,5 @@ __all__ = [
     "unfired_reason",
     "update_order",
     "verdict_lines",
+    "whole_groups",
 ]

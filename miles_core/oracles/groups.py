@@ -1,0 +1,55 @@
+"""Only whole groups are trained: no trained group holds a sample whose generation ended
+without completing.
+
+miles' fully-async drain recycles a group with an ABORTED sample before it looks at
+staleness ("a weight update paused generation mid-group: return it for re-sampling",
+miles/rollout/fully_async_rollout.py, ``FullyAsyncRolloutFn._drain``; miles #2800
+describes the same refusal in the data buffer's ``put``, and the sync loops drop such a
+group with ``check_no_aborted``). Training one would count a truncated response, scored
+as if it had finished, in its group's advantage. Here the buffer refuses the group and
+the unused handler recycles or drops its prompt.
+
+The oracle reads each generate call as the producer recorded it (SampleGenerated, with
+the outcome the world gave: aborted, the engine failed, the router failed) and each
+committed group (GroupTrained): a trained group must have a call that completed, and
+none that did not.
+"""
+
+from __future__ import annotations
+
+from miles_core.events import GroupTrained, History, SampleGenerated
+from miles_core.kinds import SampleOutcome
+from miles_core.oracles.base import Indexed, Violation, select
+
+NAME = "whole_groups"
+
+
+def whole_groups(history: History) -> Violation | None:
+    """Every trained group's generate calls all completed (and it had at least one)."""
+    completed = SampleOutcome.COMPLETED
+    cut: dict[int, Indexed] = {}  # group -> its first call that did not complete
+    generated: set[int] = set()  # groups with a call that completed
+    for seq, e in select(history, SampleGenerated):  # most of a history: kept lean
+        if e.outcome is completed:
+            generated.add(e.group_id)
+        elif e.group_id not in cut:
+            cut[e.group_id] = (seq, e)
+    for seq, e in select(history, GroupTrained):
+        ended = cut.get(e.group_id)
+        if ended is not None:
+            sample = ended[1]
+            return Violation(
+                NAME,
+                f"group {e.group_id} was trained in step {e.step} although its sample "
+                f"{sample.sample} ended {sample.outcome.value}: a group with a sample that did "
+                "not complete goes to the unused handler, not to training",
+                (ended, (seq, e)),
+            )
+        if e.group_id not in generated:
+            return Violation(
+                NAME,
+                f"group {e.group_id} was trained in step {e.step} but none of its samples was "
+                "generated",
+                ((seq, e),),
+            )
+    return None
