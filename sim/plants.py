@@ -181,6 +181,23 @@ def aborted_group_trained(mp: Patcher) -> None:
     mp.setattr(Group, "aborted", property(all_aborted))
 
 
+def heal_from_first_member(mp: Patcher) -> None:
+    """A heal's source is the first member of the new quorum, not its first alive cell: a
+    restarted cell with the lowest index is healed from itself, with initial weights."""
+    refresh = CellGroup.refresh
+
+    def first_member(self: CellGroup) -> Any:
+        plan = refresh(self)
+        src = plan.members[0] if plan.members else None
+        heals = tuple(
+            dataclasses.replace(h, src_cell=src, src_alive_rank=0, src_ranks=self.ranks(src))
+            for h in plan.heals
+        )
+        return dataclasses.replace(plan, heals=heals)
+
+    mp.setattr(CellGroup, "refresh", first_member)
+
+
 PLANTS: dict[str, tuple[Plant, str]] = {
     "publish_after_resume": (publish_after_resume, "update_order"),
     "discarded_attempt_commits": (discarded_attempt_commits, "step_attempts"),
@@ -192,6 +209,7 @@ PLANTS: dict[str, tuple[Plant, str]] = {
     "flush_under_in_place": (flush_under_in_place, "end_state"),
     "staleness_from_final_version": (staleness_from_final_version, "bounded_staleness"),
     "aborted_group_trained": (aborted_group_trained, "whole_groups"),
+    "heal_from_first_member": (heal_from_first_member, "step_attempts"),
 }
 
 

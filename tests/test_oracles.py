@@ -1167,6 +1167,60 @@ def test_step_attempts_passes_committed_steps_and_a_retry() -> None:
     assert step_attempts(shrunk) is None
 
 
+def restarted(cell: int) -> Spec:
+    return E(CellStarted, cell=cell, incarnation=1, how="processes started")
+
+
+def heal(src: int, dst: int, ok: bool = True, quorum: int = 2) -> list[Spec]:
+    return [
+        E(
+            HealBegan,
+            quorum_id=quorum,
+            src_cell=src,
+            dst_cell=dst,
+            src_ranks=(src,),
+            dst_ranks=(dst,),
+        ),
+        E(HealEnded, dst_cell=dst, ok=ok),
+    ]
+
+
+GROWN = E(QuorumChanged, quorum_id=2, members=(0, 1))
+
+
+def test_a_restarted_cell_healed_from_a_trained_one_trains_again() -> None:
+    h = hist(start(), *step(0), restarted(1), GROWN, *heal(0, 1), *step(1))
+    assert step_attempts(h) is None
+
+
+@pytest.mark.parametrize(
+    "healed", [[], heal(0, 1, ok=False)], ids=["no heal", "a heal that failed"]
+)
+def test_a_restarted_cell_that_trains_unhealed_is_caught(healed: list[Spec]) -> None:
+    h = hist(start(), *step(0), restarted(1), GROWN, *healed, *step(1))
+    violation = step_attempts(h)
+    assert violation is not None
+    assert "cell 1 trained in attempt 1 of step 1 with new processes no heal reached" in (
+        violation.message
+    )
+    assert type(violation.evidence[0][1]) is CellStarted
+
+
+def test_a_heal_from_the_cell_itself_a_fresh_cell_or_an_outsider_is_caught() -> None:
+    itself = hist(start(), *step(0), restarted(1), GROWN, *heal(1, 1))
+    violation = step_attempts(itself)
+    assert violation is not None and "cell 1 was healed from itself" in violation.message
+    both = E(QuorumChanged, quorum_id=2, members=(0, 1, 2))
+    fresh = hist(start(cells=3), restarted(1), restarted(2), both, *heal(2, 1))
+    violation = step_attempts(fresh)
+    assert violation is not None
+    assert "healed from cell 2, whose new processes were never healed" in violation.message
+    outsider = hist(start(cells=3), restarted(1), GROWN, *heal(2, 1))
+    violation = step_attempts(outsider)
+    assert violation is not None
+    assert "healed from cell 2, which is not in quorum [0, 1]" in violation.message
+
+
 def test_an_attempt_on_cells_other_than_the_quorum_is_caught() -> None:
     h = hist(start(), E(QuorumChanged, quorum_id=1, members=(0,)), attempt(0, (0, 1), quorum=1))
     violation = step_attempts(h)

@@ -10,7 +10,14 @@ control plane recorded:
 - the attempt's verdict matches the reports: cells that reported normal,
   discarded, or nothing (errored); it commits only when no cell discarded and
   some cell finished normally;
-- a step commits once, from such an attempt, in step order.
+- a step commits once, from such an attempt, in step order;
+- a cell whose processes the world replaced (CellStarted: its trained state went
+  with the old ones) joins an attempt only once a heal into it ended well, and a
+  heal's source is a member of its quorum holding trained state: neither the cell
+  being healed nor another cell with new processes not yet healed (miles'
+  ``recv_ckpt_src_rank`` names an alive cell's rank; a checkpoint from a fresh cell
+  would hand the joining one initial weights, and the next exchange would average
+  gradients of different models).
 """
 
 from __future__ import annotations
@@ -19,7 +26,10 @@ from miles_core.cells import Decision, Outcome
 from miles_core.events import (
     AttemptBegan,
     AttemptEnded,
+    CellStarted,
     CellTrained,
+    HealBegan,
+    HealEnded,
     History,
     QuorumChanged,
     RunStarted,
@@ -33,6 +43,10 @@ Key = tuple[int, int]
 
 
 def step_attempts(history: History) -> Violation | None:
+    return _attempts(history) or _heals(history)
+
+
+def _attempts(history: History) -> Violation | None:
     quorum: tuple[int, ...] | None = None
     began: dict[Key, Indexed] = {}
     reports: dict[Key, dict[int, Indexed]] = {}
@@ -162,4 +176,48 @@ def _commit(
             f"{discarded[0][1].cell} discarded it (its gradient exchange failed)",  # type: ignore[union-attr]
             (discarded[0], (seq, e)),
         )
+    return None
+
+
+def _heals(history: History) -> Violation | None:
+    """New processes are healed before they train, from a cell that holds trained state."""
+    fresh: dict[int, Indexed] = {}  # cell -> its CellStarted, until a heal into it ended well
+    healing: dict[int, Indexed] = {}  # dst cell -> the HealBegan under way
+    quorum: tuple[int, ...] = ()
+    kinds = (RunStarted, QuorumChanged, CellStarted, HealBegan, HealEnded, AttemptBegan)
+    for seq, e in select(history, *kinds):
+        if isinstance(e, RunStarted):
+            quorum = tuple(range(e.num_cells))
+        elif isinstance(e, QuorumChanged):
+            quorum = e.members
+        elif isinstance(e, CellStarted):
+            fresh[e.cell] = (seq, e)
+        elif isinstance(e, HealBegan):
+            src = e.src_cell
+            why = None
+            if src == e.dst_cell:
+                why = "itself"
+            elif src not in quorum:
+                why = f"cell {src}, which is not in quorum {list(quorum)}"
+            elif src in fresh:
+                why = f"cell {src}, whose new processes were never healed: no trained state"
+            if why is not None:
+                evidence = [fresh[src]] if src in fresh and src != e.dst_cell else []
+                return Violation(
+                    NAME, f"cell {e.dst_cell} was healed from {why}", (*evidence, (seq, e))
+                )
+            healing[e.dst_cell] = (seq, e)
+        elif isinstance(e, HealEnded):
+            if healing.pop(e.dst_cell, None) is not None and e.ok:
+                fresh.pop(e.dst_cell, None)
+        elif isinstance(e, AttemptBegan):
+            unhealed = [c for c in e.cells if c in fresh]
+            if unhealed:
+                cell = unhealed[0]
+                return Violation(
+                    NAME,
+                    f"cell {cell} trained in attempt {e.attempt} of step {e.step} with new "
+                    "processes no heal reached: it trains from initial weights",
+                    (fresh[cell], (seq, e)),
+                )
     return None
