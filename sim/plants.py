@@ -173,7 +173,7 @@ def staleness_from_final_version(mp: Patcher) -> None:
 def aborted_group_trained(mp: Patcher) -> None:
     """The buffer refuses a group only when every sample was aborted, not when any was: a
     group cut short by an update, a dead engine or a failing router is trained with its
-    truncated responses (miles' buffer refuses it whole, fully_async_data_buffer.py)."""
+    truncated responses (miles' drain recycles it whole: fully_async_rollout.py, _drain)."""
 
     def all_aborted(self: Group) -> bool:
         return all(s.status is SampleStatus.ABORTED for s in self.samples())

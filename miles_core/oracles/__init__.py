@@ -13,7 +13,7 @@ first violation with the events that prove it, or None.
                           is trained, dropped or outstanding
     recycled_regenerated  a recycled prompt is generated again, before any new prompt
     whole_groups          a trained group's samples all completed (one aborted or failed
-                          sends the group to the unused handler, as miles' buffer does)
+                          sends the group to the unused handler, as miles' drain does)
     published_weights     every sample came from published, whole, current weights
     update_order          pause -> flush -> session -> buckets -> stamp -> close -> publish ->
                           resume, per engine process; every engine of a transfer plan received
