@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from miles_core.errors import ConfigError
-from miles_core.loop.config import FIELD_OF_KEY, LoopConfig, field_name
+from miles_core.loop.config import FIELD_OF_FLAG, FIELD_OF_KEY, LoopConfig, field_name
 from miles_core.scenario.faults import faults_from_list
 from miles_core.scenario.fields import build, check_value, require_table, unknown_keys_fix
 from miles_core.scenario.model import Expect, Scenario
@@ -127,8 +127,8 @@ def _loop_keys(data: Mapping[str, Any]) -> dict[str, Any]:
         if key in RENAMED:
             new, why = RENAMED[key]
             raise ConfigError(f"[loop].{key}", f"was replaced by {new}", why)
-        snake = key.replace("-", "_") if isinstance(key, str) else key
-        if snake != key and (snake in FIELD_OF_KEY or snake in LOOP_FIELDS):
+        if isinstance(key, str) and "-" in key and f"--{key}" in FIELD_OF_FLAG:  # dashes and all
+            snake = key.replace("-", "_")
             raise ConfigError(f"[loop].{key}", "is a flag written with dashes", f"write {snake}")
         name = FIELD_OF_KEY.get(key, key)
         if name in out:
