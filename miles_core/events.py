@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from enum import StrEnum
 from typing import Any, ClassVar
 
+from miles_core.buffer import UnusedHandler
 from miles_core.cells import CellState, Decision, Outcome
 from miles_core.engines import EngineState
 from miles_core.errors import ConfigError
@@ -149,6 +150,8 @@ class RunStarted(Event):
     pause_mode: PauseMode = PauseMode.RETRACT
     """--pause-generation-mode: what an update may do to requests in flight."""
     fault_tolerance: bool = False
+    unused_samples_handler: UnusedHandler | None = None
+    """--async-unused-samples-handler: where a refused group goes (None: not stated)."""
     expected_status: RunStatus = RunStatus.COMPLETED
     """How the scenario says the run must end (end_state judges RunEnded against it)."""
     expected_error: str | None = None

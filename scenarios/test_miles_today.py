@@ -14,11 +14,14 @@ from typing import Any
 
 import pytest
 
+from miles_core.cells import CellState
 from miles_core.events import (
+    CellStateChanged,
     EngineExited,
     EngineHealthFailed,
     EngineRecoveryAsked,
     EnginesFlushed,
+    EnginesResumed,
     EngineStarted,
     EngineStateChanged,
     GroupDropped,
@@ -27,6 +30,8 @@ from miles_core.events import (
     GroupRecycled,
     GroupStarted,
     GroupTrained,
+    HealEnded,
+    HeartbeatMissed,
     History,
     SampleGenerated,
     StepCommitted,
@@ -225,6 +230,96 @@ def test_recovery_waits_for_the_health_checks_first_wait() -> None:
     assert asked and asked[0].t >= 30.0
     down = [e for e in of(result.history, EngineStateChanged) if e.new.value == "down"]
     assert down and down[0].t < 30.0 and "no answer to pause" in down[0].reason
+
+
+# -- the trainer heartbeat checker ---------------------------------------------------------
+
+MISSES_ACROSS_A_HEAL = """
+name = "misses_across_a_heal"
+description = "cell 2 misses two heartbeats, cell 0 is healed back, cell 2 misses two more"
+[sim]
+num_cells = 3
+[loop]
+steps = 8
+[[faults]]
+kind = "kill_cell"
+cell = 0
+point = "step_begin"
+step = 1
+[[faults]]
+kind = "start_cell"
+cell = 0
+point = "step_begin"
+step = 4
+[[faults]]
+kind = "drop_heartbeat"
+cell = 2
+at = 24.0
+duration = 11.0
+"""
+
+
+def test_a_heal_starts_every_cells_count_of_missed_heartbeats_afresh() -> None:
+    """miles pauses its trainer checkers around a reconfiguration and each resume zeroes the
+    count of failures in a row (group.py ``_paused_health_checkers``,
+    health_checker.py ``SimpleHealthChecker.resume``; miles' own test
+    test_health_checker.py::test_resume_resets_failure_counter). Where cell 0's heal
+    lands between cell 2's second and third miss (seeds 0, 2 and 9 of 10), the count starts
+    again at 1 and cell 2 stays alive; where it lands later, three misses in a row fail it.
+    The count used to survive the heal, and failed a healthy cell (seed 0: at t=31.08)."""
+    scenario = scenario_from_toml(MISSES_ACROSS_A_HEAL, "test")
+    spared = 0
+    for seed in range(10):
+        result = run_scenario(scenario, seed)
+        assert result.ok, (seed, result.failures())
+        (heal,) = of(result.history, HealEnded)
+        assert heal.dst_cell == 0, seed
+        missed = [(e.t, e.misses) for e in of(result.history, HeartbeatMissed) if e.cell == 2]
+        before = [m for t, m in missed if t < heal.t]
+        after = [m for t, m in missed if t > heal.t]
+        assert after == list(range(1, len(after) + 1)), (seed, missed)
+        failed = [e for e in of(result.history, CellStateChanged) if e.cell == 2]
+        assert bool(failed) == (3 in before + after), (seed, missed, failed)
+        spared += before == [1, 2] and not failed
+    assert spared >= 2, "the heal must fall between the second and third miss on some seeds"
+
+
+MISSES_DURING_UPDATES = """
+name = "misses_during_updates"
+description = "updates take seconds on a slow link while cell 1 answers no heartbeat"
+[loop]
+steps = 6
+[[faults]]
+kind = "slow_link"
+at = 10.0
+duration = 30.0
+factor = 2000.0
+[[faults]]
+kind = "drop_heartbeat"
+cell = 1
+at = 14.0
+duration = 20.0
+"""
+
+
+def test_the_heartbeat_checker_goes_on_through_a_weight_update() -> None:
+    """miles' ``update_weights`` pauses the rollout health monitor only; the trainer cells'
+    checkers go on (their RPC has its own concurrency group, cell_monitor.py). A heartbeat
+    missed while weights are sent counts: the checker used to skip those rounds."""
+    result = run_scenario(scenario_from_toml(MISSES_DURING_UPDATES, "test"), 0)
+    assert result.ok, result.failures()
+    windows = list(
+        zip(
+            [e.t for e in of(result.history, UpdateBegan)],
+            [e.t for e in of(result.history, EnginesResumed)],
+            strict=True,
+        )
+    )
+    missed = [e.t for e in of(result.history, HeartbeatMissed) if e.cell == 1]
+    during = [t for t in missed if any(a < t < b for a, b in windows)]
+    assert during, (missed, windows)
+    failed = [e.new for e in of(result.history, CellStateChanged) if e.cell == 1]
+    assert CellState.ERRORED in failed
 
 
 # -- errors surface, batches sorted, miles' rollout flags ------------------------------------

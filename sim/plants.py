@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from miles_core.buffer import Group, SampleStatus
+from miles_core.buffer import DataBuffer, Fate, Group, Reason, SampleStatus, UnusedHandler, Verdict
 from miles_core.cells import CellGroup, Decision, Outcome
 from miles_core.errors import ConfigError
 from miles_core.events import PromptDrawn
@@ -173,7 +173,8 @@ def staleness_from_final_version(mp: Patcher) -> None:
 def aborted_group_trained(mp: Patcher) -> None:
     """The buffer refuses a group only when every sample was aborted, not when any was: a
     group cut short by an update, a dead engine or a failing router is trained with its
-    truncated responses (miles' drain recycles it whole: fully_async_rollout.py, _drain)."""
+    truncated responses (miles' buffer refuses it whole: fully_async_data_buffer.py,
+    DefaultDataBuffer.put)."""
 
     def all_aborted(self: Group) -> bool:
         return all(s.status is SampleStatus.ABORTED for s in self.samples())
@@ -198,6 +199,22 @@ def heal_from_first_member(mp: Patcher) -> None:
     mp.setattr(CellGroup, "refresh", first_member)
 
 
+def unused_handler_inverted(mp: Patcher) -> None:
+    """The buffer reads --async-unused-samples-handler the wrong way round: under drop (miles'
+    default) aborted and stale groups are recycled, under retry they are dropped, so their
+    prompts are trained after all, or lost for good (miles: DefaultDataBuffer.put and get
+    hand both to the one unused handler, fully_async_data_buffer.py)."""
+
+    def inverted(
+        self: DataBuffer, group: Group, reason: Reason, staleness_value: int | None = None
+    ) -> Verdict:
+        recycle = self.config.unused_samples_handler is not UnusedHandler.RETRY
+        fate = Fate.RECYCLE if recycle else Fate.DROP
+        return Verdict(group, fate, reason, staleness=staleness_value)
+
+    mp.setattr(DataBuffer, "_unused", inverted)
+
+
 PLANTS: dict[str, tuple[Plant, str]] = {
     "publish_after_resume": (publish_after_resume, "update_order"),
     "discarded_attempt_commits": (discarded_attempt_commits, "step_attempts"),
@@ -210,6 +227,7 @@ PLANTS: dict[str, tuple[Plant, str]] = {
     "staleness_from_final_version": (staleness_from_final_version, "bounded_staleness"),
     "aborted_group_trained": (aborted_group_trained, "whole_groups"),
     "heal_from_first_member": (heal_from_first_member, "step_attempts"),
+    "unused_handler_inverted": (unused_handler_inverted, "recycled_regenerated"),
 }
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from miles_core.buffer import UnusedHandler
 from miles_core.cells import CellState, Decision, Outcome
 from miles_core.engines import EngineState
 from miles_core.errors import ConfigError
@@ -98,9 +99,11 @@ def start(
     steps: int = 0,
     expect: RunStatus = RunStatus.COMPLETED,
     error: str | None = None,
+    handler: UnusedHandler | None = None,
 ) -> Spec:
     return E(
         RunStarted,
+        unused_samples_handler=handler,
         seed=0,
         scenario="t",
         engines=engines,
@@ -933,6 +936,58 @@ def test_a_recycled_prompt_never_regenerated_nor_listed_is_caught() -> None:
 def test_a_recycled_prompt_listed_as_awaiting_regeneration_passes() -> None:
     h = hist(*drawn(0), *recycled(0, 0), ended(outstanding=(0,), awaiting=(0,)))
     assert recycled_regenerated(h) is None
+
+
+def refused(group: int, prompt: int, event: type, reason: str) -> list[Spec]:
+    return [
+        sample(group, prompt, None),
+        E(GroupPut, group_id=group, prompt_id=prompt, fate=PutFate.QUEUED),
+        E(event, group_id=group, prompt_id=prompt, reason=reason),
+    ]
+
+
+def test_a_group_recycled_under_the_drop_handler_is_caught() -> None:
+    h = hist(start(handler=UnusedHandler.DROP), *drawn(0), *refused(0, 0, GroupRecycled, "stale"))
+    violation = recycled_regenerated(h)
+    assert violation is not None
+    assert (
+        "group 0 (prompt 0) was recycled (stale), but --async-unused-samples-handler is drop"
+        in violation.message
+    )
+    assert [type(e) for _, e in violation.evidence] == [GroupRecycled]
+
+
+@pytest.mark.parametrize("reason", ["stale", "aborted"])
+def test_a_stale_or_aborted_group_dropped_under_the_retry_handler_is_caught(reason: str) -> None:
+    h = hist(start(handler=UnusedHandler.RETRY), *drawn(0), *refused(0, 0, GroupDropped, reason))
+    violation = recycled_regenerated(h)
+    assert violation is not None
+    assert (
+        f"group 0 (prompt 0) was dropped ({reason}), but --async-unused-samples-handler is "
+        "retry: only the dynamic filter drops" in violation.message
+    )
+
+
+@pytest.mark.parametrize("reason", ["dynamic_filter", "dynamic_filter:zero_std"])
+def test_the_dynamic_filter_drops_under_either_handler(reason: str) -> None:
+    for handler in UnusedHandler:
+        h = hist(start(handler=handler), *drawn(0), *refused(0, 0, GroupDropped, reason))
+        assert recycled_regenerated(h) is None, handler
+
+
+def test_the_handlers_own_fates_pass_and_an_unstated_handler_is_not_judged() -> None:
+    drop = hist(start(handler=UnusedHandler.DROP), *drawn(0), *refused(0, 0, GroupDropped, "stale"))
+    assert recycled_regenerated(drop) is None
+    retry = [
+        *drawn(0),
+        *refused(0, 0, GroupRecycled, "aborted"),
+        E(GroupStarted, group_id=1, prompt_id=0),
+    ]
+    assert recycled_regenerated(hist(start(handler=UnusedHandler.RETRY), *retry)) is None
+    assert (
+        recycled_regenerated(hist(start(), *drawn(0), *refused(0, 0, GroupRecycled, "stale")))
+        is None
+    )
 
 
 def test_an_end_listing_a_prompt_that_does_not_wait_is_caught() -> None:

@@ -57,8 +57,17 @@ class RunContext:
         sends the trainer's current weights, right only while they are the published ones."""
         self.engines_changed = Notifier(rt)
         self.monitor_paused = 0
-        """The heartbeat checker and the engine health monitor are paused while this is > 0
-        (updates, heals, syncs), as miles pauses its checkers."""
+        """The engine health monitor is paused while this is > 0 (updates, syncs, heals), as
+        miles pauses its rollout health monitor around a weight update."""
+        self.heartbeats_paused = 0
+        """The trainer heartbeat checker is paused while this is > 0: while a refresh
+        reconfigures the cells (miles' ``_paused_health_checkers`` around the cooperative
+        prepare, miles/ray/train/group.py ``_refresh_cells``). A weight update does not
+        pause it: miles' trainer checkers go on through one (their RPC has its own
+        concurrency group, so a busy cell still answers)."""
+        self.heartbeat_resumes = 0
+        """How many of those pauses have ended: each one starts every cell's count of
+        missed heartbeats afresh (``SimpleHealthChecker.resume``)."""
         self.stopping = False
         self.versions: list[int] = []
         self.crash: tuple[BaseException, str] | None = None

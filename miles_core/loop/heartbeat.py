@@ -6,10 +6,14 @@ SimpleHealthChecker); a round ends when all have answered or the timeout ran
 out, and the next begins an interval later.
 
 Each miss is recorded (HeartbeatMissed), so a dropped heartbeat is visible in
-the history whether or not it led to a failure. The checker pauses while
-weights are updated or cells healed, as miles' does, so that a busy cell is
-not taken for a dead one, and while fewer than two cells are alive (failing
-the last cell would only end the run sooner than its next call would).
+the history whether or not it led to a failure. As miles' checkers
+(miles/ray/train/group.py ``_refresh_cells`` and ``update_weights``), it pauses
+while a refresh reconfigures the cells, not while weights are updated (a busy
+cell still answers), and the end of each pause starts every count of misses
+afresh (``SimpleHealthChecker.resume``); a cell that is not alive counts as
+answered (``cell_monitor.py``: its check returns at once), so a restarted cell
+starts from no miss. It also pauses while fewer than two cells are alive
+(failing the last cell would only end the run sooner than its next call would).
 """
 
 from __future__ import annotations
@@ -72,19 +76,29 @@ class HeartbeatMonitor:
         ctx = self.ctx
         threshold = ctx.config.heartbeat_failure_threshold
         misses = dict.fromkeys(range(ctx.cells.num_cells), 0)
+        resumes = ctx.heartbeat_resumes
         while not ctx.stopping:
             await ctx.rt.sleep(interval)
-            if ctx.monitor_paused or len(ctx.cells.alive()) < 2:
+            if ctx.heartbeats_paused or len(ctx.cells.alive()) < 2:
                 continue
+            if ctx.heartbeat_resumes != resumes:  # a pause ended: every count starts afresh
+                resumes = ctx.heartbeat_resumes
+                misses = dict.fromkeys(misses, 0)
             cells = list(ctx.cells.alive())
+            if any(misses.values()):  # a cell not alive now answers as one (no miss kept)
+                alive = set(cells)
+                misses = {cell: n if cell in alive else 0 for cell, n in misses.items()}
             sent = ctx.rt.now()
             answered = await self._round(cells)
+            if ctx.heartbeats_paused or ctx.heartbeat_resumes != resumes:
+                continue  # a reconfiguration began or ended during the round: not counted
             if all(answered) and not any(misses.values()):
                 continue  # nothing to count: every cell answered, and none had missed before
             for cell, ok in zip(cells, answered, strict=True):
-                if ctx.monitor_paused:  # an update or a heal began: busy cells are not dead
+                if ctx.heartbeats_paused:  # a failure below began a reconfiguration
                     break
                 if ctx.cells.state(cell) is not CellState.ALIVE:
+                    misses[cell] = 0
                     continue
                 misses[cell] = 0 if ok else misses[cell] + 1
                 if not ok:

@@ -231,6 +231,7 @@ class Orchestrator:
             steps=c.steps,
             pause_mode=c.pause_generation_mode,
             fault_tolerance=c.use_fault_tolerance,
+            unused_samples_handler=c.unused_samples_handler,
             expected_status=self.expected[0],
             expected_error=self.expected[1],
         )

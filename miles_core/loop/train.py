@@ -96,20 +96,29 @@ class Trainer:
         return True
 
     async def refresh(self) -> None:
-        """Refresh until the quorum is stable (the heartbeat checker pauses meanwhile)."""
+        """Refresh until the quorum is stable. A reconfiguration pauses the heartbeat checker
+        until the refresh ends, and its end restarts every cell's count of misses, as miles'
+        ``_refresh_cells`` pauses and resumes its checkers around the cooperative prepare."""
         ctx = self.ctx
         ctx.monitor_paused += 1
+        reconfigured = False
         try:
             while True:
                 plan = ctx.cells.refresh()
                 ctx.record_cells()
                 if plan.reconfigure:
                     ctx.emit(QuorumChanged, quorum_id=plan.quorum_id, members=plan.members)
+                    if not reconfigured:
+                        reconfigured = True
+                        ctx.heartbeats_paused += 1
                 healed = [await self._heal(heal, plan.quorum_id) for heal in plan.heals]
                 if all(healed):
                     return
         finally:
             ctx.monitor_paused -= 1
+            if reconfigured:
+                ctx.heartbeats_paused -= 1
+                ctx.heartbeat_resumes += 1
 
     # -- a step ------------------------------------------------------------------------------
 

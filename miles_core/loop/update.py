@@ -310,7 +310,7 @@ class Updater:
                 engines=engines,
                 publishes=publish,
             )
-            ctx.monitor_paused += 1  # a busy engine or cell is not a dead one
+            ctx.monitor_paused += 1  # a busy engine is not a dead one
             try:
                 while (action := update.next_action()) is not None:
                     await self._run_action(update_id, cell, action, targets)

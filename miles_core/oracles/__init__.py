@@ -11,7 +11,9 @@ first violation with the events that prove it, or None.
     bounded_staleness     every trained group has 0 <= staleness <= bound
     exactly_once          each prompt is trained at most once; at the end each drawn prompt
                           is trained, dropped or outstanding
-    recycled_regenerated  a recycled prompt is generated again, before any new prompt
+    recycled_regenerated  a refused group goes where the unused handler says (retry:
+                          recycled, drop: dropped); a recycled prompt is generated again,
+                          before any new prompt
     whole_groups          a trained group's samples all completed (one aborted or failed
                           sends the group to the unused handler, as miles' drain does)
     published_weights     every sample came from published, whole, current weights

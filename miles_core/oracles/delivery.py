@@ -5,7 +5,11 @@ committed step, never both trained and dropped (and never dropped without a
 reason); at the end each drawn prompt is trained, dropped or outstanding
 (queued, generating, or awaiting regeneration), exactly one of them.
 
-recycled_regenerated: a group recycled by the unused handler (retry) puts its
+recycled_regenerated: a group the buffer refuses (aborted or stale) goes where
+``--async-unused-samples-handler`` says: recycled under retry, dropped under drop
+(the dynamic filter drops whatever the handler: miles' ``DefaultDataBuffer.put`` and
+``get`` hand aborted and stale groups to the one handler,
+miles/rollout/fully_async_data_buffer.py). A recycled group puts its
 prompt back for regeneration, and recycled prompts go before new ones (miles'
 ``RolloutDataSourceWithBuffer.get_samples`` takes its buffer first,
 miles/rollout/data_source.py). So no new prompt is drawn while a recycled one
@@ -16,6 +20,7 @@ waiting.
 
 from __future__ import annotations
 
+from miles_core.buffer import Reason, UnusedHandler
 from miles_core.events import (
     GroupDropped,
     GroupRecycled,
@@ -24,6 +29,7 @@ from miles_core.events import (
     History,
     PromptDrawn,
     RunEnded,
+    RunStarted,
 )
 from miles_core.oracles.base import Indexed, Violation, select
 
@@ -112,11 +118,31 @@ def exactly_once(history: History) -> Violation | None:
 
 
 def recycled_regenerated(history: History) -> Violation | None:
-    """Recycled prompts are generated again, before any new prompt is drawn."""
+    """Refused groups go where the unused handler says; recycled prompts are generated
+    again, before any new prompt is drawn."""
     fresh: dict[int, Indexed] = {}  # drawn, no group started yet
     waiting: dict[int, Indexed] = {}  # recycled, no group started since
-    for seq, e in select(history, GroupRecycled, PromptDrawn, GroupStarted, RunEnded):
-        if isinstance(e, GroupRecycled):
+    handler: UnusedHandler | None = None
+    kinds = (RunStarted, GroupRecycled, GroupDropped, PromptDrawn, GroupStarted, RunEnded)
+    for seq, e in select(history, *kinds):
+        if isinstance(e, RunStarted):
+            handler = e.unused_samples_handler
+        elif isinstance(e, GroupDropped):
+            if handler is UnusedHandler.RETRY and not _filtered(e.reason):
+                return Violation(
+                    RECYCLED,
+                    f"group {e.group_id} (prompt {e.prompt_id}) was dropped ({e.reason}), but "
+                    "--async-unused-samples-handler is retry: only the dynamic filter drops",
+                    ((seq, e),),
+                )
+        elif isinstance(e, GroupRecycled):
+            if handler is UnusedHandler.DROP:
+                return Violation(
+                    RECYCLED,
+                    f"group {e.group_id} (prompt {e.prompt_id}) was recycled ({e.reason}), but "
+                    "--async-unused-samples-handler is drop",
+                    ((seq, e),),
+                )
             waiting[e.prompt_id] = (seq, e)
         elif isinstance(e, PromptDrawn):
             if waiting:
@@ -155,3 +181,8 @@ def recycled_regenerated(history: History) -> Violation | None:
                     ((seq, e),),
                 )
     return None
+
+
+def _filtered(reason: str) -> bool:
+    """The dynamic filter's drop (``dynamic_filter`` or ``dynamic_filter:<its reason>``)."""
+    return reason.partition(":")[0] == Reason.DYNAMIC_FILTER

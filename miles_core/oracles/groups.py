@@ -1,13 +1,13 @@
 """Only whole groups are trained: no trained group holds a sample whose generation ended
 without completing.
 
-miles' fully-async drain recycles a group with an ABORTED sample before it looks at
-staleness ("a weight update paused generation mid-group: return it for re-sampling",
-miles/rollout/fully_async_rollout.py, ``FullyAsyncRolloutFn._drain``; miles #2800
-describes the same refusal in the data buffer's ``put``, and the sync loops drop such a
-group with ``check_no_aborted``). Training one would count a truncated response, scored
-as if it had finished, in its group's advantage. Here the buffer refuses the group and
-the unused handler recycles or drops its prompt.
+miles' fully-async data buffer hands a group with an ABORTED sample to the unused
+handler before its dynamic filter or capacity (miles/rollout/fully_async_data_buffer.py,
+``DefaultDataBuffer.put``, moved there from ``FullyAsyncRolloutFn._drain`` by miles
+#2030; miles #2800), and the sync loops can drop such a group with the
+``check_no_aborted`` filter. Training one would count a truncated response, scored as
+if it had finished, in its group's advantage. Here the buffer refuses the group and the
+unused handler recycles or drops its prompt.
 
 The oracle reads each generate call as the producer recorded it (SampleGenerated, with
 the outcome the world gave: aborted, the engine failed, the router failed) and each
