@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from miles_core import engines
 from miles_core.buffer import DataBuffer, Fate, Group, Reason, SampleStatus, UnusedHandler, Verdict
 from miles_core.cells import CellGroup, Decision, Outcome
 from miles_core.errors import ConfigError
@@ -215,6 +216,22 @@ def unused_handler_inverted(mp: Patcher) -> None:
     mp.setattr(DataBuffer, "_unused", inverted)
 
 
+def recovered_engine_serves_unsynced(mp: Patcher) -> None:
+    """A new engine process serves before it is synced, as miles' recovered engine does:
+    ``SGLangEngine.init`` posts ``/add_worker`` to the router as it launches, with the
+    checkpoint's weights, and ``recover_updatable_engines`` runs at the start of
+    ``update_weights`` (miles/ray/actor_group.py), so requests may reach it before that
+    update pauses it (sglang_engine.py ``_init_normal``; rollout_manager.py)."""
+    table = dict(engines.TRANSITIONS)
+    for old in (
+        engines.EngineState.DOWN,
+        engines.EngineState.SERVING,
+        engines.EngineState.UNSYNCED,
+    ):
+        table[(old, engines.EngineEvent.STARTED)] = engines.EngineState.SERVING
+    mp.setattr(engines, "TRANSITIONS", table)
+
+
 PLANTS: dict[str, tuple[Plant, str]] = {
     "publish_after_resume": (publish_after_resume, "update_order"),
     "discarded_attempt_commits": (discarded_attempt_commits, "step_attempts"),
@@ -228,6 +245,7 @@ PLANTS: dict[str, tuple[Plant, str]] = {
     "aborted_group_trained": (aborted_group_trained, "whole_groups"),
     "heal_from_first_member": (heal_from_first_member, "step_attempts"),
     "unused_handler_inverted": (unused_handler_inverted, "recycled_regenerated"),
+    "recovered_engine_serves_unsynced": (recovered_engine_serves_unsynced, "published_weights"),
 }
 
 
