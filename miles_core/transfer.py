@@ -138,7 +138,11 @@ def lora_unit(adapter: str, params: Iterable[ParamSpec]) -> UpdateUnit:
             "has no lora_A or no lora_B parameter",
             "pass the adapter's lora_A and lora_B weights",
         )
-    return UpdateUnit(f"lora:{adapter}", params)
+    return UpdateUnit(f"{LORA_UNIT_PREFIX}{adapter}", params)
+
+
+LORA_UNIT_PREFIX = "lora:"
+"""A LoRA adapter's unit is named this, then the adapter's name."""
 
 
 def staging_span(offset: int, dtype: str, nbytes: int) -> tuple[int, int]:

@@ -1,7 +1,8 @@
 """The weight-update sequence, as one ordered plan both update paths share.
 
     pause engines (the pause mode) -> flush their cache (unless in_place)
-    -> begin the update session -> [unload adapter] -> send every bucket
+    -> begin the update session -> [unload the adapter where it is loaded]
+    -> send every bucket
     -> stamp engines (abort_all_requests false) -> end the session
     -> publish version -> resume engines
 
@@ -19,7 +20,15 @@ publishing before resuming closes the window (seed report on PR #2244, risk 3)
 in which engines generated under the new weights while the consumer still
 believed the old version. The stamp action is built by the same function for the
 full-parameter and the LoRA paths, so LoRA cannot forget it (the P1 of that
-report). The orchestration executes the actions in order and acknowledges each;
+report). A LoRA update unloads the old adapter only from the engine processes
+that hold it: SGLang refuses to unload an adapter it does not hold ("LoRA
+adapter ... is not loaded", ``LoRAManager.unload_lora_adapter``) and to load a
+name it holds. miles decides with one flag per updater (``_lora_loaded``,
+update_weight_from_distributed/mixin.py ``_update_lora_weights``; its tests
+``test_first_load_does_not_unload``, ``test_reload_unloads_existing_adapter_first``),
+which a new updater cell (indep-DP failover) or a restarted engine process
+contradicts; here the caller names the processes, from what the transport
+reported delivered. The orchestration executes the actions in order and acknowledges each;
 an action out of order is a TransitionError. ("Step" names a training step only.)
 """
 
@@ -66,7 +75,8 @@ class EndUpdate:
 
 @dataclass(frozen=True)
 class UnloadAdapter:
-    """LoRA: the old adapter goes before the new one arrives (unload-then-load)."""
+    """LoRA: the old adapter goes before the new one arrives (unload-then-load), from the
+    engines that hold it."""
 
     engines: tuple[str, ...]
     adapter: str
@@ -118,11 +128,14 @@ def plan_update_actions(
     adapter: str | None = None,
     publish: bool = True,
     pause_mode: PauseMode = PauseMode.RETRACT,
+    holding: tuple[str, ...] | None = None,
 ) -> tuple[UpdateAction, ...]:
     """The actions of one weight update, in the order they must run.
 
     ``publish=False`` is a sync: restarted engines receive the already published
-    version, so there is nothing new to publish.
+    version, so there is nothing new to publish. ``holding`` (LoRA only): the engines
+    whose process holds the adapter now, the only ones it is unloaded from (none: no
+    unload); None unloads it from every engine.
     """
     if not int_at_least(version, 1):
         raise TransitionError(
@@ -143,13 +156,18 @@ def plan_update_actions(
             f"adapter={adapter!r} with kind={kind.value}: a LoRA update names its adapter, "
             "a full update names none"
         )
+    if holding is not None and (adapter is None or not set(holding) <= set(engines)):
+        raise TransitionError(
+            f"holding={holding!r}: the engines holding the adapter of a LoRA update, "
+            f"among its engines {engines!r}"
+        )
     mode = PauseMode(pause_mode)
     actions: list[UpdateAction] = [PauseEngines(engines, mode)]
     if mode is not PauseMode.IN_PLACE:  # frozen requests still hold their KV pages
         actions.append(FlushCache(engines))
     actions.append(BeginUpdate(engines))
-    if adapter is not None:
-        actions.append(UnloadAdapter(engines, adapter))
+    if adapter is not None and (holding is None or holding):
+        actions.append(UnloadAdapter(engines if holding is None else holding, adapter))
     actions.extend(SendBucket(k, n_buckets, engines) for k in range(n_buckets))
     actions.append(StampEngines(version, engines))
     actions.append(EndUpdate(engines))
@@ -171,9 +189,10 @@ class WeightUpdate:
         adapter: str | None = None,
         publish: bool = True,
         pause_mode: PauseMode = PauseMode.RETRACT,
+        holding: tuple[str, ...] | None = None,
     ) -> None:
         self.actions = plan_update_actions(
-            version, engines, n_buckets, kind, adapter, publish, pause_mode
+            version, engines, n_buckets, kind, adapter, publish, pause_mode, holding
         )
         self.publish = publish
         self.version = version

@@ -16,6 +16,8 @@ import pytest
 
 from miles_core.cells import CellState
 from miles_core.events import (
+    AdapterUnloaded,
+    BucketReceived,
     CellStateChanged,
     EngineExited,
     EngineHealthFailed,
@@ -40,6 +42,7 @@ from miles_core.events import (
 )
 from miles_core.kinds import PauseMode, PutFate, RunStatus, SampleOutcome
 from miles_core.loop.producer import Producer
+from miles_core.loop.update import Updater
 from miles_core.oracles import bounded_staleness
 from miles_core.scenario import SCENARIOS, Expect, scenario_from_toml
 from sim.run import SimResult, run_scenario
@@ -320,6 +323,66 @@ def test_the_heartbeat_checker_goes_on_through_a_weight_update() -> None:
     assert during, (missed, windows)
     failed = [e.new for e in of(result.history, CellStateChanged) if e.cell == 1]
     assert CellState.ERRORED in failed
+
+
+# -- LoRA: unload where loaded -------------------------------------------------------------
+
+LORA_ENGINE_RESTARTED = """
+name = "lora_engine_restarted"
+description = "a LoRA run whose engine-1 dies and is restarted: the new process holds no adapter"
+[loop]
+steps = 8
+lora_adapter = "policy"
+update_weight_buffer_size = 65536
+use_fault_tolerance = true
+[[faults]]
+kind = "kill_engine"
+engine = "engine-1"
+at = 12.0
+"""
+
+
+def _adapter_moves(history: History) -> int:
+    """Check every unload against what the world reported: an engine's adapter is unloaded
+    only from a process it was delivered to, and delivered only to a process without one.
+    How many unloads there were."""
+    held: dict[str, int] = {}
+    unloads = 0
+    for e in history:
+        if isinstance(e, EngineStarted):
+            held.pop(e.engine, None)  # a new process starts without the adapter
+        elif isinstance(e, BucketReceived):
+            assert not set(e.engines) & set(held), (e, held)
+            held.update(zip(e.engines, e.incarnations, strict=True))
+        elif isinstance(e, AdapterUnloaded):
+            assert set(e.engines) <= set(held), (e, held)
+            for engine in e.engines:
+                del held[engine]
+            unloads += len(e.engines)
+    return unloads
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_lora_update_unloads_the_adapter_only_where_it_is_loaded(seed: int) -> None:
+    """SGLang refuses to unload an adapter a process lacks and to load a name it holds, so
+    miles unloads only when loaded (``_update_lora_weights``; its tests
+    test_first_load_does_not_unload and test_reload_unloads_existing_adapter_first).
+    Here the holders are the processes the transport delivered it to: the first update,
+    an engine's new process and a new updater after a failover (lora_update kills the
+    updater after the adapter arrived) each get it loaded without a refusal."""
+    for scenario in (scenario_from_toml(LORA_ENGINE_RESTARTED, "test"), SCENARIOS["lora_update"]):
+        result = run_scenario(scenario, seed)
+        assert result.ok, (scenario.name, seed, result.failures())
+        assert _adapter_moves(result.history) > 0, scenario.name
+
+
+def test_unloading_from_every_engine_is_refused_by_the_first_lora_update(monkeypatch) -> None:
+    """The plan this loop used before: the adapter unloaded from every engine, even on the
+    first update, when no engine holds it."""
+    monkeypatch.setattr(Updater, "_adapter_holders", lambda self, engines, *_: engines)
+    result = run_scenario(SCENARIOS["lora_update"], 0)
+    assert result.report.status is RunStatus.CRASHED
+    assert "LoRA adapter policy is not loaded" in str(result.report.error)
 
 
 # -- errors surface, batches sorted, miles' rollout flags ------------------------------------

@@ -37,7 +37,7 @@ from miles_core.kinds import FaultPoint
 from miles_core.placement import Bundle, LayoutConfig, Placement, compute_layout, place
 from miles_core.scenario import TimeModel, WorldShape
 from miles_core.scenario.schedule import FaultPoints, NoFaults
-from miles_core.transfer import Bucket
+from miles_core.transfer import LORA_UNIT_PREFIX, Bucket
 from sim.components import Exchange, SimCell
 from sim.engine import EngineHandle, SimEngine
 from sim.runtime import SimRuntime, SimTask
@@ -115,6 +115,10 @@ class SimTransport:
         if await source.work(seconds):
             raise source.failure(f"killed sending bucket {bucket.index}")
         _check_receivers(cluster, engines)  # one that died meanwhile fails the collective too
+        for unit in bucket.units:  # a LoRA adapter is loaded as its one unit arrives
+            if unit.startswith(LORA_UNIT_PREFIX):
+                for engine in engines:
+                    cluster.engines[engine].load_adapter(unit.removeprefix(LORA_UNIT_PREFIX))
         # the bucket arrived; a fault here strikes before the updater's next step
         cluster.faults.fire(FaultPoint.AFTER_BUCKET, cell=source_cell, bucket=bucket.index)
 

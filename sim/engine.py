@@ -280,9 +280,20 @@ class SimEngine(_Mortal):
             self._interrupt_all(None)
 
     async def unload_adapter(self, adapter: str) -> None:
+        """SGLang's ``/unload_lora_adapter``: refused for an adapter this process does not
+        hold (``LoRAManager.unload_lora_adapter``: "LoRA adapter ... is not loaded")."""
         if self.hung:
             await self.answer()
+        if self.adapter != adapter:
+            raise RequestRefused(self.id, f"LoRA adapter {adapter} is not loaded")
         self.adapter = None
+
+    def load_adapter(self, adapter: str) -> None:
+        """The adapter's tensors arrived: loaded, unless this process holds that name already
+        (SGLang refuses a duplicate adapter name; miles unloads first for that reason)."""
+        if self.adapter == adapter:
+            raise RequestRefused(self.id, f"LoRA adapter {adapter} is already loaded")
+        self.adapter = adapter
 
     async def health(self) -> None:
         """A health generate: one token's worth of time, if the engine answers at all."""

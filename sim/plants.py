@@ -232,6 +232,25 @@ def recovered_engine_serves_unsynced(mp: Patcher) -> None:
     mp.setattr(engines, "TRANSITIONS", table)
 
 
+def lora_loaded_per_updater(mp: Patcher) -> None:
+    """A LoRA update unloads the adapter from every engine when this updater cell has pushed
+    it before, and from none otherwise: miles' one ``_lora_loaded`` flag per updater
+    (update_weight_from_distributed/mixin.py ``_update_lora_weights``). A new updater
+    after a cell failover pushes again onto engines that hold the adapter, and SGLang
+    refuses the duplicate name."""
+    send_bucket = Updater._send_bucket
+
+    async def flagging(self: Updater, update_id: int, cell: int, *args: Any) -> None:
+        await send_bucket(self, update_id, cell, *args)
+        self.__dict__.setdefault("_pushed_by", set()).add(cell)  # set after the push
+
+    def by_flag(self: Updater, engines: tuple[str, ...], targets: Any, cell: int) -> Any:
+        return engines if cell in self.__dict__.get("_pushed_by", ()) else ()
+
+    mp.setattr(Updater, "_send_bucket", flagging)
+    mp.setattr(Updater, "_adapter_holders", by_flag)
+
+
 PLANTS: dict[str, tuple[Plant, str]] = {
     "publish_after_resume": (publish_after_resume, "update_order"),
     "discarded_attempt_commits": (discarded_attempt_commits, "step_attempts"),
@@ -246,6 +265,7 @@ PLANTS: dict[str, tuple[Plant, str]] = {
     "heal_from_first_member": (heal_from_first_member, "step_attempts"),
     "unused_handler_inverted": (unused_handler_inverted, "recycled_regenerated"),
     "recovered_engine_serves_unsynced": (recovered_engine_serves_unsynced, "published_weights"),
+    "lora_loaded_per_updater": (lora_loaded_per_updater, "end_state"),
 }
 
 

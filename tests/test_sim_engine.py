@@ -273,3 +273,30 @@ def test_a_request_that_ends_before_halfway_leaves_the_kill_armed_for_the_next()
 
     assert rt.run(main()).aborted
     assert len(faults.fired_at) == 1 and faults.fired_at[0] > 1.1
+
+
+def test_an_adapter_is_unloaded_only_where_it_is_loaded_and_loaded_once() -> None:
+    """SGLang's contract that the LoRA plan is held to: unloading an adapter a process does
+    not hold is refused ("LoRA adapter ... is not loaded"), and so is loading a name it
+    holds; a new process holds none."""
+    rt, cluster, handle = _world()
+    engine = handle.engine
+    outcome: list[str] = []
+
+    async def unload() -> None:
+        try:
+            await handle.unload_adapter("policy")
+            outcome.append("unloaded")
+        except RequestRefused as refusal:
+            outcome.append(refusal.reason)
+
+    rt.run(unload())
+    engine.load_adapter("policy")
+    with pytest.raises(RequestRefused, match="LoRA adapter policy is already loaded"):
+        engine.load_adapter("policy")
+    rt.run(unload())
+    assert outcome == ["LoRA adapter policy is not loaded", "unloaded"]
+    engine.load_adapter("policy")
+    cluster.restart_engine("engine-0")
+    assert engine.adapter is None  # the new process starts without it
+    engine.load_adapter("policy")

@@ -279,3 +279,23 @@ def test_bad_plan_inputs_are_named(kwargs, message):
     args = {"version": 1, "engines": ENGINES, "n_buckets": 2, **kwargs}
     with pytest.raises(TransitionError, match=re.escape(message)):
         plan_update_actions(**args)
+
+
+def test_a_lora_plan_unloads_only_from_the_engines_holding_the_adapter():
+    first = plan_update_actions(1, ENGINES, 1, UpdateKind.LORA, adapter="a", holding=())
+    assert not [a for a in first if isinstance(a, UnloadAdapter)]  # first load: no unload
+    some = plan_update_actions(2, ENGINES, 1, UpdateKind.LORA, adapter="a", holding=ENGINES[1:])
+    assert [a for a in some if isinstance(a, UnloadAdapter)] == [UnloadAdapter(ENGINES[1:], "a")]
+    update = WeightUpdate(2, ENGINES, 1, UpdateKind.LORA, "a", holding=())
+    for action in opening():
+        update.complete(action)
+    update.complete(SendBucket(0, 1, ENGINES))  # nothing to unload: the bucket comes next
+
+
+@pytest.mark.parametrize(
+    ("kind", "adapter", "holding"),
+    [(UpdateKind.FULL, None, ()), (UpdateKind.LORA, "a", ("elsewhere",))],
+)
+def test_holding_names_engines_of_a_lora_update_only(kind, adapter, holding):
+    with pytest.raises(TransitionError, match=r"holding=.*the engines holding the adapter"):
+        plan_update_actions(1, ENGINES, 1, kind, adapter, holding=holding)

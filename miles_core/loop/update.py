@@ -96,6 +96,9 @@ class Updater:
             units = (lora_unit(ctx.config.lora_adapter, ctx.cluster.lora_params),)
         self.buckets: tuple[Bucket, ...] = plan_buckets(units, ctx.config.update_weight_buffer_size)
         self._updates = itertools.count()
+        self._holding: dict[str, int] = {}
+        """LoRA: engine -> the process the transport reported the adapter delivered to, until
+        it is unloaded; only those are unloaded from (``plan_update_actions``)."""
 
     # -- calls to engines ---------------------------------------------------------------
 
@@ -170,6 +173,8 @@ class Updater:
             await self._all_answer(update_id, mine, UpdateSessionClosed, "end_update")
         elif isinstance(action, UnloadAdapter):
             unloaded, failures = await self._answered(mine, "unload_adapter", action.adapter)
+            for engine in unloaded:
+                del self._holding[engine]
             ctx.emit(AdapterUnloaded, update_id=update_id, adapter=action.adapter, engines=unloaded)
             if failures:
                 raise failures[0]
@@ -266,6 +271,8 @@ class Updater:
         else:
             deliveries = (await transport.send_bucket(update_id, cell, bucket, to),)
         for delivery in deliveries:
+            if ctx.config.lora_adapter is not None:  # the adapter's one unit is this bucket
+                self._holding.update((e, targets[e]) for e in delivery.engines)
             ctx.emit(
                 BucketReceived,
                 update_id=update_id,
@@ -299,7 +306,10 @@ class Updater:
             adapter = ctx.config.lora_adapter
             kind = UpdateKind.FULL if adapter is None else UpdateKind.LORA
             mode = ctx.config.pause_generation_mode
-            update = WeightUpdate(version, engines, len(self.buckets), kind, adapter, publish, mode)
+            holding = None if adapter is None else self._adapter_holders(engines, targets, cell)
+            update = WeightUpdate(
+                version, engines, len(self.buckets), kind, adapter, publish, mode, holding
+            )
             ctx.emit(
                 UpdateBegan,
                 update_id=update_id,
@@ -336,6 +346,15 @@ class Updater:
                     self.trainer.cell_failed(cell, failure.reason)
             finally:
                 ctx.monitor_paused -= 1
+
+    def _adapter_holders(
+        self, engines: tuple[str, ...], targets: dict[str, int], cell: int
+    ) -> tuple[str, ...]:
+        """The engines whose current process holds the LoRA adapter, by what the transport
+        reported delivered: unloaded from those only, since SGLang refuses to unload an
+        adapter a process lacks and to load one it has (a new updater cell, or a restarted
+        engine, is not a reason to guess)."""
+        return tuple(e for e in engines if self._holding.get(e) == targets[e])
 
     async def train_and_update(
         self,
