@@ -36,6 +36,16 @@ class PauseMode(StrEnum):
     weights attending to keys and values the old weights computed."""
 
 
+class SubmissionGranularity(StrEnum):
+    """--rollout-submission-granularity: what frees the producer's room for a new group."""
+
+    GROUP = "group"
+    """A group's room frees when the whole group returns."""
+    SAMPLE = "sample"
+    """Each finished sample frees its own room; a new group goes out once n samples have
+    finished, whichever groups they came from (miles' default under --fully-async)."""
+
+
 class FaultKind(StrEnum):
     KILL_CELL = "kill_cell"
     STOP_CELL = "stop_cell"

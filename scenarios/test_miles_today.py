@@ -40,7 +40,7 @@ from miles_core.events import (
     StepMetrics,
     UpdateBegan,
 )
-from miles_core.kinds import PauseMode, PutFate, RunStatus, SampleOutcome
+from miles_core.kinds import PauseMode, PutFate, RunStatus, SampleOutcome, SubmissionGranularity
 from miles_core.loop.producer import Producer
 from miles_core.loop.update import Updater
 from miles_core.oracles import bounded_staleness
@@ -444,20 +444,45 @@ def test_the_dynamic_filter_drops_zero_std_groups_with_their_reason() -> None:
     assert drops == len(dropped)
 
 
-def test_async_max_concurrent_samples_caps_groups_in_flight() -> None:
-    result = passed("max_concurrent_samples")
-    assert result.scenario.loop.in_flight_groups == 3
-    in_flight: set[int] = set()  # started, not yet queued (a blocked put still counts)
-    peak = 0
+def _peaks(result: SimResult) -> tuple[int, int]:
+    """The most groups (started, not yet queued or refused: a blocked put still counts)
+    and the most samples (submitted, request not ended) in flight at once."""
+    n = result.scenario.loop.n_samples_per_prompt
+    groups: set[int] = set()
+    samples = peak_groups = peak_samples = 0
     for e in result.history:
         if isinstance(e, GroupStarted):
-            in_flight.add(e.group_id)
-            peak = max(peak, len(in_flight))
+            groups.add(e.group_id)
+            samples += n
+            peak_groups, peak_samples = max(peak_groups, len(groups)), max(peak_samples, samples)
+        elif isinstance(e, SampleGenerated):
+            samples -= 1
         elif (isinstance(e, GroupPut) and e.fate is PutFate.QUEUED) or isinstance(
             e, GroupDropped | GroupRecycled
         ):
-            in_flight.discard(e.group_id)
-    assert peak == 3
+            groups.discard(e.group_id)
+    return peak_groups, peak_samples
+
+
+def test_async_max_concurrent_samples_caps_samples_and_backfills_by_sample() -> None:
+    """miles' fully-async default is sample backfill (``make_submission_scheduler(default=
+    "sample")``; its tests test_worker_defaults_to_sample_granularity and
+    test_backfill_submits_replacement_before_the_group_returns): a new group goes out once
+    n samples have finished, before their groups return, and at most budget x n samples
+    are in flight. The budget is 3 groups of 2 here."""
+    result = passed("max_concurrent_samples")
+    loop = result.scenario.loop
+    assert loop.in_flight_groups == 3
+    assert loop.submission_granularity is SubmissionGranularity.SAMPLE
+    groups, samples = _peaks(result)
+    assert samples == 3 * loop.n_samples_per_prompt
+    assert groups > 3  # replacements went out while groups were still generating
+
+
+def test_group_granularity_caps_groups_in_flight() -> None:
+    result = passed("max_concurrent_samples", rollout_submission_granularity="group")
+    assert result.scenario.loop.submission_granularity is SubmissionGranularity.GROUP
+    assert _peaks(result)[0] == 3
 
 
 def test_staleness_bound_holds_from_the_oldest_span() -> None:

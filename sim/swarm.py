@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from miles_core.buffer import UnusedHandler
 from miles_core.coverage import CoverageCell
 from miles_core.filters import FILTERS
-from miles_core.kinds import PauseMode, RunStatus
+from miles_core.kinds import PauseMode, RunStatus, SubmissionGranularity
 from miles_core.loop import LoopConfig
 from miles_core.scenario import Expect, Scenario, TimeModel, WorldShape, derive_seed
 from miles_core.scenario.faults import AnyFault, make_fault, target_engine
@@ -265,6 +265,23 @@ def _control_reply(seed: int, aim: CoverageCell | None) -> float:
     return reply
 
 
+def _granularity(seed: int, loop: LoopConfig) -> SubmissionGranularity | None:
+    """--rollout-submission-granularity, from a stream of its own (the rest of the drawing
+    is the same for either): miles' fully-async default, sample, two times in three where
+    the buffer holds the producer's whole budget, else group. With a budget the buffer
+    cannot hold, sample backfill runs ahead by many groups, all finished and blocked, and
+    then submits nothing for steps (as miles' worker loop would: seed 288 had 24 groups
+    blocked before a buffer of one), so a router window drawn there has no request to act
+    on and fault_witness fails without a control bug (4 of 1,000 seeds)."""
+    stream = random.Random(derive_seed(seed, "swarm.submission"))
+    drawn = stream.choice([SubmissionGranularity.SAMPLE] * 2 + [SubmissionGranularity.GROUP])
+    if loop.mode != "fully_async":
+        return None  # one_step_off submits its shortfall at once: nothing to pace
+    if loop.in_flight_groups > loop.buffer_config().capacity:
+        return SubmissionGranularity.GROUP
+    return drawn
+
+
 AIMED_HEAL_SECONDS = 2.0
 """How long a heal lasts in a seed whose mid-generation kill is aimed at ``healing`` (about
 a request's decode): at the swarm's own checkpoint rate a heal takes about 0.1 s, and a
@@ -288,6 +305,7 @@ def swarm_scenario(
     puts one fault in that cell of the coverage map (sim/aim.py)."""
     rng = random.Random(derive_seed(seed, "swarm"))
     world, loop = _world_and_loop(rng, steps)
+    loop = dataclasses.replace(loop, rollout_submission_granularity=_granularity(seed, loop))
     if aim is not None:
         world, loop = adjust(aim, world, loop)
     # 0/1 rewards give the filter work: a group of 2 is all equal half the time, so a step

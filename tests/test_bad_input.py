@@ -258,6 +258,12 @@ CORPUS: list[tuple[str, str, str, tuple[str, ...]]] = [
         ("finite",),
     ),
     ("lora-adapter-int", "[loop]\nlora_adapter = 3\n", "[loop].lora_adapter", ("string",)),
+    (
+        "submission-granularity-unknown",
+        '[loop]\nrollout_submission_granularity = "prompt"\n',
+        "[loop].rollout_submission_granularity",
+        ("group", "sample"),
+    ),
     ("capacity-string", '[loop]\ncapacity_factor = "2"\n', "[loop].capacity_factor", ()),
     ("capacity-inf", "[loop]\ncapacity_factor = inf\n", "[loop].capacity_factor", ("finite",)),
     (

@@ -35,6 +35,7 @@ GOOD = {
     "unused_samples_handler": UnusedHandler.RETRY,
     "capacity_factor": 3.0,
     "async_max_concurrent_samples": 8,
+    "rollout_submission_granularity": "group",
     "pause_generation_mode": PauseMode.IN_PLACE,
     "dynamic_sampling_filter": "check_reward_nonzero_std",
     "update_weight_buffer_size": 1024,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from miles_core.buffer import DEFAULT_UNUSED_HANDLER, BufferConfig, UnusedHandler
 from miles_core.errors import ConfigError, int_at_least
 from miles_core.filters import dynamic_filter
-from miles_core.kinds import PauseMode
+from miles_core.kinds import PauseMode, SubmissionGranularity
 from miles_core.transfer import DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE, TransferMode
 
 MODES = ("fully_async", "one_step_off")
@@ -34,6 +34,10 @@ class LoopConfig:
     async_max_concurrent_samples: int | None = None
     """Samples generating at once; the producer keeps max(1, this // n_samples_per_prompt)
     groups in flight (miles' FullyAsyncRolloutFn._max_in_flight_groups); None: one batch."""
+    rollout_submission_granularity: SubmissionGranularity | None = None
+    """--rollout-submission-granularity; None: miles' driver default, sample under
+    fully_async (``FullyAsyncRolloutFn``: ``make_submission_scheduler(default="sample")``)
+    and group otherwise (one_step_off submits its shortfall at once, unpaced)."""
     pause_generation_mode: PauseMode = PauseMode.RETRACT
     """What an update does to requests in flight (miles' default: retract)."""
     dynamic_sampling_filter: str | None = None
@@ -88,6 +92,16 @@ class LoopConfig:
                 f"got {self.rollout_health_check_first_wait!r}",
                 "pass seconds >= 0",
             )
+        if self.rollout_submission_granularity is not None:
+            try:
+                granularity = SubmissionGranularity(self.rollout_submission_granularity)
+            except ValueError:
+                raise ConfigError(
+                    "rollout_submission_granularity",
+                    f"got {self.rollout_submission_granularity!r}",
+                    f"choose one of {[g.value for g in SubmissionGranularity]}",
+                ) from None
+            object.__setattr__(self, "rollout_submission_granularity", granularity)
         if self.mode not in MODES:
             raise ConfigError("mode", f"got {self.mode!r}", f"choose one of {MODES}")
         self._check_mode_and_pause()
@@ -125,6 +139,15 @@ class LoopConfig:
             return self.rollout_batch_size
         return max(1, self.async_max_concurrent_samples // self.n_samples_per_prompt)
 
+    @property
+    def submission_granularity(self) -> SubmissionGranularity:
+        """The granularity in force: the flag, else miles' default for the mode."""
+        if self.rollout_submission_granularity is not None:
+            return self.rollout_submission_granularity
+        if self.mode == "fully_async":
+            return SubmissionGranularity.SAMPLE
+        return SubmissionGranularity.GROUP
+
     def buffer_config(self) -> BufferConfig:
         return BufferConfig(
             rollout_batch_size=self.rollout_batch_size,
@@ -154,6 +177,7 @@ FLAGS: Mapping[str, str] = {
     "unused_samples_handler": "--async-unused-samples-handler",
     "capacity_factor": "--async-data-buffer-capacity-factor",
     "async_max_concurrent_samples": "--async-max-concurrent-samples",
+    "rollout_submission_granularity": "--rollout-submission-granularity",
     "pause_generation_mode": "--pause-generation-mode",
     "dynamic_sampling_filter": "--dynamic-sampling-filter-path",
     "update_weight_buffer_size": "--update-weight-buffer-size",

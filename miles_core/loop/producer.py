@@ -2,9 +2,16 @@
 
 Where each decision is made:
 
-- the producer keeps up to max(1, async_max_concurrent_samples //
-  n_samples_per_prompt) prompt groups generating, rollout_batch_size when that
-  flag is unset (miles' FullyAsyncRolloutFn._max_in_flight_groups);
+- the producer's budget is max(1, async_max_concurrent_samples //
+  n_samples_per_prompt) prompt groups, rollout_batch_size when that flag is unset
+  (miles' FullyAsyncRolloutFn._max_in_flight_groups); by
+  --rollout-submission-granularity (miles/rollout/submission_scheduler.py) a new
+  group goes out when a whole group returns (group), or once n samples have
+  finished, whichever groups they came from (sample, the fully-async default:
+  ``SampleBackfillSubmission``, at most budget x n samples in flight); either way
+  a group whose put the full buffer blocks keeps its room until the put lands (miles'
+  ``_worker_loop`` stops submitting altogether while a put waits; here the rest of
+  the budget keeps generating);
 - a recycled prompt is generated again before a new one is drawn, as miles'
   ``RolloutDataSourceWithBuffer.get_samples`` takes its buffer first
   (miles/rollout/data_source.py);
@@ -38,7 +45,7 @@ from miles_core.events import (
     PromptDrawn,
     SampleGenerated,
 )
-from miles_core.kinds import PutFate, SampleOutcome
+from miles_core.kinds import PutFate, SampleOutcome, SubmissionGranularity
 from miles_core.loop.context import RunContext
 from miles_core.loop.supervision import EngineSupervisor
 from miles_core.sync import Notifier, join_all
@@ -59,6 +66,13 @@ class Producer:
         """Prompts waiting to be generated again, oldest first."""
         self._in_flight: dict[int, int] = {}  # group_id -> prompt_id
         self._blocked: dict[int, int] = {}
+        self._samples_in_flight = 0
+        """Samples submitted whose request has not ended (SampleBackfillSubmission's count)."""
+        config = ctx.config
+        self._backfill = config.submission_granularity is SubmissionGranularity.SAMPLE
+        self._n = config.n_samples_per_prompt
+        self._room = config.in_flight_groups * self._n
+        """Samples in flight at most, under sample granularity."""
         self._arrived = Notifier(ctx.rt)
         self._space = Notifier(ctx.rt)
         self._progress = Notifier(ctx.rt)
@@ -66,47 +80,57 @@ class Producer:
     # -- generation ---------------------------------------------------------------------
 
     async def _generate_sample(self, group_id: int, prompt_id: int, index: int) -> Sample:
-        ctx = self.ctx
-        engines = self.engines
-        picked = engines.pick_now() if ctx.engines.serving() else await engines.pick()
-        engine, incarnation = picked
-        self.engines.acquire(engine)
-        request = GenerateRequest(group_id, prompt_id, index)  # by position: once per request
-        sent = ctx.rt.now()
-        outcome, result = SampleOutcome.ENGINE_FAILED, None
-        try:
-            result = await ctx.cluster.router.generate(engine, incarnation, request)
-            outcome = SampleOutcome.ABORTED if result.aborted else SampleOutcome.COMPLETED
-        except EngineFailure as failure:
-            self.engines.failed(engine, incarnation, failure.reason)
-        except RouterFailure:
-            outcome = SampleOutcome.ROUTER_FAILED
-        finally:
-            self.engines.release(engine)
-        ctx.history.append(  # built here, not through emit's keyword dict: once per request
-            SampleGenerated(
-                t=ctx.rt.now(),
-                group_id=group_id,
-                prompt_id=prompt_id,
-                sample=index,
-                turn=0,
-                engine=engine,
-                incarnation=incarnation,
-                version=result.weight_version if result else None,
-                versions=result.versions if result else (),
-                kept_kv=result.kept_kv if result else False,
-                outcome=outcome,
-                sent=sent,
-                engine_seconds=result.engine_seconds if result else None,
+        try:  # one coroutine per request, not one more around it: 512 requests a step at 64x256
+            ctx = self.ctx
+            engines = self.engines
+            picked = engines.pick_now() if ctx.engines.serving() else await engines.pick()
+            engine, incarnation = picked
+            self.engines.acquire(engine)
+            request = GenerateRequest(group_id, prompt_id, index)  # by position: once per request
+            sent = ctx.rt.now()
+            outcome, result = SampleOutcome.ENGINE_FAILED, None
+            try:
+                result = await ctx.cluster.router.generate(engine, incarnation, request)
+                outcome = SampleOutcome.ABORTED if result.aborted else SampleOutcome.COMPLETED
+            except EngineFailure as failure:
+                self.engines.failed(engine, incarnation, failure.reason)
+            except RouterFailure:
+                outcome = SampleOutcome.ROUTER_FAILED
+            finally:
+                self.engines.release(engine)
+            ctx.history.append(  # built here, not through emit's keyword dict: once per request
+                SampleGenerated(
+                    t=ctx.rt.now(),
+                    group_id=group_id,
+                    prompt_id=prompt_id,
+                    sample=index,
+                    turn=0,
+                    engine=engine,
+                    incarnation=incarnation,
+                    version=result.weight_version if result else None,
+                    versions=result.versions if result else (),
+                    kept_kv=result.kept_kv if result else False,
+                    outcome=outcome,
+                    sent=sent,
+                    engine_seconds=result.engine_seconds if result else None,
+                )
             )
-        )
-        if result is None or outcome is not SampleOutcome.COMPLETED:
-            return Sample(index, (), SampleStatus.ABORTED)
-        versions = result.versions or (result.weight_version,)
-        # by position, in field order (a type call with keywords builds a dict of them)
-        return Sample(
-            index, versions, SampleStatus.COMPLETED, result.reward, result.kept_kv, result.payload
-        )
+            if result is None or outcome is not SampleOutcome.COMPLETED:
+                return Sample(index, (), SampleStatus.ABORTED)
+            versions = result.versions or (result.weight_version,)
+            # by position, in field order (a type call with keywords builds a dict of them)
+            return Sample(
+                index,
+                versions,
+                SampleStatus.COMPLETED,
+                result.reward,
+                result.kept_kv,
+                result.payload,
+            )
+        finally:  # ended, failed or cancelled: its room is free (sample_done_callback)
+            self._samples_in_flight -= 1
+            if self._backfill and self._samples_in_flight == self._room - self._n:
+                self._progress.notify()  # room for one more group just opened: wake run()
 
     async def _generate_group(self, group_id: int, prompt_id: int) -> bool:
         rt = self.ctx.rt
@@ -132,6 +156,7 @@ class Producer:
     def _start_group(self) -> Any:
         group_id, prompt_id = next(self._groups), self._next_prompt()
         self._in_flight[group_id] = prompt_id
+        self._samples_in_flight += self._n
         self.ctx.emit(GroupStarted, group_id=group_id, prompt_id=prompt_id)
         return self.ctx.spawn(self._generate_group(group_id, prompt_id), f"group-{group_id}")
 
@@ -140,9 +165,15 @@ class Producer:
         ctx = self.ctx
         budget = ctx.config.in_flight_groups
         while not ctx.stopping:
-            while len(self._in_flight) + len(self._blocked) < budget:
+            while self._has_room(budget):
                 self._start_group()
             await self._progress.wait()
+
+    def _has_room(self, budget: int) -> bool:
+        """Room for one more group (``has_capacity`` of miles' two submission schedulers)."""
+        if self._backfill:
+            return self._samples_in_flight + self._n <= self._room
+        return len(self._in_flight) + len(self._blocked) < budget
 
     async def rollout(self, groups: int) -> None:
         """one_step_off: generate until ``groups`` more groups are queued (aborted ones redone)."""
@@ -154,32 +185,38 @@ class Producer:
     # -- the buffer ---------------------------------------------------------------------
 
     async def _put(self, group: Group) -> bool:
-        """Put with backpressure; True when the group was queued for training."""
+        """Put with backpressure; True when the group was queued for training. A blocked
+        group holds its room in the budget (its samples' under sample granularity) until
+        its put lands."""
         ctx = self.ctx
-        while True:
-            verdict = ctx.buffer.put(group)
-            if verdict.fate is Fate.QUEUED:
-                self._blocked.pop(group.group_id, None)
-                ctx.emit(
-                    GroupPut,
-                    group_id=group.group_id,
-                    prompt_id=group.prompt_id,
-                    fate=PutFate.QUEUED,
-                )
-                self._arrived.notify()
-                return True
-            if verdict.fate is not Fate.BLOCKED:
-                self._unused(verdict)
-                return False
-            if group.group_id not in self._blocked:
-                self._blocked[group.group_id] = group.prompt_id
-                ctx.emit(
-                    GroupPut,
-                    group_id=group.group_id,
-                    prompt_id=group.prompt_id,
-                    fate=PutFate.BLOCKED,
-                )
-            await self._space.wait()
+        try:
+            while True:
+                verdict = ctx.buffer.put(group)
+                if verdict.fate is Fate.QUEUED:
+                    ctx.emit(
+                        GroupPut,
+                        group_id=group.group_id,
+                        prompt_id=group.prompt_id,
+                        fate=PutFate.QUEUED,
+                    )
+                    self._arrived.notify()
+                    return True
+                if verdict.fate is not Fate.BLOCKED:
+                    self._unused(verdict)
+                    return False
+                if group.group_id not in self._blocked:
+                    self._blocked[group.group_id] = group.prompt_id
+                    self._samples_in_flight += self._n
+                    ctx.emit(
+                        GroupPut,
+                        group_id=group.group_id,
+                        prompt_id=group.prompt_id,
+                        fate=PutFate.BLOCKED,
+                    )
+                await self._space.wait()
+        finally:
+            if self._blocked.pop(group.group_id, None) is not None:
+                self._samples_in_flight -= self._n
 
     def _unused(self, verdict: Verdict) -> None:
         group, reason = verdict.group, str(verdict.reason)
