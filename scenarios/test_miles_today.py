@@ -267,7 +267,7 @@ def test_a_heal_starts_every_cells_count_of_missed_heartbeats_afresh() -> None:
     count of failures in a row (group.py ``_paused_health_checkers``,
     health_checker.py ``SimpleHealthChecker.resume``; miles' own test
     test_health_checker.py::test_resume_resets_failure_counter). Where cell 0's heal
-    lands between cell 2's second and third miss (seeds 0, 2 and 9 of 10), the count starts
+    lands between cell 2's second and third miss (seeds 0, 2, 8 and 9 of 10), the count starts
     again at 1 and cell 2 stays alive; where it lands later, three misses in a row fail it.
     The count used to survive the heal, and failed a healthy cell (seed 0: at t=31.08)."""
     scenario = scenario_from_toml(MISSES_ACROSS_A_HEAL, "test")
