@@ -174,7 +174,7 @@ class Updater:
         elif isinstance(action, UnloadAdapter):
             unloaded, failures = await self._answered(mine, "unload_adapter", action.adapter)
             for engine in unloaded:
-                del self._holding[engine]
+                self._holding.pop(engine, None)
             ctx.emit(AdapterUnloaded, update_id=update_id, adapter=action.adapter, engines=unloaded)
             if failures:
                 raise failures[0]
