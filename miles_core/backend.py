@@ -149,7 +149,9 @@ class TrainCell(Protocol):
         ...
 
     async def heartbeat(self) -> None:
-        """Return when the cell answers a heartbeat; a dead or muted cell never answers."""
+        """Return when the cell answers a heartbeat. A dead cell's raises CellFailure, as
+        soon as the world knows it is dead (Ray refuses a call to a dead actor at once); a
+        muted or hung one never answers."""
         ...
 
     def stop(self) -> None:

@@ -325,6 +325,20 @@ def test_the_heartbeat_checker_goes_on_through_a_weight_update() -> None:
     assert CellState.ERRORED in failed
 
 
+def test_a_dead_cells_heartbeat_is_missed_at_once_not_at_the_timeout() -> None:
+    """A dead process refuses its heartbeat at once (Ray raises for a call to a dead actor),
+    and miles counts a raised check as a failure then (test_health_checker.py::
+    test_rpc_error_propagates_as_unhealthy): each miss of cell 1, killed while idle, is
+    recorded as soon as the round's other cells answered. A dead cell's heartbeat used to
+    go unanswered, so each miss came only at the round's timeout."""
+    result = passed("cell_killed_between_steps")
+    loop = result.scenario.loop
+    assert loop.heartbeat_timeout is not None and loop.heartbeat_timeout >= 1.0
+    missed = [e for e in of(result.history, HeartbeatMissed) if e.cell == 1]
+    assert missed
+    assert all(e.t - e.sent < loop.heartbeat_timeout / 10 for e in missed), missed
+
+
 # -- LoRA: unload where loaded -------------------------------------------------------------
 
 LORA_ENGINE_RESTARTED = """

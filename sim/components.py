@@ -111,13 +111,19 @@ class SimCell(_Mortal):
     def heartbeat(self) -> Awaitable[None]:
         """A healthy cell answers after the reply time: that wait itself is handed back (no
         coroutine around each of a large run's hundreds of thousands of heartbeats)."""
-        if self.dead or self.cluster.impaired(self._heartbeat):
+        if self.dead:
+            return self._refused()
+        if self.cluster.impaired(self._heartbeat):
             return self._heartbeat_when_healthy()
         return self.cluster.heartbeat_reply()
 
+    async def _refused(self) -> None:
+        """A dead process refuses the call at once, as Ray does a call to a dead actor."""
+        raise self.failure("dead: the heartbeat was refused")
+
     async def _heartbeat_when_healthy(self) -> None:
-        """A dead or muted cell answers nothing until it is back (polled ten times per reply
-        time), then as a healthy one does."""
+        """A muted cell answers nothing until it is heard again (polled ten times per reply
+        time), then as a healthy one does; one that dies meanwhile never answers."""
         while self.dead or self.cluster.impaired(self._heartbeat):
             await self.rt.sleep(self.cluster.timing.heartbeat_reply_seconds * 10)
         await self.rt.sleep(self.cluster.timing.heartbeat_reply_seconds)

@@ -37,9 +37,11 @@ from backends.common.ray_session import (
 from backends.common.run import TRAIN, RealResult, _layout, run_in_ray
 from backends.common.stack import CPU_STACK, Wire
 from backends.common.transport import RayRouter
+from miles_core.cells import CellState
 from miles_core.conformance import decisions, rollout
 from miles_core.engines import EngineState
 from miles_core.events import (
+    CellStateChanged,
     EngineRecoveryAsked,
     EnginesFlushed,
     EngineStarted,
@@ -318,6 +320,51 @@ def test_a_generation_error_ends_the_real_run_with_its_cause(ray_cluster, monkey
     assert type(result.report.error) is ZeroDivisionError
     assert "planted: a reward function divided by zero" in result.report.reason
     assert "the run crashed: ZeroDivisionError" in str(result.verdicts["end_state"])
+
+
+def _raising_trainer_actor(cell: int, step: int) -> Any:
+    """A trainer rank of ``cell`` that raises a Python exception in ``step``, between its
+    backward and the allreduce: a live process, not a death (miles' own tests inject
+    ``RuntimeError("Injected failure in train")`` the same way)."""
+    import ray
+
+    from backends.common.trainer import TrainerRank
+
+    class RaisingRank(TrainerRank):
+        def train(self, step_: int, *args: Any, **kwargs: Any) -> Any:
+            self._raise_now = (self.cell, step_) == (cell, step)
+            return super().train(step_, *args, **kwargs)
+
+        def reduce_grads(self) -> None:
+            if self._raise_now:
+                raise ValueError("planted: the loss went NaN on this rank")
+
+    return ray.remote(num_cpus=0, max_concurrency=4)(RaisingRank)
+
+
+def test_an_exception_in_one_cell_fails_that_cell_only(ray_cluster) -> None:
+    """A rank that raises (not dies) is its cell's failure, and the other cells go on, as
+    miles' ``RayTrainCell._execute_raw`` isolates any exception from a cell's actors
+    (miles' TestPerCellErrorIsolation): the same decisions as cell_crash_before_allreduce,
+    whose cell 1 dies at that point of step 2 and is healed back at step 5. (An exception
+    there used to end the whole run CRASHED.)"""
+    killed = SCENARIOS["cell_crash_before_allreduce"]
+    heal_only = tuple(f for f in killed.faults if f.kind != "kill_cell")
+    assert len(heal_only) == len(killed.faults) - 1
+    scenario = dataclasses.replace(killed, faults=heal_only)
+    stack = dataclasses.replace(CPU_STACK, trainer_actor=_raising_trainer_actor(1, 2))
+    real = run_in_ray(scenario, seed=0, timeout=600, stack=stack)
+    assert real.ok, _failed(real)
+    sim = run_scenario(killed, 0)
+    assert decisions(real.history).differences(decisions(sim.history)) == []
+    stopped = [
+        e for e in real.history if isinstance(e, CellStateChanged) and e.new is CellState.STOPPED
+    ]
+    assert [e.cell for e in stopped] == [1]  # its stop records why, as the world said
+    assert stopped[0].reason == (
+        "step 2 attempt 1 errored: a rank raised in train: "
+        "ValueError: planted: the loss went NaN on this rank"
+    )
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 import ray
 import torch.distributed as dist
-from ray.exceptions import RayActorError
+from ray.exceptions import RayActorError, RayTaskError
 from ray.util.placement_group import PlacementGroup
 
 from backends.common.engine_slot import EngineHandle, RayEngine
@@ -48,7 +48,17 @@ from miles_core.scenario.schedule import FaultPoints
 from miles_core.transfer import ParamSpec, UpdateUnit
 
 ACTOR_DIED = (RayActorError,)
+RANK_RAISED = (RayTaskError,)
+"""A rank's method raised (a Python exception in a live process, not a death)."""
 HTTP_TIMEOUT = aiohttp.ClientTimeout(total=120)
+
+
+def _cause(raised: RayTaskError) -> str:
+    """The exception a rank raised, as one line: its type and the first line of its message
+    (Ray's own text is the remote traceback)."""
+    cause = raised.cause if isinstance(raised.cause, BaseException) else raised
+    message = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {message[0][:200]}" if message else type(cause).__name__
 
 
 async def _forever() -> None:
@@ -73,8 +83,10 @@ class RayCell:
     """One trainer cell: ``gpus_per_cell`` rank actors, one failure domain.
 
     A call goes to every rank (the ranks of a sharded cell take part in each
-    other's collectives); if any rank died, the whole cell is killed and the
-    call raises CellFailure.
+    other's collectives); if any rank died or raised, the whole cell is killed
+    and the call raises CellFailure: one cell's error is that cell's failure, as
+    miles' ``RayTrainCell._execute_raw`` isolates any exception from a cell's
+    actors (miles/ray/train/cell.py), and the other cells go on.
     """
 
     def __init__(self, world: RayWorld, index: int) -> None:
@@ -132,6 +144,9 @@ class RayCell:
         except ACTOR_DIED as died:
             self.kill()  # one rank gone: the rest would wait in its collectives
             raise self.failure(f"a rank died in {method}: {type(died).__name__}") from None
+        except RANK_RAISED as raised:
+            self.kill()  # one rank left the call: the rest would wait in its collectives
+            raise self.failure(f"a rank raised in {method}: {_cause(raised)}") from None
 
     async def train(
         self, step: int, attempt: int, batch: Sequence[Group], members: tuple[int, ...]
@@ -162,12 +177,14 @@ class RayCell:
         await self.call("heartbeat")
 
     async def heartbeat(self) -> None:
-        if not self.ranks or self.world.impaired(f"heartbeat-{self.index}"):
+        if not self.ranks:
+            raise self.failure("no running processes: the heartbeat was refused")
+        if self.world.impaired(f"heartbeat-{self.index}"):
             await _forever()
         try:
             await asyncio.gather(*(r.heartbeat.remote() for r in self.ranks))
-        except ACTOR_DIED:
-            await _forever()  # a dead cell never answers
+        except ACTOR_DIED:  # Ray refuses a call to a dead actor at once: a miss now
+            raise self.failure("a rank died: the heartbeat was refused") from None
 
     def kill(self) -> None:
         for rank in self.ranks:

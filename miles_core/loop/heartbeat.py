@@ -3,7 +3,10 @@
 Every alive cell is pinged at once, each with its own timeout, as miles' one
 checker per cell does (miles/utils/ft_utils/health_checker.py,
 SimpleHealthChecker); a round ends when all have answered or the timeout ran
-out, and the next begins an interval later.
+out, and the next begins an interval later. A heartbeat the world refuses (the
+process is dead: Ray refuses a call to a dead actor at once) is a miss then,
+as miles counts a raised check (``test_rpc_error_propagates_as_unhealthy``); a
+muted or hung cell's is a miss when the timeout runs out.
 
 Each miss is recorded (HeartbeatMissed), so a dropped heartbeat is visible in
 the history whether or not it led to a failure. As miles' checkers
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable
 
+from miles_core.backend import CellFailure
 from miles_core.cells import CellState
 from miles_core.events import HeartbeatMissed
 from miles_core.loop.context import RunContext
@@ -33,7 +37,8 @@ class HeartbeatMonitor:
 
     async def _round(self, cells: list[int]) -> list[bool]:
         """Ping every cell at once, each against the timeout (miles runs one
-        SimpleHealthChecker per cell, each on its own): which answered in time.
+        SimpleHealthChecker per cell, each on its own): which answered in time. A refused
+        heartbeat (a dead process) is a miss at once, not after the timeout.
 
         Cells whose heartbeat hands back the same wait (the simulator answers every healthy
         cell pinged at one instant with one shared reply) are waited for by one task: a
@@ -54,9 +59,13 @@ class HeartbeatMonitor:
 
         async def ping(reply: Awaitable[None], indices: list[int]) -> None:
             nonlocal left
-            await reply
-            for i in indices:
-                answered[i] = True
+            try:
+                await reply
+            except CellFailure:  # refused: the process is gone, a miss now
+                pass  # (miles' test_rpc_error_propagates_as_unhealthy)
+            else:
+                for i in indices:
+                    answered[i] = True
             left -= 1
             if not left:
                 everyone.set()

@@ -39,6 +39,10 @@ from miles_core.loop.context import RunContext
 class Trainer:
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
+        self._errors: dict[int, str] = {}
+        """Why each cell of the attempt running now errored, as its world said (the
+        record of its stop names it: a death, or an exception miles' ``_execute_raw``
+        isolates in that cell)."""
 
     # -- cells -------------------------------------------------------------------------
 
@@ -128,7 +132,8 @@ class Trainer:
         ctx = self.ctx
         try:
             report: TrainReport = await ctx.cluster.cell(cell).train(step, attempt, batch, cells)
-        except CellFailure:
+        except CellFailure as failure:
+            self._errors[cell] = failure.reason
             return Outcome.ERRORED
         ctx.emit(
             CellTrained,
@@ -164,7 +169,9 @@ class Trainer:
             outcomes = await ctx.rt.wait_all(tasks)
             result = ctx.cells.finish_attempt(dict(zip(attempt.cells, outcomes, strict=True)))
             for cell in result.errored:
-                self.cell_failed(cell, f"step {step} attempt {attempt.attempt} errored")
+                why = self._errors.pop(cell, "")
+                reason = f"step {step} attempt {attempt.attempt} errored"
+                self.cell_failed(cell, f"{reason}: {why}" if why else reason)
             ctx.emit(
                 AttemptEnded,
                 step=step,
