@@ -83,10 +83,13 @@ class RayCell:
     """One trainer cell: ``gpus_per_cell`` rank actors, one failure domain.
 
     A call goes to every rank (the ranks of a sharded cell take part in each
-    other's collectives); if any rank died or raised, the whole cell is killed
-    and the call raises CellFailure: one cell's error is that cell's failure, as
-    miles' ``RayTrainCell._execute_raw`` isolates any exception from a cell's
-    actors (miles/ray/train/cell.py), and the other cells go on.
+    other's collectives); if any rank died, the whole cell is killed and the
+    call raises CellFailure. In the cell's own work (train, heal) a rank that
+    raised fails its cell the same way: miles' ``RayTrainCell._execute_raw``
+    isolates any exception from a cell's actors (miles/ray/train/cell.py), and
+    the other cells go on. A weight update's calls pass a rank's exception on as
+    it is: its collective failed because a peer vanished, and the transport
+    names which one from the engines' replies.
     """
 
     def __init__(self, world: RayWorld, index: int) -> None:
@@ -144,6 +147,11 @@ class RayCell:
         except ACTOR_DIED as died:
             self.kill()  # one rank gone: the rest would wait in its collectives
             raise self.failure(f"a rank died in {method}: {type(died).__name__}") from None
+
+    async def _isolated(self, method: str, args: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """``call_each`` for the cell's own work: a rank's exception is the cell's failure."""
+        try:
+            return await self.call_each(method, args)
         except RANK_RAISED as raised:
             self.kill()  # one rank left the call: the rest would wait in its collectives
             raise self.failure(f"a rank raised in {method}: {_cause(raised)}") from None
@@ -159,7 +167,7 @@ class RayCell:
         slowdown = self.world.slowdown(f"cell-{self.index}")
         store = self.world.store_addr
         args = (step, attempt, trajectories, members, store, doomed, slowdown)
-        results = await self.call("train", *args)
+        results = await self._isolated("train", [args] * len(self.ranks))
         normal = all(r["outcome"] == "normal" for r in results)
         outcome = Outcome.NORMAL if normal else Outcome.DISCARDED
         return TrainReport(outcome, members, max(r["seconds"] for r in results))
@@ -170,8 +178,9 @@ class RayCell:
             raise self.failure("no running processes to heal")
         self.world.faults.fire(FaultPoint.DURING_HEAL, cell=heal.dst_cell)
         self.world.faults.fire(FaultPoint.DURING_HEAL, cell=heal.src_cell)
-        states = await self.world.cells[heal.src_cell].call("get_state")
-        await self.call_each("set_state", [(state,) for state in states])
+        source = self.world.cells[heal.src_cell]
+        states = await source._isolated("get_state", [()] * len(source.ranks))
+        await self._isolated("set_state", [(state,) for state in states])
 
     async def ping(self) -> None:
         await self.call("heartbeat")
