@@ -339,6 +339,54 @@ def test_a_dead_cells_heartbeat_is_missed_at_once_not_at_the_timeout() -> None:
     assert all(e.t - e.sent < loop.heartbeat_timeout / 10 for e in missed), missed
 
 
+FIRST_WAIT_AROUND_A_HEAL = """
+name = "first_wait_around_a_heal"
+description = "cell 2 answers no heartbeat all run; cell 0 dies at step 1 and is healed at step 4"
+[sim]
+num_cells = 3
+[loop]
+steps = 8
+heartbeat_first_wait = 10.0
+heartbeat_failure_threshold = 1000
+[[faults]]
+kind = "kill_cell"
+cell = 0
+point = "step_begin"
+step = 1
+[[faults]]
+kind = "start_cell"
+cell = 0
+point = "step_begin"
+step = 4
+[[faults]]
+kind = "drop_heartbeat"
+cell = 2
+at = 0.0
+duration = 1000.0
+"""
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_heartbeat_checker_waits_its_first_wait_after_the_start_and_each_resume(
+    seed: int,
+) -> None:
+    """--trainer-heartbeat-checker-first-wait: the first round comes that long after the
+    start, and again after each resume, when the count of misses starts afresh (miles'
+    health_checker.py ``SimpleHealthChecker``: ``_need_first_wait``; miles' own tests
+    test_first_wait_delays_first_check and test_resume_triggers_first_wait_again). Cell 2
+    never answers, so every round is a recorded miss."""
+    scenario = scenario_from_toml(FIRST_WAIT_AROUND_A_HEAL, "test")
+    first_wait = scenario.loop.heartbeat_first_wait
+    result = run_scenario(scenario, seed)
+    assert result.ok, result.failures()
+    missed = [e for e in of(result.history, HeartbeatMissed) if e.cell == 2]
+    assert missed[0].sent == first_wait and missed[0].misses == 1
+    (heal,) = of(result.history, HealEnded)
+    after = [e for e in missed if e.sent > heal.t]
+    assert after and after[0].sent >= heal.t + first_wait, (heal.t, after)
+    assert after[0].misses == 1  # the count started afresh at the resume
+
+
 # -- LoRA: unload where loaded -------------------------------------------------------------
 
 LORA_ENGINE_RESTARTED = """

@@ -294,6 +294,12 @@ CORPUS: list[tuple[str, str, str, tuple[str, ...]]] = [
         (),
     ),
     ("attempts-zero", "[loop]\nmax_step_attempts = 0\n", "[loop].max_step_attempts", ()),
+    (
+        "heartbeat-first-wait-negative",
+        "[loop]\nheartbeat_first_wait = -1\n",
+        "[loop].heartbeat_first_wait",
+        (">= 0",),
+    ),
     # expect
     (
         "expect-failed-without-error",

@@ -47,6 +47,7 @@ GOOD = {
     "heartbeat_interval": 3.0,
     "heartbeat_timeout": 4.0,
     "heartbeat_failure_threshold": 2,
+    "heartbeat_first_wait": 6.0,
     "use_fault_tolerance": True,
     "rollout_health_check_interval": 5.0,
     "rollout_health_check_timeout": 6.0,

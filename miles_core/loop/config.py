@@ -58,6 +58,10 @@ class LoopConfig:
     """--trainer-heartbeat-checker-timeout: seconds a cell has to answer."""
     heartbeat_failure_threshold: int = 3
     """--trainer-heartbeat-checker-failure-threshold: misses in a row that fail a cell."""
+    heartbeat_first_wait: float = 0.0
+    """--trainer-heartbeat-checker-first-wait: seconds the checker waits after the run starts
+    and after each resume before its next round (miles' default is 300; 0 here, so that a
+    short simulated run is checked: its first round then comes one interval in)."""
     use_fault_tolerance: bool = False
     """--use-fault-tolerance: a health monitor finds dead or hung engines and recovers them;
     without it, losing every engine ends the run (NoLiveEngineError)."""
@@ -86,12 +90,10 @@ class LoopConfig:
             value = getattr(self, name)
             if value is not None and not _seconds(value, strict=True):
                 raise ConfigError(name, f"got {value!r}", "pass seconds > 0")
-        if not _seconds(self.rollout_health_check_first_wait, strict=False):
-            raise ConfigError(
-                "rollout_health_check_first_wait",
-                f"got {self.rollout_health_check_first_wait!r}",
-                "pass seconds >= 0",
-            )
+        for name in ("rollout_health_check_first_wait", "heartbeat_first_wait"):
+            value = getattr(self, name)
+            if not _seconds(value, strict=False):
+                raise ConfigError(name, f"got {value!r}", "pass seconds >= 0")
         if self.rollout_submission_granularity is not None:
             try:
                 granularity = SubmissionGranularity(self.rollout_submission_granularity)
@@ -189,6 +191,7 @@ FLAGS: Mapping[str, str] = {
     "heartbeat_interval": "--trainer-heartbeat-checker-interval",
     "heartbeat_timeout": "--trainer-heartbeat-checker-timeout",
     "heartbeat_failure_threshold": "--trainer-heartbeat-checker-failure-threshold",
+    "heartbeat_first_wait": "--trainer-heartbeat-checker-first-wait",
     "use_fault_tolerance": "--use-fault-tolerance",
     "rollout_health_check_interval": "--rollout-health-check-interval",
     "rollout_health_check_timeout": "--rollout-health-check-timeout",

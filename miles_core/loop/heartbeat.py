@@ -13,7 +13,10 @@ the history whether or not it led to a failure. As miles' checkers
 (miles/ray/train/group.py ``_refresh_cells`` and ``update_weights``), it pauses
 while a refresh reconfigures the cells, not while weights are updated (a busy
 cell still answers), and the end of each pause starts every count of misses
-afresh (``SimpleHealthChecker.resume``); a cell that is not alive counts as
+afresh (``SimpleHealthChecker.resume``) after the first wait again
+(--trainer-heartbeat-checker-first-wait: the checker's first round comes that
+long after the start, and after each resume; 0 here by default, the first round
+then an interval in, where miles checks at once); a cell that is not alive counts as
 answered (``cell_monitor.py``: its check returns at once), so a restarted cell
 starts from no miss. It also pauses while fewer than two cells are alive
 (failing the last cell would only end the run sooner than its next call would).
@@ -86,13 +89,23 @@ class HeartbeatMonitor:
         threshold = ctx.config.heartbeat_failure_threshold
         misses = dict.fromkeys(range(ctx.cells.num_cells), 0)
         resumes = ctx.heartbeat_resumes
+        first_wait = ctx.config.heartbeat_first_wait
+        if first_wait:  # the first round comes then (without one: an interval in)
+            await ctx.rt.sleep(first_wait)
+        wait = not first_wait
         while not ctx.stopping:
-            await ctx.rt.sleep(interval)
+            if wait:
+                await ctx.rt.sleep(interval)
+            wait = True
             if ctx.heartbeats_paused or len(ctx.cells.alive()) < 2:
                 continue
             if ctx.heartbeat_resumes != resumes:  # a pause ended: every count starts afresh
                 resumes = ctx.heartbeat_resumes
                 misses = dict.fromkeys(misses, 0)
+                if first_wait:  # and the first wait again (SimpleHealthChecker.resume)
+                    await ctx.rt.sleep(first_wait)
+                    wait = False
+                    continue
             cells = list(ctx.cells.alive())
             if any(misses.values()):  # a cell not alive now answers as one (no miss kept)
                 alive = set(cells)
