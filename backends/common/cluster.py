@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,10 +148,11 @@ class RayCell:
             self.kill()  # one rank gone: the rest would wait in its collectives
             raise self.failure(f"a rank died in {method}: {type(died).__name__}") from None
 
-    async def _isolated(self, method: str, args: Sequence[tuple[Any, ...]]) -> list[Any]:
-        """``call_each`` for the cell's own work: a rank's exception is the cell's failure."""
+    async def _isolated(self, method: str, call: Awaitable[list[Any]]) -> list[Any]:
+        """A call of the cell's own work (``method``): a rank's exception is the cell's
+        failure."""
         try:
-            return await self.call_each(method, args)
+            return await call
         except RANK_RAISED as raised:
             self.kill()  # one rank left the call: the rest would wait in its collectives
             raise self.failure(f"a rank raised in {method}: {_cause(raised)}") from None
@@ -167,7 +168,7 @@ class RayCell:
         slowdown = self.world.slowdown(f"cell-{self.index}")
         store = self.world.store_addr
         args = (step, attempt, trajectories, members, store, doomed, slowdown)
-        results = await self._isolated("train", [args] * len(self.ranks))
+        results = await self._isolated("train", self.call("train", *args))
         normal = all(r["outcome"] == "normal" for r in results)
         outcome = Outcome.NORMAL if normal else Outcome.DISCARDED
         return TrainReport(outcome, members, max(r["seconds"] for r in results))
@@ -179,8 +180,8 @@ class RayCell:
         self.world.faults.fire(FaultPoint.DURING_HEAL, cell=heal.dst_cell)
         self.world.faults.fire(FaultPoint.DURING_HEAL, cell=heal.src_cell)
         source = self.world.cells[heal.src_cell]
-        states = await source._isolated("get_state", [()] * len(source.ranks))
-        await self._isolated("set_state", [(state,) for state in states])
+        states = await source._isolated("get_state", source.call("get_state"))
+        await self._isolated("set_state", self.call_each("set_state", [(s,) for s in states]))
 
     async def ping(self) -> None:
         await self.call("heartbeat")

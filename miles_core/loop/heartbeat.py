@@ -90,21 +90,17 @@ class HeartbeatMonitor:
         misses = dict.fromkeys(range(ctx.cells.num_cells), 0)
         resumes = ctx.heartbeat_resumes
         first_wait = ctx.config.heartbeat_first_wait
-        if first_wait:  # the first round comes then (without one: an interval in)
-            await ctx.rt.sleep(first_wait)
-        wait = not first_wait
+        delay = first_wait or interval  # the first round (without a first wait: an interval in)
         while not ctx.stopping:
-            if wait:
-                await ctx.rt.sleep(interval)
-            wait = True
+            await ctx.rt.sleep(delay)
+            delay = interval
             if ctx.heartbeats_paused or len(ctx.cells.alive()) < 2:
                 continue
             if ctx.heartbeat_resumes != resumes:  # a pause ended: every count starts afresh
                 resumes = ctx.heartbeat_resumes
                 misses = dict.fromkeys(misses, 0)
                 if first_wait:  # and the first wait again (SimpleHealthChecker.resume)
-                    await ctx.rt.sleep(first_wait)
-                    wait = False
+                    delay = first_wait
                     continue
             cells = list(ctx.cells.alive())
             if any(misses.values()):  # a cell not alive now answers as one (no miss kept)
