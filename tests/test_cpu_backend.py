@@ -324,8 +324,9 @@ def test_a_generation_error_ends_the_real_run_with_its_cause(ray_cluster, monkey
 
 def _raising_trainer_actor(cell: int, step: int) -> Any:
     """A trainer rank of ``cell`` that raises a Python exception in ``step``, between its
-    backward and the allreduce: a live process, not a death (miles' own tests inject
-    ``RuntimeError("Injected failure in train")`` the same way)."""
+    backward and the allreduce: a live process, not a death. A ``RuntimeError``, as miles'
+    own tests inject (``RuntimeError("Injected failure in train")``): torch's own errors are
+    RuntimeErrors too, and a rank that took one for a failed exchange would retry it."""
     import ray
 
     from backends.common.trainer import TrainerRank
@@ -337,7 +338,7 @@ def _raising_trainer_actor(cell: int, step: int) -> Any:
 
         def reduce_grads(self) -> None:
             if self._raise_now:
-                raise ValueError("planted: the loss went NaN on this rank")
+                raise RuntimeError("planted: the loss went NaN on this rank")
 
     return ray.remote(num_cpus=0, max_concurrency=4)(RaisingRank)
 
@@ -347,7 +348,8 @@ def test_an_exception_in_one_cell_fails_that_cell_only(ray_cluster) -> None:
     miles' ``RayTrainCell._execute_raw`` isolates any exception from a cell's actors
     (miles' TestPerCellErrorIsolation): the same decisions as cell_crash_before_allreduce,
     whose cell 1 dies at that point of step 2 and is healed back at step 5. (An exception
-    there used to end the whole run CRASHED.)"""
+    there used to end the whole run CRASHED; then a RuntimeError was taken for a failed
+    exchange, and the cell discarded its attempts until the step gave up.)"""
     killed = SCENARIOS["cell_crash_before_allreduce"]
     heal_only = tuple(f for f in killed.faults if f.kind != "kill_cell")
     assert len(heal_only) == len(killed.faults) - 1
@@ -363,7 +365,7 @@ def test_an_exception_in_one_cell_fails_that_cell_only(ray_cluster) -> None:
     assert [e.cell for e in stopped] == [1]  # its stop records why, as the world said
     assert stopped[0].reason == (
         "step 2 attempt 1 errored: a rank raised in train: "
-        "ValueError: planted: the loss went NaN on this rank"
+        "RuntimeError: planted: the loss went NaN on this rank"
     )
 
 

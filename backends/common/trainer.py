@@ -11,7 +11,11 @@ ends with some shards stepped and others not.
 Each attempt's cross-cell group is joined *before* the forward pass, so a
 member that dies later resets its peers' connections at once instead of
 leaving them in a rendezvous timeout. A failed exchange means the attempt is
-DISCARDED: no optimizer step, gradients dropped.
+DISCARDED: no optimizer step, gradients dropped. An exception in the cell's own
+forward, backward or gradient reduction is not an exchange's failure: it is
+raised, and the driver fails that cell alone (miles' ``RayTrainCell._execute_raw``
+stops a cell whose actors raised; its tests inject ``RuntimeError`` there, which
+a retry would only meet again).
 
 The actor is threaded (max_concurrency > 1) so it answers heartbeats while a
 step runs, as a real trainer's heartbeat thread does.
@@ -51,6 +55,11 @@ from backends.common.wire import (
     wire_layout,
 )
 from miles_core.transfer import Bucket
+
+
+def _first_line(error: BaseException) -> str:
+    """A failure's reason as a step report carries it: its first line, at most 200 chars."""
+    return str(error).splitlines()[0][:200] if str(error) else type(error).__name__
 
 
 def _local(tensor: Any) -> Any:
@@ -169,11 +178,16 @@ class TrainerRank:
         started = time.perf_counter()
         position, cells = members.index(self.cell), len(members)
         shard = list(batch)[position::cells][self.data_rank :: self.data_ranks]
-        failure, computed = "", 0.0
-        try:
-            if cells > 1:
+        failure, computed, group = "", 0.0, None
+        if cells > 1:
+            try:
                 prefix = f"step{step}/attempt{attempt}/rank{self.rank}"
                 group = gloo_group(store_addr, prefix, position, cells)
+            except RuntimeError as error:  # a member died before it joined
+                failure = _first_line(error)
+        if not failure:
+            # The cell's own work: what raises here is raised to the driver, which fails this
+            # cell (a peer's death cannot reach it; a cell-mate's fails the cell anyway).
             self.optimizer.zero_grad(set_to_none=False)
             loss = grpo_loss(self.model, shard)
             loss.backward()  # FSDP2 reduce-scatters (averages) within the cell here
@@ -183,10 +197,11 @@ class TrainerRank:
             computed = time.perf_counter() - started  # forward/backward: what a slowdown slows
             if die_before_allreduce:
                 os._exit(1)  # a real death: the process ends, its sockets reset
-            if cells > 1:
-                self._average_across_cells(group, cells)
-        except RuntimeError as error:  # a peer died or hung: the exchange failed
-            failure = str(error).splitlines()[0][:200]
+            if group is not None:
+                try:
+                    self._average_across_cells(group, cells)
+                except RuntimeError as error:  # a peer died or hung: the exchange failed
+                    failure = _first_line(error)
         failure = self._cell_agrees(failure)
         if failure:
             self.optimizer.zero_grad(set_to_none=False)
@@ -203,7 +218,7 @@ class TrainerRank:
         try:
             dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         except RuntimeError as error:  # a cell-mate died: the driver sees the cell errored
-            return failure or str(error).splitlines()[0][:200]
+            return failure or _first_line(error)
         return failure or ("a cell-mate's exchange failed" if flag.item() < 1 else "")
 
     def _average_across_cells(self, group: Any, cells: int) -> None:
