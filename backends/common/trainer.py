@@ -185,23 +185,23 @@ class TrainerRank:
                 group = gloo_group(store_addr, prefix, position, cells)
             except RuntimeError as error:  # a member died before it joined
                 failure = _first_line(error)
-        if not failure:
-            # The cell's own work: what raises here is raised to the driver, which fails this
-            # cell (a peer's death cannot reach it; a cell-mate's fails the cell anyway).
-            self.optimizer.zero_grad(set_to_none=False)
-            loss = grpo_loss(self.model, shard)
-            loss.backward()  # FSDP2 reduce-scatters (averages) within the cell here
-            self.reduce_grads()
-            if slowdown > 1:
-                time.sleep((time.perf_counter() - started) * (slowdown - 1))
-            computed = time.perf_counter() - started  # forward/backward: what a slowdown slows
-            if die_before_allreduce:
-                os._exit(1)  # a real death: the process ends, its sockets reset
-            if group is not None:
-                try:
-                    self._average_across_cells(group, cells)
-                except RuntimeError as error:  # a peer died or hung: the exchange failed
-                    failure = _first_line(error)
+        # The cell's own work, on every rank whether or not its join failed (a rank that
+        # skipped it would leave its cell-mates waiting in FSDP2's collectives): what raises
+        # here is raised to the driver, which fails this cell. No other cell takes part.
+        self.optimizer.zero_grad(set_to_none=False)
+        loss = grpo_loss(self.model, shard)
+        loss.backward()  # FSDP2 reduce-scatters (averages) within the cell here
+        self.reduce_grads()
+        if slowdown > 1:
+            time.sleep((time.perf_counter() - started) * (slowdown - 1))
+        computed = time.perf_counter() - started  # forward/backward: what a slowdown slows
+        if die_before_allreduce:
+            os._exit(1)  # a real death: the process ends, its sockets reset
+        if group is not None:
+            try:
+                self._average_across_cells(group, cells)
+            except RuntimeError as error:  # a peer died or hung: the exchange failed
+                failure = _first_line(error)
         failure = self._cell_agrees(failure)
         if failure:
             self.optimizer.zero_grad(set_to_none=False)
