@@ -20,9 +20,15 @@ recorded after the fault fired:
     drop_heartbeat        a heartbeat sent to the cell in the window was missed
 
 A fault that fired and changed nothing fails its witness, and so does one that
-had nothing to act on (no step began in a slow window). In a run that
-completed, every scheduled fault must have fired; ``unfired_reason`` says why
-one did not (the run ended first, or its point was never reached).
+had nothing to act on (no step began in a slow window): the schedule decides
+whether a step begins or an update runs in a window. The router's windows are
+the exception: whether any request enters the router is the control plane's own
+decision (a full buffer stops submission, as miles' ``_worker_loop`` does while
+a put waits), which no schedule can promise, so a router window that no request
+was sent in is judged as having nothing to witness, and passes. One that
+requests were sent in must show its effect on them. In a run that completed,
+every scheduled fault must have fired; ``unfired_reason`` says why one did not
+(the run ended first, or its point was never reached).
 """
 
 from __future__ import annotations
@@ -358,21 +364,28 @@ def _link_slowed(fault: FaultInjected, seq: int, index: _Index) -> str | None:
     return _slower(inside, outside, fault.factor or 1.0, "bucket sends")
 
 
+def _sent_in(start: float, end: float, index: _Index) -> list[SampleGenerated]:
+    """The requests sent through the router in [start, end)."""
+    return [s for s in index.samples if start <= s.sent < end]
+
+
 def _router_delayed(fault: FaultInjected, seq: int, index: _Index) -> str | None:
     del seq
     start, end = fault.t, fault.t + (fault.duration or 0.0)
     delay = fault.seconds or 0.0
+    sent = _sent_in(start, end, index)
+    if not sent:  # backpressure held every request back: nothing entered the router
+        return None
     overheads = [  # time outside the engine, where it is known (a router failure: all of it)
         (s.sent, (s.t - s.sent) - (s.engine_seconds or 0.0))
-        for s in index.samples
-        if start <= s.sent < end
-        and (s.engine_seconds is not None or s.outcome is SampleOutcome.ROUTER_FAILED)
+        for s in sent
+        if s.engine_seconds is not None or s.outcome is SampleOutcome.ROUTER_FAILED
     ]
     if not any(overhead >= delay / 2 for _, overhead in overheads):
         return f"no request sent during the window spent ~{delay:g}s in the router"
     # a request sent at the very instant the window opened may have left just before it did;
     # any sent later must have been delayed
-    quick = [overhead for sent, overhead in overheads if sent > start and overhead < delay / 2]
+    quick = [overhead for at, overhead in overheads if at > start and overhead < delay / 2]
     if quick:
         return f"a request sent during the window spent only {quick[0]:.3g}s in the router"
     return None
@@ -380,11 +393,10 @@ def _router_delayed(fault: FaultInjected, seq: int, index: _Index) -> str | None
 
 def _router_failed(fault: FaultInjected, seq: int, index: _Index) -> str | None:
     del seq
-    start, end = fault.t, fault.t + (fault.duration or 0.0)
-    failed = any(
-        start <= s.sent < end and s.outcome is SampleOutcome.ROUTER_FAILED for s in index.samples
-    )
-    return None if failed else "no request sent during the window failed at the router"
+    sent = _sent_in(fault.t, fault.t + (fault.duration or 0.0), index)
+    if not sent or any(s.outcome is SampleOutcome.ROUTER_FAILED for s in sent):
+        return None  # nothing sent (backpressure), or the router failed what was
+    return f"none of the {len(sent)} request(s) sent during the window failed at the router"
 
 
 def _heartbeat_dropped(fault: FaultInjected, seq: int, index: _Index) -> str | None:
