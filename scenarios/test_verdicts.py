@@ -31,6 +31,7 @@ from miles_core.events import (
 )
 from miles_core.kinds import FaultKind, FaultPoint, PutFate, RunStatus
 from miles_core.loop.producer import Producer
+from miles_core.oracles import idle_faults
 from miles_core.oracles.witnesses import WITNESSES
 from miles_core.scenario import SCENARIOS, Expect, TimeModel, make_fault
 from miles_core.scenario.schedule import FaultSchedule
@@ -317,12 +318,29 @@ def test_a_router_window_that_backpressure_kept_empty_passes() -> None:
     scenario = load_scenario_file(FILES / "router_window_under_backpressure.toml")
     result = run_scenario(scenario, 3155)
     assert result.ok, result.failures()
+    assert idle_faults(result.history) == {0: "no request was sent through the router in it"}
     (fired,) = [e for e in result.history if isinstance(e, FaultInjected)]
     window = (fired.t, fired.t + (fired.duration or 0.0))
     samples = [e for e in result.history if isinstance(e, SampleGenerated)]
     assert not [s for s in samples if window[0] <= s.sent < window[1]]
     blocked = [e for e in result.history if isinstance(e, GroupPut) and e.fate is PutFate.BLOCKED]
     assert [e for e in blocked if e.t <= window[0]], "the buffer was full as the window opened"
+
+
+def test_a_link_window_that_no_update_reached_passes_and_says_so(capsys) -> None:
+    """Swarm seed 16833, shrunk: the filter keeps the rollout going past the slow_link window
+    (4 to 6 nominal steps), so no bucket was sent in it; the run passes, and its report says
+    that the window met nothing to act on."""
+    path = FILES / "slow_link_while_the_filter_refills.toml"
+    result = run_scenario(load_scenario_file(path), 16833)
+    assert result.ok, result.failures()
+    (fired,) = [e for e in result.history if isinstance(e, FaultInjected)]
+    end = fired.t + (fired.duration or 0.0)
+    sends = [e.t - e.seconds for e in result.history if isinstance(e, BucketReceived)]
+    assert not [t for t in sends if fired.t <= t < end]
+    assert [t for t in sends if t >= end], "the next update comes after the window"
+    assert main(["run", str(path), "--seed", "16833"]) == 0
+    assert "its window met nothing to act on: no bucket send began in it" in capsys.readouterr().out
 
 
 def test_a_started_cell_never_healed_fails_its_witness(monkeypatch) -> None:

@@ -45,7 +45,7 @@ from miles_core.oracles.training import step_attempts
 from miles_core.oracles.updates import update_order
 from miles_core.oracles.versions import monotonic_versions
 from miles_core.oracles.weights import published_weights
-from miles_core.oracles.witnesses import fault_witness, unfired_reason
+from miles_core.oracles.witnesses import fault_witness, idle_faults, unfired_reason
 
 SAFETY: dict[str, Callable[[History], Violation | None]] = {
     "monotonic_versions": monotonic_versions,
@@ -113,6 +113,7 @@ __all__ = [
     "end_state",
     "exactly_once",
     "fault_witness",
+    "idle_faults",
     "monotonic_versions",
     "progress",
     "published_weights",

@@ -20,15 +20,19 @@ recorded after the fault fired:
     drop_heartbeat        a heartbeat sent to the cell in the window was missed
 
 A fault that fired and changed nothing fails its witness, and so does one that
-had nothing to act on (no step began in a slow window): the schedule decides
-whether a step begins or an update runs in a window. The router's windows are
-the exception: whether any request enters the router is the control plane's own
-decision (a full buffer stops submission, as miles' ``_worker_loop`` does while
-a put waits), which no schedule can promise, so a router window that no request
-was sent in is judged as having nothing to witness, and passes. One that
-requests were sent in must show its effect on them. In a run that completed,
-every scheduled fault must have fired; ``unfired_reason`` says why one did not
-(the run ended first, or its point was never reached).
+had nothing to act on, with one exception: a window whose traffic is the run's own
+pace. Whether a request enters the router (a full buffer stops submission, as
+miles' ``_worker_loop`` does while a put waits), an update sends a bucket or a
+cell begins a step in a given stretch of time depends on generation, the dynamic
+filter, dead engines and retries, which no schedule can promise. So a slow_cell,
+slow_link, delay_router or fail_router window that nothing it acts on passed
+through is idle: it has nothing to witness and passes, and ``idle_reason`` says
+so (the run's report prints it beside the fault). A window something passed
+through must show its effect on it. drop_heartbeat is not excused: heartbeats go
+out on the checker's fixed interval, so a window with none sent to a live cell is
+the checker's failure. In a run that completed, every scheduled fault must have
+fired; ``unfired_reason`` says why one did not (the run ended first, or its point
+was never reached).
 """
 
 from __future__ import annotations
@@ -164,7 +168,7 @@ def fault_witness(history: History) -> Violation | None:
                 )
     for seq, e in index.fired:
         assert isinstance(e, FaultInjected)
-        missing = WITNESSES[e.fault](e, seq, index)
+        missing = _unwitnessed(e, seq, index)
         if missing is not None:
             return Violation(
                 NAME, f"fault {e.fault.value} ({e.detail}) had no effect: {missing}", ((seq, e),)
@@ -186,7 +190,26 @@ def awaited(history: History) -> bool:
         return True
     if recovering(history):
         return True
-    return any(WITNESSES[e.fault](e, seq, index) is not None for seq, e in index.fired)  # type: ignore[union-attr]
+    now = history[-1].t if len(history) else 0.0
+    return any(_unwitnessed(e, seq, index, now) is not None for seq, e in index.fired)  # type: ignore[arg-type]
+
+
+def _unwitnessed(
+    fault: FaultInjected, seq: int, index: _Index, now: float | None = None
+) -> str | None:
+    """What the fault's witness misses; None when it saw the effect, or when the fault's
+    window is idle (nothing it acts on passed through) and closed by ``now`` (an open one
+    may still meet something: a run with until_witnessed waits for it)."""
+    if _idle(fault, index) is not None and (now is None or _window(fault)[1] <= now):
+        return None
+    return WITNESSES[fault.fault](fault, seq, index)
+
+
+def idle_faults(history: History) -> dict[int, str]:
+    """The fired faults whose window met nothing they act on, by the fault's index: why."""
+    index = _Index.of(history)
+    idle = {e.index: _idle(e, index) for _, e in index.fired}  # type: ignore[union-attr]
+    return {i: reason for i, reason in idle.items() if reason is not None}
 
 
 def recovering(history: History) -> set[str]:
@@ -364,18 +387,11 @@ def _link_slowed(fault: FaultInjected, seq: int, index: _Index) -> str | None:
     return _slower(inside, outside, fault.factor or 1.0, "bucket sends")
 
 
-def _sent_in(start: float, end: float, index: _Index) -> list[SampleGenerated]:
-    """The requests sent through the router in [start, end)."""
-    return [s for s in index.samples if start <= s.sent < end]
-
-
 def _router_delayed(fault: FaultInjected, seq: int, index: _Index) -> str | None:
     del seq
-    start, end = fault.t, fault.t + (fault.duration or 0.0)
+    start = fault.t
     delay = fault.seconds or 0.0
-    sent = _sent_in(start, end, index)
-    if not sent:  # backpressure held every request back: nothing entered the router
-        return None
+    sent = _requests_in(fault, index)
     overheads = [  # time outside the engine, where it is known (a router failure: all of it)
         (s.sent, (s.t - s.sent) - (s.engine_seconds or 0.0))
         for s in sent
@@ -393,9 +409,9 @@ def _router_delayed(fault: FaultInjected, seq: int, index: _Index) -> str | None
 
 def _router_failed(fault: FaultInjected, seq: int, index: _Index) -> str | None:
     del seq
-    sent = _sent_in(fault.t, fault.t + (fault.duration or 0.0), index)
-    if not sent or any(s.outcome is SampleOutcome.ROUTER_FAILED for s in sent):
-        return None  # nothing sent (backpressure), or the router failed what was
+    sent = _requests_in(fault, index)
+    if any(s.outcome is SampleOutcome.ROUTER_FAILED for s in sent):
+        return None
     return f"none of the {len(sent)} request(s) sent during the window failed at the router"
 
 
@@ -405,6 +421,55 @@ def _heartbeat_dropped(fault: FaultInjected, seq: int, index: _Index) -> str | N
     if any(m.cell == fault.cell and start <= m.sent < end for m in index.misses):
         return None
     return f"no heartbeat sent to cell {fault.cell} during the window was missed"
+
+
+# -- idle windows -----------------------------------------------------------------------
+
+
+def _window(fault: FaultInjected) -> tuple[float, float]:
+    return fault.t, fault.t + (fault.duration or 0.0)
+
+
+def _requests_in(fault: FaultInjected, index: _Index) -> list[SampleGenerated]:
+    """The requests sent through the router during the fault's window."""
+    start, end = _window(fault)
+    return [s for s in index.samples if start <= s.sent < end]
+
+
+def _no_requests(fault: FaultInjected, index: _Index) -> str | None:
+    return None if _requests_in(fault, index) else "no request was sent through the router in it"
+
+
+def _no_bucket_sends(fault: FaultInjected, index: _Index) -> str | None:
+    start, end = _window(fault)
+    if any(start <= b.t - b.seconds < end for b in index.buckets):
+        return None
+    return "no bucket send began in it"
+
+
+def _no_cell_steps(fault: FaultInjected, index: _Index) -> str | None:
+    start, end = _window(fault)
+    began = index.attempts
+    for r in index.trained:
+        if r.cell == fault.cell and start <= began.get((r.step, r.attempt), -1.0) < end:
+            return None
+    return f"no step of cell {fault.cell} began in it"
+
+
+_IDLE: dict[FaultKind, Callable[[FaultInjected, _Index], str | None]] = {
+    FaultKind.SLOW_CELL: _no_cell_steps,
+    FaultKind.SLOW_LINK: _no_bucket_sends,
+    FaultKind.DELAY_ROUTER: _no_requests,
+    FaultKind.FAIL_ROUTER: _no_requests,
+}
+"""The windows whose traffic is the run's own pace (see the module's docstring)."""
+
+
+def _idle(fault: FaultInjected, index: _Index) -> str | None:
+    """Why the fault's window met nothing it acts on; None when something passed through
+    it, or when the kind is judged whatever its window met."""
+    idle = _IDLE.get(fault.fault)
+    return None if idle is None else idle(fault, index)
 
 
 WITNESSES: dict[FaultKind, Callable[[FaultInjected, int, _Index], str | None]] = {

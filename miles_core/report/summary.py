@@ -20,7 +20,7 @@ from miles_core.events import (
     UpdateBegan,
 )
 from miles_core.loop import RunReport
-from miles_core.oracles import Violation, unfired_reason, verdict_lines
+from miles_core.oracles import Violation, idle_faults, unfired_reason, verdict_lines
 from miles_core.report.story import step_stories, story_lines
 from miles_core.scenario import Scenario
 
@@ -63,6 +63,7 @@ def step_metrics(history: History) -> list[dict[str, Any]]:
 def faults_report(history: History) -> list[dict[str, Any]]:
     """Every scheduled fault: when it fired, or why it never did."""
     fired = {e.index: e for e in history if isinstance(e, FaultInjected)}
+    idle = idle_faults(history)
     out = []
     for e in history:
         if not isinstance(e, FaultScheduled):
@@ -71,6 +72,8 @@ def faults_report(history: History) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"fault": e.fault.value, "target": target, "detail": e.detail}
         if e.index in fired:
             row["fired_at"] = fired[e.index].t
+            if e.index in idle:
+                row["idle"] = idle[e.index]
         else:
             row["never_fired"] = unfired_reason(e, history)
         out.append(row)
@@ -157,6 +160,8 @@ def text_lines(
             if "fired_at" in fault
             else f"never fired: {fault['never_fired']}"
         )
+        if "idle" in fault:
+            when += f"; its window met nothing to act on: {fault['idle']}"
         lines.append(f"  fault {fault['fault']} {fault['target']} ({fault['detail']}): {when}")
     lines.append(f"  version sequence: {info['versions']}")
     lines.append(
