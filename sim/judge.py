@@ -13,6 +13,8 @@ import traceback
 from dataclasses import dataclass
 
 from miles_core.coverage import CoverageCell, coverage_cells
+from miles_core.events import FaultInjected
+from miles_core.oracles import idle_faults
 from miles_core.scenario import Scenario
 from miles_core.scenario.dump import scenario_to_toml
 from sim.plants import planted
@@ -65,6 +67,9 @@ class SeedOutcome:
     """The violations, for a failing seed."""
     scenario_toml: str = ""
     """The scenario as run (a swarm's drawing too), for a failing seed."""
+    idle: tuple[str, ...] = ()
+    """The kinds of the faults whose window met nothing to act on (one entry per fault):
+    passed, not witnessed, so the sweep counts them."""
 
     @property
     def ok(self) -> bool:
@@ -103,6 +108,7 @@ def _judged(task: SeedTask, started: float) -> SeedOutcome:
         result = run_scenario(scenario, task.seed, task.steps)
     buckets = [getattr(f.when, "bucket", None) for f in scenario.faults]
     failed = tuple(name for name, v in result.verdicts.items() if v is not None)
+    kinds = {e.index: e.fault.value for e in result.history if isinstance(e, FaultInjected)}
     return SeedOutcome(
         source=task.source,
         seed=task.seed,
@@ -116,6 +122,7 @@ def _judged(task: SeedTask, started: float) -> SeedOutcome:
         aim=task.aim,
         failure=result.failures() if failed else "",
         scenario_toml=scenario_to_toml(result.scenario) if failed else "",
+        idle=tuple(sorted(kinds[i] for i in idle_faults(result.history))),
     )
 
 

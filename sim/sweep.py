@@ -60,6 +60,8 @@ class Tally:
     aimed_hit: int = 0
     aims_missed: dict[CoverageCell, int] = field(default_factory=dict)
     """cell -> aimed seeds that missed it."""
+    idle: dict[str, int] = field(default_factory=dict)
+    """fault kind -> windows that met nothing to act on (passed, but witnessed nothing)."""
 
     def add(self, outcome: SeedOutcome, node: str) -> None:
         self.seeds += 1
@@ -68,6 +70,8 @@ class Tally:
             self.oracles.setdefault(oracle, [0, 0])[oracle in outcome.failed] += 1
         for cell in set(outcome.cells):
             self.coverage[cell] = self.coverage.get(cell, 0) + 1
+        for kind in outcome.idle:
+            self.idle[kind] = self.idle.get(kind, 0) + 1
         if outcome.aim is not None:
             self.aimed += 1
             hit = outcome.aim in outcome.cells

@@ -81,6 +81,7 @@ def summary(run: SweepRun, workers: int, nodes: int, plant: str | None) -> dict[
         "oracles": {k: {"passed": p, "failed": f} for k, (p, f) in sorted(tally.oracles.items())},
         "failures": [_failure(o) for o in sorted(tally.failures, key=_order)],
         "determinism": {"rechecked": run.rechecked, "differed": run.nondeterministic},
+        "idle_windows": dict(sorted(tally.idle.items())),
         "coverage": coverage_json(tally),
     }
 
@@ -109,6 +110,8 @@ def text_lines(info: dict[str, Any], tally: Tally) -> list[str]:
     d = info["determinism"]
     lines += ["", f"determinism: {d['rechecked']} seeds run twice, {len(d['differed'])} differed"]
     lines += [f"  {line}" for line in d["differed"]]
+    idle = ", ".join(f"{kind} {n}" for kind, n in info["idle_windows"].items()) or "none"
+    lines.append(f"idle windows (met nothing to act on; passed, witnessed nothing): {idle}")
     return [*lines, "", *map_lines(info["coverage"], tally)]
 
 

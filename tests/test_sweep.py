@@ -186,6 +186,28 @@ def test_a_sweep_stopped_before_ray_started_says_so() -> None:
     assert "on 2 workers (0 of 3 nodes)" in text_lines(info, Tally())[0]
 
 
+def test_a_sweep_counts_the_windows_that_met_nothing_to_act_on() -> None:
+    """An idle window passes its witness, so a sweep says how many there were: a map cell
+    that only idle windows hit would otherwise look exercised."""
+    path = (
+        Path(__file__).resolve().parents[1]
+        / "scenarios/files/slow_link_while_the_filter_refills.toml"
+    )
+    scenario = load_scenario_file(path)
+    outcome = judge(SeedTask(str(path), 16833, scenario))
+    assert outcome.ok and outcome.idle == ("slow_link",)
+    busy = judge(SeedTask(str(path), 1, scenario))  # here the next update falls in the window
+    assert busy.ok and busy.idle == ()
+    tally = Tally()
+    for o in (outcome, busy, outcome):
+        tally.add(o, "node")
+    info = summary(SweepRun(tally), workers=2, nodes=1, plant=None)
+    assert info["idle_windows"] == {"slow_link": 2}
+    assert "idle windows (met nothing to act on; passed, witnessed nothing): slow_link 2" in (
+        text_lines(info, tally)
+    )
+
+
 def test_shrink_refuses_a_run_that_passes(capsys: pytest.CaptureFixture[str]) -> None:
     assert shrink_main(["python -m sim run swarm --seed 1", "--out", os.devnull]) == 2
     assert "nothing to shrink" in capsys.readouterr().out

@@ -26,7 +26,7 @@ miles' ``_worker_loop`` does while a put waits), an update sends a bucket or a
 cell begins a step in a given stretch of time depends on generation, the dynamic
 filter, dead engines and retries, which no schedule can promise. So a slow_cell,
 slow_link, delay_router or fail_router window that nothing it acts on passed
-through is idle: it has nothing to witness and passes, and ``idle_reason`` says
+through is idle: it has nothing to witness and passes, and ``idle_faults`` says
 so (the run's report prints it beside the fault). A window something passed
 through must show its effect on it. drop_heartbeat is not excused: heartbeats go
 out on the checker's fixed interval, so a window with none sent to a live cell is
