@@ -369,6 +369,35 @@ def test_an_exception_in_one_cell_fails_that_cell_only(ray_cluster) -> None:
     )
 
 
+def test_a_dead_rank_refuses_its_cells_heartbeat(ray_cluster) -> None:
+    """Ray refuses a call to a dead actor at once, and the cell reports that as its failure,
+    which the heartbeat checker counts as a miss without waiting out its timeout (miles'
+    test_rpc_error_propagates_as_unhealthy; the simulator's dead cells refuse the same way).
+    A RayActorError let through would end the checker's round as a crash instead."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import ray
+
+    from backends.common.cluster import RayCell
+    from miles_core.backend import CellFailure
+
+    class Answering:
+        def heartbeat(self) -> bool:
+            return True
+
+    world = SimpleNamespace(impaired=lambda key: False)
+    cell = RayCell(world, 3)  # type: ignore[arg-type]  # a heartbeat reads only impaired()
+    cell.ranks = [ray.remote(num_cpus=0)(Answering).remote() for _ in range(2)]
+    asyncio.run(asyncio.wait_for(cell.heartbeat(), 60))  # both alive: answered
+    ray.kill(cell.ranks[1])
+    with pytest.raises(CellFailure) as refused:
+        asyncio.run(asyncio.wait_for(cell.heartbeat(), 60))
+    assert refused.value.args == (3, "a rank died: the heartbeat was refused")
+    for rank in cell.ranks:
+        ray.kill(rank)
+
+
 @pytest.fixture
 def ray_tmpdir():
     """A short per-run RAY_TMPDIR (Ray's socket paths must fit in 107 bytes)."""
