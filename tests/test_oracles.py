@@ -68,7 +68,8 @@ from miles_core.oracles import (
     update_order,
     whole_groups,
 )
-from miles_core.oracles.witnesses import awaited, idle_faults
+from miles_core.oracles.idle_windows import idle_faults
+from miles_core.oracles.witnesses import awaited
 from miles_core.weight_update import UpdateKind
 
 Spec = tuple[type[Event], dict[str, Any]]

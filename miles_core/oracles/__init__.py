@@ -38,6 +38,7 @@ from miles_core.oracles.base import Indexed, Violation, forget
 from miles_core.oracles.delivery import exactly_once, recycled_regenerated
 from miles_core.oracles.end_state import end_state
 from miles_core.oracles.groups import whole_groups
+from miles_core.oracles.idle_windows import idle_faults
 from miles_core.oracles.progress import progress
 from miles_core.oracles.requests import requests_kept
 from miles_core.oracles.staleness import bounded_staleness
@@ -45,7 +46,7 @@ from miles_core.oracles.training import step_attempts
 from miles_core.oracles.updates import update_order
 from miles_core.oracles.versions import monotonic_versions
 from miles_core.oracles.weights import published_weights
-from miles_core.oracles.witnesses import fault_witness, idle_faults, unfired_reason
+from miles_core.oracles.witnesses import fault_witness, unfired_reason
 
 SAFETY: dict[str, Callable[[History], Violation | None]] = {
     "monotonic_versions": monotonic_versions,

@@ -20,36 +20,24 @@ recorded after the fault fired:
     drop_heartbeat        a heartbeat sent to the cell in the window was missed
 
 A fault that fired and changed nothing fails its witness, and so does one that
-had nothing to act on, with one exception: a window whose traffic is the run's own
-pace. Whether a request enters the router (a full buffer stops submission, as
-miles' ``_worker_loop`` does while a put waits), an update sends a bucket or a
-cell begins a step in a given stretch of time depends on generation, the dynamic
-filter, dead engines and retries, which no schedule can promise. So a slow_cell,
-slow_link, delay_router or fail_router window that nothing it acts on passed
-through is idle: it has nothing to witness and passes, and ``idle_faults`` says
-so (the run's report prints it beside the fault). A window something passed
-through must show its effect on it. drop_heartbeat is not excused: heartbeats go
-out on the checker's fixed interval, so a window with none sent to a live cell is
-the checker's failure. In a run that completed, every scheduled fault must have
-fired; ``unfired_reason`` says why one did not (the run ended first, or its point
-was never reached).
+had nothing to act on, unless its window's traffic is the run's own pace: a
+slow_cell, slow_link, delay_router or fail_router window that nothing it acts on
+passed through is idle (``miles_core.oracles.idle_windows`` says why no schedule
+can promise otherwise); once closed it has nothing to witness and passes. In a
+run that completed, every scheduled fault must have fired; ``unfired_reason``
+says why one did not (the run ended first, or its point was never reached).
 """
 
 from __future__ import annotations
 
 import statistics
-from bisect import bisect_left
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from miles_core.cells import CellState
 from miles_core.engines import EngineState
 from miles_core.events import (
-    AttemptBegan,
-    BucketReceived,
     CellStarted,
     CellStateChanged,
-    CellTrained,
     EngineExited,
     EngineRecoveryAsked,
     EngineStarted,
@@ -58,104 +46,22 @@ from miles_core.events import (
     FaultInjected,
     FaultScheduled,
     HealEnded,
-    HeartbeatMissed,
     History,
     QuorumChanged,
     RunEnded,
     RunStarted,
-    SampleGenerated,
     StepCommitted,
 )
 from miles_core.kinds import FaultKind, RunStatus, SampleOutcome
 from miles_core.oracles.base import Indexed, Violation, select
+from miles_core.oracles.idle_windows import idle_reason, requests_in, window
+from miles_core.oracles.witness_index import WitnessIndex
 
 NAME = "fault_witness"
 
 
-_FOLLOWED = (
-    EngineExited,
-    CellStateChanged,
-    QuorumChanged,
-    HealEnded,
-    RunEnded,
-    CellStarted,
-    EngineStarted,
-    EngineStateChanged,
-)
-"""What the kill, start and restart witnesses read after their fault."""
-
-_PICKED = (
-    FaultInjected,
-    FaultScheduled,
-    AttemptBegan,
-    CellTrained,
-    BucketReceived,
-    HeartbeatMissed,
-    StepCommitted,
-    RunStarted,
-)
-"""The other events the index keeps (RunEnded is followed)."""
-
-
-@dataclass
-class _Index:
-    """The events the witnesses read, picked out of the history in one pass."""
-
-    events: list[Indexed] = field(default_factory=list)
-    fired: list[Indexed] = field(default_factory=list)
-    scheduled: list[Indexed] = field(default_factory=list)
-    attempts: dict[tuple[int, int], float] = field(default_factory=dict)
-    trained: list[CellTrained] = field(default_factory=list)
-    buckets: list[BucketReceived] = field(default_factory=list)
-    samples: list[SampleGenerated] = field(default_factory=list)
-    misses: list[HeartbeatMissed] = field(default_factory=list)
-    started: RunStarted | None = None
-    ended: Indexed | None = None
-    steps: int = 0
-
-    @classmethod
-    def of(cls, history: History) -> _Index:
-        index = cls()
-        for seq, e in select(history, SampleGenerated, *_FOLLOWED, *_PICKED):
-            if isinstance(e, SampleGenerated):
-                index.samples.append(e)
-                continue
-            if isinstance(e, _FOLLOWED):
-                index.events.append((seq, e))
-            if isinstance(e, FaultInjected):
-                index.fired.append((seq, e))
-            elif isinstance(e, FaultScheduled):
-                index.scheduled.append((seq, e))
-            elif isinstance(e, AttemptBegan):
-                index.attempts[(e.step, e.attempt)] = e.t
-            elif isinstance(e, CellTrained):
-                index.trained.append(e)
-            elif isinstance(e, BucketReceived):
-                index.buckets.append(e)
-            elif isinstance(e, HeartbeatMissed):
-                index.misses.append(e)
-            elif isinstance(e, StepCommitted):
-                index.steps += 1
-            elif isinstance(e, RunStarted):
-                index.started = index.started or e
-            elif isinstance(e, RunEnded):
-                index.ended = index.ended or (seq, e)
-        return index
-
-    def after(self, seq: int) -> list[Indexed]:
-        """The events a witness follows (``_FOLLOWED``) recorded after position ``seq``."""
-        return self.events[bisect_left(self.events, seq + 1, key=lambda x: x[0]) :]
-
-    def windows(self, kind: FaultKind, cell: int | None = None) -> list[tuple[float, float]]:
-        return [
-            (e.t, e.t + (e.duration or 0.0))
-            for _, e in self.fired
-            if e.fault is kind and (cell is None or e.cell == cell)  # type: ignore[union-attr]
-        ]
-
-
 def fault_witness(history: History) -> Violation | None:
-    index = _Index.of(history)
+    index = WitnessIndex.of(history)
     if index.ended is not None and index.ended[1].status is RunStatus.COMPLETED:  # type: ignore[union-attr]
         fired = {e.index for _, e in index.fired}  # type: ignore[union-attr]
         for seq, e in index.scheduled:
@@ -184,7 +90,7 @@ def awaited(history: History) -> bool:
     witness is the engine leaving rotation; the health monitor's recovery, seconds later
     for real, is what such a run is there to show). What a run with until_witnessed goes
     on for."""
-    index = _Index.of(history)
+    index = WitnessIndex.of(history)
     fired = {e.index for _, e in index.fired}  # type: ignore[union-attr]
     if any(e.index not in fired for _, e in index.scheduled):  # type: ignore[union-attr]
         return True
@@ -195,21 +101,14 @@ def awaited(history: History) -> bool:
 
 
 def _unwitnessed(
-    fault: FaultInjected, seq: int, index: _Index, now: float | None = None
+    fault: FaultInjected, seq: int, index: WitnessIndex, now: float | None = None
 ) -> str | None:
     """What the fault's witness misses; None when it saw the effect, or when the fault's
     window is idle (nothing it acts on passed through) and closed by ``now`` (an open one
     may still meet something: a run with until_witnessed waits for it)."""
-    if _idle(fault, index) is not None and (now is None or _window(fault)[1] <= now):
+    if idle_reason(fault, index) is not None and (now is None or window(fault)[1] <= now):
         return None
     return WITNESSES[fault.fault](fault, seq, index)
-
-
-def idle_faults(history: History) -> dict[int, str]:
-    """The fired faults whose window met nothing they act on, by the fault's index: why."""
-    index = _Index.of(history)
-    idle = {e.index: _idle(e, index) for _, e in index.fired}  # type: ignore[union-attr]
-    return {i: reason for i, reason in idle.items() if reason is not None}
 
 
 def recovering(history: History) -> set[str]:
@@ -256,7 +155,7 @@ def _first(events: list[Indexed], predicate: Callable[[Event], bool]) -> Indexed
     return next(((s, x) for s, x in events if predicate(x)), None)
 
 
-def _cell_killed(fault: FaultInjected, seq: int, index: _Index) -> str | None:
+def _cell_killed(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None:
     cell, after = fault.cell, index.after(seq)
     failed = _first(
         after,
@@ -274,7 +173,7 @@ def _cell_killed(fault: FaultInjected, seq: int, index: _Index) -> str | None:
     return f"cell {cell} failed but no later quorum excluded it and it was not healed"
 
 
-def _cell_started(fault: FaultInjected, seq: int, index: _Index) -> str | None:
+def _cell_started(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None:
     cell, after = fault.cell, index.after(seq)
     up = _first(after, lambda x: isinstance(x, CellStarted) and x.cell == cell)
     if up is None:
@@ -287,7 +186,7 @@ def _cell_started(fault: FaultInjected, seq: int, index: _Index) -> str | None:
     )
 
 
-def _engine_killed(fault: FaultInjected, seq: int, index: _Index) -> str | None:
+def _engine_killed(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None:
     """The world saw the process die, or the engine left rotation (its calls failed)."""
     engine = fault.engine
 
@@ -303,7 +202,7 @@ def _engine_killed(fault: FaultInjected, seq: int, index: _Index) -> str | None:
     )
 
 
-def _engine_hung(fault: FaultInjected, seq: int, index: _Index) -> str | None:
+def _engine_hung(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None:
     """Something noticed: the engine left rotation (a health check or a call timed out)."""
     engine = fault.engine
     down = _first(
@@ -315,7 +214,7 @@ def _engine_hung(fault: FaultInjected, seq: int, index: _Index) -> str | None:
     return None if down else f"nothing noticed that engine {engine} stopped answering"
 
 
-def _engine_restarted(fault: FaultInjected, seq: int, index: _Index) -> str | None:
+def _engine_restarted(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None:
     engine, after = fault.engine, index.after(seq)
     up = _first(after, lambda x: isinstance(x, EngineStarted) and x.engine == engine)
     if up is None:
@@ -335,7 +234,7 @@ def _engine_restarted(fault: FaultInjected, seq: int, index: _Index) -> str | No
     return None
 
 
-def _struck_again(engine: str | None, since: int, index: _Index) -> bool:
+def _struck_again(engine: str | None, since: int, index: WitnessIndex) -> bool:
     """Another fault struck the engine after its new process started (a kill before it was
     synced, say): that fault's own witness judges what became of it."""
     return any(seq > since and e.engine == engine for seq, e in index.fired)  # type: ignore[union-attr]
@@ -361,7 +260,7 @@ def _slower(inside: list[float], outside: list[float], factor: float, what: str)
     return None
 
 
-def _cell_slowed(fault: FaultInjected, seq: int, index: _Index) -> str | None:
+def _cell_slowed(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None:
     del seq
     start, end = fault.t, fault.t + (fault.duration or 0.0)
     windows = index.windows(FaultKind.SLOW_CELL, fault.cell)
@@ -377,7 +276,7 @@ def _cell_slowed(fault: FaultInjected, seq: int, index: _Index) -> str | None:
     return _slower(inside, outside, fault.factor or 1.0, f"steps of cell {fault.cell}")
 
 
-def _link_slowed(fault: FaultInjected, seq: int, index: _Index) -> str | None:
+def _link_slowed(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None:
     del seq
     start, end = fault.t, fault.t + (fault.duration or 0.0)
     windows = index.windows(FaultKind.SLOW_LINK)
@@ -387,11 +286,11 @@ def _link_slowed(fault: FaultInjected, seq: int, index: _Index) -> str | None:
     return _slower(inside, outside, fault.factor or 1.0, "bucket sends")
 
 
-def _router_delayed(fault: FaultInjected, seq: int, index: _Index) -> str | None:
+def _router_delayed(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None:
     del seq
     start = fault.t
     delay = fault.seconds or 0.0
-    sent = _requests_in(fault, index)
+    sent = requests_in(fault, index)
     overheads = [  # time outside the engine, where it is known (a router failure: all of it)
         (s.sent, (s.t - s.sent) - (s.engine_seconds or 0.0))
         for s in sent
@@ -407,15 +306,15 @@ def _router_delayed(fault: FaultInjected, seq: int, index: _Index) -> str | None
     return None
 
 
-def _router_failed(fault: FaultInjected, seq: int, index: _Index) -> str | None:
+def _router_failed(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None:
     del seq
-    sent = _requests_in(fault, index)
+    sent = requests_in(fault, index)
     if any(s.outcome is SampleOutcome.ROUTER_FAILED for s in sent):
         return None
     return f"none of the {len(sent)} request(s) sent during the window failed at the router"
 
 
-def _heartbeat_dropped(fault: FaultInjected, seq: int, index: _Index) -> str | None:
+def _heartbeat_dropped(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None:
     del seq
     start, end = fault.t, fault.t + (fault.duration or 0.0)
     if any(m.cell == fault.cell and start <= m.sent < end for m in index.misses):
@@ -423,56 +322,7 @@ def _heartbeat_dropped(fault: FaultInjected, seq: int, index: _Index) -> str | N
     return f"no heartbeat sent to cell {fault.cell} during the window was missed"
 
 
-# -- idle windows -----------------------------------------------------------------------
-
-
-def _window(fault: FaultInjected) -> tuple[float, float]:
-    return fault.t, fault.t + (fault.duration or 0.0)
-
-
-def _requests_in(fault: FaultInjected, index: _Index) -> list[SampleGenerated]:
-    """The requests sent through the router during the fault's window."""
-    start, end = _window(fault)
-    return [s for s in index.samples if start <= s.sent < end]
-
-
-def _no_requests(fault: FaultInjected, index: _Index) -> str | None:
-    return None if _requests_in(fault, index) else "no request was sent through the router in it"
-
-
-def _no_bucket_sends(fault: FaultInjected, index: _Index) -> str | None:
-    start, end = _window(fault)
-    if any(start <= b.t - b.seconds < end for b in index.buckets):
-        return None
-    return "no bucket send began in it"
-
-
-def _no_cell_steps(fault: FaultInjected, index: _Index) -> str | None:
-    start, end = _window(fault)
-    began = index.attempts
-    for r in index.trained:
-        if r.cell == fault.cell and start <= began.get((r.step, r.attempt), -1.0) < end:
-            return None
-    return f"no step of cell {fault.cell} began in it"
-
-
-_IDLE: dict[FaultKind, Callable[[FaultInjected, _Index], str | None]] = {
-    FaultKind.SLOW_CELL: _no_cell_steps,
-    FaultKind.SLOW_LINK: _no_bucket_sends,
-    FaultKind.DELAY_ROUTER: _no_requests,
-    FaultKind.FAIL_ROUTER: _no_requests,
-}
-"""The windows whose traffic is the run's own pace (see the module's docstring)."""
-
-
-def _idle(fault: FaultInjected, index: _Index) -> str | None:
-    """Why the fault's window met nothing it acts on; None when something passed through
-    it, or when the kind is judged whatever its window met."""
-    idle = _IDLE.get(fault.fault)
-    return None if idle is None else idle(fault, index)
-
-
-WITNESSES: dict[FaultKind, Callable[[FaultInjected, int, _Index], str | None]] = {
+WITNESSES: dict[FaultKind, Callable[[FaultInjected, int, WitnessIndex], str | None]] = {
     FaultKind.KILL_CELL: _cell_killed,
     FaultKind.STOP_CELL: _cell_killed,
     FaultKind.START_CELL: _cell_started,

@@ -1,0 +1,110 @@
+"""The events the fault witnesses read, picked out of a history in one pass."""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass, field
+
+from miles_core.events import (
+    AttemptBegan,
+    BucketReceived,
+    CellStarted,
+    CellStateChanged,
+    CellTrained,
+    EngineExited,
+    EngineStarted,
+    EngineStateChanged,
+    FaultInjected,
+    FaultScheduled,
+    HealEnded,
+    HeartbeatMissed,
+    History,
+    QuorumChanged,
+    RunEnded,
+    RunStarted,
+    SampleGenerated,
+    StepCommitted,
+)
+from miles_core.kinds import FaultKind
+from miles_core.oracles.base import Indexed, select
+
+_FOLLOWED = (
+    EngineExited,
+    CellStateChanged,
+    QuorumChanged,
+    HealEnded,
+    RunEnded,
+    CellStarted,
+    EngineStarted,
+    EngineStateChanged,
+)
+"""What the kill, start and restart witnesses read after their fault."""
+
+_PICKED = (
+    FaultInjected,
+    FaultScheduled,
+    AttemptBegan,
+    CellTrained,
+    BucketReceived,
+    HeartbeatMissed,
+    StepCommitted,
+    RunStarted,
+)
+"""The other events the index keeps (RunEnded is followed)."""
+
+
+@dataclass
+class WitnessIndex:
+    """The events the witnesses read, picked out of the history in one pass."""
+
+    events: list[Indexed] = field(default_factory=list)
+    fired: list[Indexed] = field(default_factory=list)
+    scheduled: list[Indexed] = field(default_factory=list)
+    attempts: dict[tuple[int, int], float] = field(default_factory=dict)
+    trained: list[CellTrained] = field(default_factory=list)
+    buckets: list[BucketReceived] = field(default_factory=list)
+    samples: list[SampleGenerated] = field(default_factory=list)
+    misses: list[HeartbeatMissed] = field(default_factory=list)
+    started: RunStarted | None = None
+    ended: Indexed | None = None
+    steps: int = 0
+
+    @classmethod
+    def of(cls, history: History) -> WitnessIndex:
+        index = cls()
+        for seq, e in select(history, SampleGenerated, *_FOLLOWED, *_PICKED):
+            if isinstance(e, SampleGenerated):
+                index.samples.append(e)
+                continue
+            if isinstance(e, _FOLLOWED):
+                index.events.append((seq, e))
+            if isinstance(e, FaultInjected):
+                index.fired.append((seq, e))
+            elif isinstance(e, FaultScheduled):
+                index.scheduled.append((seq, e))
+            elif isinstance(e, AttemptBegan):
+                index.attempts[(e.step, e.attempt)] = e.t
+            elif isinstance(e, CellTrained):
+                index.trained.append(e)
+            elif isinstance(e, BucketReceived):
+                index.buckets.append(e)
+            elif isinstance(e, HeartbeatMissed):
+                index.misses.append(e)
+            elif isinstance(e, StepCommitted):
+                index.steps += 1
+            elif isinstance(e, RunStarted):
+                index.started = index.started or e
+            elif isinstance(e, RunEnded):
+                index.ended = index.ended or (seq, e)
+        return index
+
+    def after(self, seq: int) -> list[Indexed]:
+        """The events a witness follows (``_FOLLOWED``) recorded after position ``seq``."""
+        return self.events[bisect_left(self.events, seq + 1, key=lambda x: x[0]) :]
+
+    def windows(self, kind: FaultKind, cell: int | None = None) -> list[tuple[float, float]]:
+        return [
+            (e.t, e.t + (e.duration or 0.0))
+            for _, e in self.fired
+            if e.fault is kind and (cell is None or e.cell == cell)  # type: ignore[union-attr]
+        ]
