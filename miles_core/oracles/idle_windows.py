@@ -15,20 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from miles_core.events import FaultInjected, History, SampleGenerated
+from miles_core.events import FaultInjected, History
 from miles_core.kinds import FaultKind
-from miles_core.oracles.witness_index import WitnessIndex
-
-
-def window(fault: FaultInjected) -> tuple[float, float]:
-    """The fault's window: [fired, fired + duration)."""
-    return fault.t, fault.t + (fault.duration or 0.0)
-
-
-def requests_in(fault: FaultInjected, index: WitnessIndex) -> list[SampleGenerated]:
-    """The requests sent through the router during the fault's window."""
-    start, end = window(fault)
-    return [s for s in index.samples if start <= s.sent < end]
+from miles_core.oracles.witness_index import WitnessIndex, bucket_sends_in, requests_in, steps_in
 
 
 def _no_requests(fault: FaultInjected, index: WitnessIndex) -> str | None:
@@ -36,19 +25,11 @@ def _no_requests(fault: FaultInjected, index: WitnessIndex) -> str | None:
 
 
 def _no_bucket_sends(fault: FaultInjected, index: WitnessIndex) -> str | None:
-    start, end = window(fault)
-    if any(start <= b.t - b.seconds < end for b in index.buckets):
-        return None
-    return "no bucket send began in it"
+    return None if bucket_sends_in(fault, index) else "no bucket send began in it"
 
 
 def _no_cell_steps(fault: FaultInjected, index: WitnessIndex) -> str | None:
-    start, end = window(fault)
-    began = index.attempts
-    for r in index.trained:
-        if r.cell == fault.cell and start <= began.get((r.step, r.attempt), -1.0) < end:
-            return None
-    return f"no step of cell {fault.cell} began in it"
+    return None if steps_in(fault, index) else f"no step of cell {fault.cell} began in it"
 
 
 _IDLE: dict[FaultKind, Callable[[FaultInjected, WitnessIndex], str | None]] = {

@@ -104,7 +104,38 @@ class WitnessIndex:
 
     def windows(self, kind: FaultKind, cell: int | None = None) -> list[tuple[float, float]]:
         return [
-            (e.t, e.t + (e.duration or 0.0))
+            window(e)  # type: ignore[arg-type]
             for _, e in self.fired
             if e.fault is kind and (cell is None or e.cell == cell)  # type: ignore[union-attr]
         ]
+
+
+# -- what passed through a fault's window ------------------------------------------------
+
+
+def window(fault: FaultInjected) -> tuple[float, float]:
+    """The fault's window: [fired, fired + duration)."""
+    return fault.t, fault.t + (fault.duration or 0.0)
+
+
+def requests_in(fault: FaultInjected, index: WitnessIndex) -> list[SampleGenerated]:
+    """The requests sent through the router during the fault's window."""
+    start, end = window(fault)
+    return [s for s in index.samples if start <= s.sent < end]
+
+
+def bucket_sends_in(fault: FaultInjected, index: WitnessIndex) -> list[BucketReceived]:
+    """The bucket sends that began during the fault's window."""
+    start, end = window(fault)
+    return [b for b in index.buckets if start <= b.t - b.seconds < end]
+
+
+def steps_in(fault: FaultInjected, index: WitnessIndex) -> list[CellTrained]:
+    """The fault's cell's steps (attempts) that began during its window."""
+    start, end = window(fault)
+    began = index.attempts
+    return [
+        r
+        for r in index.trained
+        if r.cell == fault.cell and start <= began.get((r.step, r.attempt), -1.0) < end
+    ]

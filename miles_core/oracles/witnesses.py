@@ -54,8 +54,14 @@ from miles_core.events import (
 )
 from miles_core.kinds import FaultKind, RunStatus, SampleOutcome
 from miles_core.oracles.base import Indexed, Violation, select
-from miles_core.oracles.idle_windows import idle_reason, requests_in, window
-from miles_core.oracles.witness_index import WitnessIndex
+from miles_core.oracles.idle_windows import idle_reason
+from miles_core.oracles.witness_index import (
+    WitnessIndex,
+    bucket_sends_in,
+    requests_in,
+    steps_in,
+    window,
+)
 
 NAME = "fault_witness"
 
@@ -262,14 +268,14 @@ def _slower(inside: list[float], outside: list[float], factor: float, what: str)
 
 def _cell_slowed(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None:
     del seq
-    start, end = fault.t, fault.t + (fault.duration or 0.0)
     windows = index.windows(FaultKind.SLOW_CELL, fault.cell)
     began = index.attempts
     mine = [r for r in index.trained if r.cell == fault.cell and (r.step, r.attempt) in began]
-    inside = [r.seconds for r in mine if start <= began[(r.step, r.attempt)] < end]
+    in_window = steps_in(fault, index)
+    inside = [r.seconds for r in in_window]
     outside = [r.seconds for r in mine if not _inside(began[(r.step, r.attempt)], windows)]
     if not outside:  # the cell was slow all along: compare with its peers in the same attempts
-        keys = {(r.step, r.attempt) for r in mine if start <= began[(r.step, r.attempt)] < end}
+        keys = {(r.step, r.attempt) for r in in_window}
         outside = [
             r.seconds for r in index.trained if r.cell != fault.cell and (r.step, r.attempt) in keys
         ]
@@ -278,11 +284,11 @@ def _cell_slowed(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | N
 
 def _link_slowed(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None:
     del seq
-    start, end = fault.t, fault.t + (fault.duration or 0.0)
     windows = index.windows(FaultKind.SLOW_LINK)
-    per_byte = [(b.t - b.seconds, b.seconds / max(1, b.nbytes)) for b in index.buckets]
-    inside = [s for t, s in per_byte if start <= t < end]
-    outside = [s for t, s in per_byte if not _inside(t, windows)]
+    inside = [b.seconds / max(1, b.nbytes) for b in bucket_sends_in(fault, index)]
+    outside = [
+        b.seconds / max(1, b.nbytes) for b in index.buckets if not _inside(b.t - b.seconds, windows)
+    ]
     return _slower(inside, outside, fault.factor or 1.0, "bucket sends")
 
 
@@ -316,7 +322,7 @@ def _router_failed(fault: FaultInjected, seq: int, index: WitnessIndex) -> str |
 
 def _heartbeat_dropped(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None:
     del seq
-    start, end = fault.t, fault.t + (fault.duration or 0.0)
+    start, end = window(fault)
     if any(m.cell == fault.cell and start <= m.sent < end for m in index.misses):
         return None
     return f"no heartbeat sent to cell {fault.cell} during the window was missed"
