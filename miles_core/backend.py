@@ -72,6 +72,13 @@ class RequestRefused(Exception):
         return f"{self.component} refused: {self.reason}"
 
 
+class SessionAlreadyOpen(RequestRefused):
+    """/begin_weight_update refused because the engine's update session is still open
+    (SGLang 0.5.23 refuses a second begin: scheduler_components/weight_updater.py
+    ``begin_weight_update``). An aborted attempt of an update leaves it open: a retry's
+    begin meets it, and miles' retry fails there."""
+
+
 class RouterFailure(ComponentFailure):
     """The router could not deliver a request; the engine behind it may be fine."""
 
@@ -174,11 +181,13 @@ class RolloutEngine(Protocol):
         ...
 
     async def begin_update(self) -> None:
-        """/begin_weight_update: open the session that buckets load into."""
+        """/begin_weight_update: open the session that buckets load into; SessionAlreadyOpen
+        if one is open already (SGLang refuses a second)."""
         ...
 
     async def end_update(self) -> None:
-        """/end_weight_update: close it (post-load processing of the whole model)."""
+        """/end_weight_update: close it (post-load processing of the whole model); refused
+        (RequestRefused) when none is open."""
         ...
 
     async def resume(self) -> None: ...
@@ -209,14 +218,25 @@ class Router(Protocol):
 
 class WeightTransport(Protocol):
     async def send_bucket(
-        self, update_id: int, source_cell: int, bucket: Bucket, engines: Mapping[str, int]
+        self,
+        update_id: int,
+        source_cell: int,
+        bucket: Bucket,
+        engines: Mapping[str, int],
+        version: int | None = None,
     ) -> Delivery:
         """Move one bucket from the source cell to these engine processes (id -> incarnation);
-        raises CellFailure or EngineFailure naming who failed."""
+        raises CellFailure or EngineFailure naming who failed. ``version``: the version the
+        update stamps, which miles sends with every bucket (SGLang's ``weight_version``)."""
         ...
 
     async def send_bucket_each(
-        self, update_id: int, source_cell: int, bucket: Bucket, engines: Mapping[str, int]
+        self,
+        update_id: int,
+        source_cell: int,
+        bucket: Bucket,
+        engines: Mapping[str, int],
+        version: int | None = None,
     ) -> tuple[Delivery, ...]:
         """p2p: the bucket to each engine on its own link, all at once (one Delivery per
         engine, as that many ``send_bucket`` calls would return); raises as send_bucket."""

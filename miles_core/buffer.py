@@ -347,11 +347,14 @@ class DataBuffer:
                 f"{current_version}{off}; pass the ledger's published version"
             )
 
-    def get(self, current_version: int | None) -> tuple[Verdict, ...]:
+    def get(self, current_version: int | None = None, **_context: object) -> tuple[Verdict, ...]:
         """Pop groups until one may be trained; stale ones go to the unused handler.
 
         Returns the verdicts in order: zero or more RECYCLE/DROP for stale
-        groups, then at most one TRAIN (none when the queue ran empty).
+        groups, then at most one TRAIN (none when the queue ran empty). Context keys
+        other than ``current_version`` are ignored, as miles' ``DefaultDataBuffer.get(
+        current_version=None, **_)`` ignores them: a driver may pass more without breaking
+        a buffer that does not read them.
         """
         self._check_forward(current_version)
         if current_version is not None:

@@ -37,6 +37,17 @@ class RetriesExhaustedError(MilesCoreError):
     """A step or a routed operation failed on every attempt it was allowed."""
 
 
+class RequestFailedError(RetriesExhaustedError):
+    """A generate request failed at the router on every try --request-max-retries allows:
+    miles' ``_post`` re-raises its last error, which ends the fully-async worker and with
+    it the step (``FullyAsyncRolloutFn._next_group``)."""
+
+
+class FlushTimeoutError(MilesCoreError, TimeoutError):
+    """An engine refused /flush_cache on every try --flush-cache-max-retries allows (miles'
+    ``SGLangEngine.flush_cache`` raises TimeoutError then, failing the weight update)."""
+
+
 class TransitionError(MilesCoreError):
     """A state machine was asked for a transition its table does not allow."""
 

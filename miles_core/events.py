@@ -338,6 +338,19 @@ class EnginesFlushed(Event):
 
 
 @frozen_value(kw_only=True)
+class FlushRefused(Event):
+    """An engine process refused /flush_cache (SGLang does while requests still hold KV);
+    miles' ``SGLangEngine.flush_cache`` tries again 1 s later, and raises after the last."""
+
+    update_id: int
+    engine: str
+    incarnation: int
+    attempt: int
+    """Which try this was, from 1."""
+    reason: str
+
+
+@frozen_value(kw_only=True)
 class UpdateSessionOpened(Event):
     """The engine processes that answered /begin_weight_update."""
 
@@ -531,6 +544,25 @@ class SampleGenerated(Event):
     def all_versions(self) -> tuple[int | None, ...]:
         """Every version its tokens came from (the reported one when no spans were given)."""
         return self.versions or (self.version,)
+
+
+@frozen_value(kw_only=True)
+class RequestRetried(Event):
+    """A generate request failed at the router and will be sent again after the retry
+    interval (miles' ``_post``: every failure but the last is retried); only its last try
+    is recorded as SampleGenerated."""
+
+    group_id: int
+    prompt_id: int
+    sample: int
+    engine: str
+    incarnation: int
+    """The engine process the failed try was addressed to."""
+    attempt: int
+    """Which try failed, from 1."""
+    sent: float
+    """When that try was sent (``t`` is when its failure came back)."""
+    reason: str
 
 
 @frozen_value(kw_only=True)

@@ -387,6 +387,31 @@ def test_the_heartbeat_checker_waits_its_first_wait_after_the_start_and_each_res
     assert after[0].misses == 1  # the count started afresh at the resume
 
 
+def test_without_a_first_wait_the_heartbeat_checker_checks_at_once() -> None:
+    """With --trainer-heartbeat-checker-first-wait 0 the first round goes out at the start,
+    as miles' ``SimpleHealthChecker._loop`` (sleep first_wait, check, sleep interval) checks
+    at once (miles' test_health_checker.py::test_check_fn_called_after_first_interval); it
+    used to go out one interval in (sent at 2.0 on every seed). The round at t=0 and the
+    fault muting cell 2 at t=0 fall at one instant, in an order the seed draws: where the
+    fault comes first that round is cell 2's first miss; where the ping comes first it is
+    answered, and the next round (an interval after that answer) is the first miss."""
+    scenario = scenario_from_toml(FIRST_WAIT_AROUND_A_HEAL, "test")
+    loop = dataclasses.replace(scenario.loop, heartbeat_first_wait=0.0)
+    interval, timeout = loop.heartbeat_interval, loop.heartbeat_timeout
+    assert interval is not None
+    firsts = []
+    for seed in range(3):
+        result = run_scenario(dataclasses.replace(scenario, loop=loop), seed)
+        assert result.ok, result.failures()
+        missed = [e for e in of(result.history, HeartbeatMissed) if e.cell == 2]
+        firsts.append(missed[0].sent)
+        (heal,) = of(result.history, HealEnded)
+        after = [e for e in missed if e.sent > heal.t]
+        assert after[0].misses == 1 and after[0].sent <= heal.t + interval + timeout, seed
+    assert 0.0 in firsts, firsts
+    assert all(t == 0.0 or interval < t < interval + timeout for t in firsts), firsts
+
+
 # -- LoRA: unload where loaded -------------------------------------------------------------
 
 LORA_ENGINE_RESTARTED = """

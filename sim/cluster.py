@@ -75,7 +75,12 @@ class SimTransport:
         self.cluster = cluster
 
     async def send_bucket(
-        self, update_id: int, source_cell: int, bucket: Bucket, engines: Mapping[str, int]
+        self,
+        update_id: int,
+        source_cell: int,
+        bucket: Bucket,
+        engines: Mapping[str, int],
+        version: int | None = None,
     ) -> Delivery:
         """One collective to every engine: as slow as its slowest link."""
         seconds = self._link_seconds(source_cell, bucket, engines)
@@ -83,7 +88,12 @@ class SimTransport:
         return Delivery(tuple(engines), seconds)
 
     async def send_bucket_each(
-        self, update_id: int, source_cell: int, bucket: Bucket, engines: Mapping[str, int]
+        self,
+        update_id: int,
+        source_cell: int,
+        bucket: Bucket,
+        engines: Mapping[str, int],
+        version: int | None = None,
     ) -> tuple[Delivery, ...]:
         """p2p: each engine on its own link, all at once; the source is busy until the
         slowest arrives (its own bandwidth is not shared between the links in this model)."""
@@ -109,12 +119,23 @@ class SimTransport:
         engines: Mapping[str, int],
         seconds: float,
     ) -> None:
+        """A collective completes for nobody until every member takes part: a dead member
+        fails it at once (its connections close), a hung one (alive, answering nothing)
+        stalls it until the group's timeout, and is then the one named."""
         cluster = self.cluster
         source = cluster.cells[source_cell]
         _check_receivers(cluster, engines)  # one not in the update's group fails the collective
+        absent = [e for e in engines if cluster.engines[e].hung]
+        if absent:
+            seconds = cluster.collective_timeout
         if await source.work(seconds):
             raise source.failure(f"killed sending bucket {bucket.index}")
         _check_receivers(cluster, engines)  # one that died meanwhile fails the collective too
+        if absent:
+            raise cluster.engines[absent[0]].failure(
+                f"took no part in the broadcast of bucket {bucket.index}: the group waited "
+                f"{seconds:g}s for it"
+            )
         for unit in bucket.units:  # a LoRA adapter is loaded as its one unit arrives
             if unit.startswith(LORA_UNIT_PREFIX):
                 for engine in engines:
@@ -167,10 +188,14 @@ class SimCluster:
         world: WorldShape,
         timing: TimeModel | None = None,
         faults: FaultPoints | None = None,
+        collective_timeout: float = 1800.0,
     ) -> None:
         self.rt = rt
         self.world = world
         self.timing = timing or TimeModel()
+        self.collective_timeout = collective_timeout
+        """How long a weight-update broadcast waits for a member that does not take part
+        (--update-weight-collective-timeout) before it fails for all."""
         self.faults: FaultPoints = faults if faults is not None else NoFaults()
         self.num_cells = world.num_cells
         self.gpus_per_cell = world.gpus_per_cell

@@ -23,7 +23,13 @@ import math
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
-from miles_core.backend import EngineFailure, GenerateRequest, GenerateResult, RequestRefused
+from miles_core.backend import (
+    EngineFailure,
+    GenerateRequest,
+    GenerateResult,
+    RequestRefused,
+    SessionAlreadyOpen,
+)
 from miles_core.kinds import FaultPoint, PauseMode
 from sim.components import _Mortal
 from sim.runtime import SimSignal
@@ -95,6 +101,8 @@ class SimEngine(_Mortal):
         self.adapter: str | None = None
         self.paused = False
         self.hung = False
+        self.session_open = False
+        """Between begin_update and end_update (SGLang's weight-update session)."""
         self.in_flight = 0
         self.jobs: set[_Request] = set()
         """Requests this process has admitted and not finished."""
@@ -265,12 +273,20 @@ class SimEngine(_Mortal):
             raise RequestRefused(self.id, f"Cache not flushed: {holding} requests hold KV pages")
 
     async def begin_update(self) -> None:
+        """SGLang refuses a second begin while a session is open."""
         if self.hung:
             await self.answer()
+        if self.session_open:
+            raise SessionAlreadyOpen(self.id, "a weight-update session is already open")
+        self.session_open = True
 
     async def end_update(self) -> None:
+        """SGLang refuses an end with no session open."""
         if self.hung:
             await self.answer()
+        if not self.session_open:
+            raise RequestRefused(self.id, "no weight-update session is open")
+        self.session_open = False
 
     async def stamp(self, version: int, abort_all_requests: bool = True) -> None:
         if self.hung:

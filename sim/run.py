@@ -143,7 +143,8 @@ def _run(
 ) -> SimResult:
     rt = SimRuntime(seed)
     schedule = FaultSchedule(scenario.faults)
-    cluster = SimCluster(rt, scenario.world, scenario.timing, schedule)
+    timeout = scenario.loop.update_weight_collective_timeout
+    cluster = SimCluster(rt, scenario.world, scenario.timing, schedule, timeout)
     history = History()
     for observer in observers:
         history.observe(observer)

@@ -19,6 +19,7 @@ from miles_core.buffer import (
     Sample,
     SampleStatus,
     UnusedHandler,
+    Verdict,
 )
 from miles_core.errors import ConfigError, VersionRegressionError
 
@@ -127,6 +128,33 @@ def test_get_on_an_empty_buffer_returns_nothing():
     buf = buffer(max_weight_staleness=1)
     assert buf.get(None) == ()
     assert buf.get(3) == ()
+
+
+def test_get_ignores_unknown_context_keys():
+    """Ported from miles' tests/fast/rollout/test_fully_async_rollout.py::
+    test_buffer_get_ignores_unknown_context_keys: ``get(**context)`` lets the driver add
+    keys without breaking a buffer (miles' ``DefaultDataBuffer.get(current_version=None,
+    **_)``). The key it knows is still used and checked."""
+    buf = buffer(max_weight_staleness=2)
+    first, second = group(1), group(1)
+    buf.put(first)
+    buf.put(second)
+    (verdict,) = buf.get(current_version=1, some_future_key=2)
+    assert verdict.group == first and verdict.staleness == 0
+    with pytest.raises(VersionRegressionError, match=r"went backwards: 1 -> 0"):
+        buf.get(current_version=0, some_future_key=2)
+    with pytest.raises(VersionRegressionError, match=r"went backwards: 1 -> None"):
+        buf.get(some_future_key=2)  # current_version defaults to None, as in miles
+    assert buf.queued() == (second,)
+
+
+def test_get_without_a_version_before_the_first_update_trains_unfiltered():
+    """miles' tests call ``buffer.get()`` with no context (test_buffer_blocks_producer_when_full):
+    no version, so no staleness, as ``get(None)``."""
+    buf = buffer(max_weight_staleness=0)
+    g = group(0)
+    buf.put(g)
+    assert buf.get() == (Verdict(g, Fate.TRAIN),)
 
 
 def test_no_bound_trains_any_age_but_records_staleness():

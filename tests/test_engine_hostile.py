@@ -49,9 +49,9 @@ from hypothesis import strategies as st
 from backends.common.devices import use_file_system_sharing
 from backends.common.engine import MAX_BODY_BYTES, EngineServer
 from backends.common.engine_requests import SPECS, BadRequest, bucket_payload, parse
-from backends.common.engine_weights import serialize_handle
-from backends.common.policy import BOS, SEP, VOCAB, PolicyConfig
-from backends.common.wire import broadcast, wire_spans
+from backends.common.policy import BOS, CONTEXT_LENGTH, SEP, VOCAB, PolicyConfig
+from backends.common.tensor_bucket import FlattenedTensorMetadata, serialize
+from backends.common.wire import broadcast, broadcast_each, wire_spans
 
 NORM = "model.norm.weight"
 K_PROJ = "model.layers.0.self_attn.k_proj.weight"
@@ -98,6 +98,7 @@ POST_ROUTES = (
     "/update_weight_version",
     "/update_weights_from_distributed",
     "/update_weights_from_tensor",
+    "/weights_checker",
 )
 CLIENT_TIMEOUT = aiohttp.ClientTimeout(total=20)
 
@@ -199,9 +200,14 @@ class Engine:
         return self.get("/model_info").json()["weight_version"]
 
     def set_paused(self, paused: bool) -> None:
+        """Paused, inside an update session (where weights may load), or serving with none."""
+        if not paused and self.server.session_open:
+            assert self.post("/end_weight_update").status == 200
         reply = self.post("/pause_generation" if paused else "/continue_generation")
         assert reply.status == 200, str(reply)
-        assert self.server.paused is paused
+        if paused and not self.server.session_open:
+            assert self.post("/begin_weight_update").status == 200
+        assert self.server.paused is paused and self.server.session_open is paused
 
     def param(self, name: str) -> torch.Tensor:
         return dict(self.server.model.named_parameters())[name].detach().clone()
@@ -248,10 +254,12 @@ class State:
     checksum: str
     version: str
     paused: bool
+    session: bool
 
     @classmethod
     def of(cls, engine: Engine) -> State:
-        return cls(engine.checksum(), engine.weight_version(), engine.server.paused)
+        server = engine.server
+        return cls(engine.checksum(), engine.weight_version(), server.paused, server.session_open)
 
 
 def assert_nothing_changed(engine: Engine, before: State) -> None:
@@ -301,22 +309,38 @@ def pack(tensors: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list[str], lis
     return buffer, names, dtypes, shapes
 
 
+def metadata(names: list[str], dtypes: list[str], shapes: list[Any]) -> list[Any]:
+    """SGLang's FlattenedTensorMetadata for tensors packed back to back."""
+    out, offset = [], 0
+    for name, dt, shape in zip(names, dtypes, shapes, strict=True):
+        dtype = getattr(torch, dt)
+        size = int(torch.Size(shape).numel()) * dtype.itemsize
+        out.append(
+            FlattenedTensorMetadata(name, torch.Size(shape), dtype, offset, offset + size, size)
+        )
+        offset += size
+    return out
+
+
 def handle(buffer: torch.Tensor, names: list[str], dtypes: list[str], shapes: list[Any]) -> str:
-    """What a colocated trainer sends: a file_system handle to ``buffer`` (kept alive)."""
-    use_file_system_sharing()
-    KEEP_ALIVE.append(buffer)
-    return serialize_handle(buffer, names, dtypes, shapes)
+    """What a colocated trainer sends (miles' flattened bucket): a file_system handle to
+    ``buffer`` (kept alive) and the metadata of its tensors."""
+    return handle_of(buffer, metadata=metadata(names, dtypes, shapes))
 
 
 def handle_of(buffer: torch.Tensor, **payload: Any) -> str:
-    """A handle whose payload is exactly ``payload`` (serialize_handle would coerce it)."""
-    from multiprocessing.reduction import ForkingPickler
-
+    """A handle whose payload is exactly ``{"flattened_tensor": buffer, **payload}``."""
     use_file_system_sharing()
     KEEP_ALIVE.append(buffer)
-    return base64.b64encode(
-        bytes(ForkingPickler.dumps({"flattened_tensor": buffer, **payload}))
-    ).decode()
+    return serialize({"flattened_tensor": buffer, **payload})
+
+
+def pairs_handle(pairs: list[tuple[str, torch.Tensor]]) -> str:
+    """SGLang's other form (no load_format): (name, tensor) pairs, each shared."""
+    use_file_system_sharing()
+    shared = [(name, t.clone()) for name, t in pairs]
+    KEEP_ALIVE.extend(t for _, t in shared)
+    return serialize(shared)
 
 
 def valid_handle(seed: int = 1) -> str:
@@ -347,7 +371,14 @@ def touches(marker: Path) -> Calls:
 
 
 def tensors(*handles: str) -> dict[str, Any]:
-    return {"serialized_named_tensors": list(handles), "weight_version": "hostile-t"}
+    """miles' body: flattened_bucket handles, the version as a string."""
+    return {
+        "serialized_named_tensors": list(handles),
+        "load_format": "flattened_bucket",
+        "flush_cache": False,
+        "weight_version": "hostile-t",
+        "selector": "all",
+    }
 
 
 # -- 1. one hand-written bad request per rule ----------------------------------------------
@@ -399,7 +430,7 @@ CASES = [
     case("too-many-tensors", DIST, bucket(names=["x"] * (1 << 16 | 1)), "names"),
     case("group-never-joined", DIST, bucket(), "group_name"),
     case("group-name-an-int", DIST, bucket(group_name=0), "group_name"),
-    case("update-while-not-paused", DIST, bucket(), "paused", paused=False),
+    case("update-outside-a-session", DIST, bucket(), "session", paused=False),
     case("load-format-safetensors", DIST, bucket(load_format="safetensors"), "load_format"),
     case("weight-version-an-int", DIST, bucket(weight_version=3), "weight_version"),
     case("flush-cache-a-string", DIST, bucket(flush_cache="yes"), "flush_cache"),
@@ -513,6 +544,85 @@ CASES = [
     ),
     case("rid-an-int", GENERATE, {"input_ids": [BOS], "rid": 1}, "rid", paused=False),
     case(
+        "max-new-tokens-past-the-context",
+        GENERATE,
+        {"input_ids": [BOS, SEP], "sampling_params": {"max_new_tokens": CONTEXT_LENGTH - 1}},
+        "sampling_params.max_new_tokens",
+        paused=False,
+        says=f"at most {CONTEXT_LENGTH - 2}",
+    ),
+    case(
+        "prompt-as-long-as-the-context",
+        GENERATE,
+        {"input_ids": [BOS] * CONTEXT_LENGTH, "sampling_params": {"max_new_tokens": 0}},
+        "input_ids",
+        paused=False,
+        says="context length",
+    ),
+    case(
+        "an-unknown-sampling-parameter",
+        GENERATE,
+        {"input_ids": [BOS], "sampling_params": {"max_new_token": 4}},
+        "sampling_params.max_new_token",
+        paused=False,
+    ),
+    case(
+        "stop-strings-without-a-tokenizer",
+        GENERATE,
+        {"input_ids": [BOS], "sampling_params": {"stop": ["</s>"]}},
+        "sampling_params.stop",
+        paused=False,
+    ),
+    case(
+        "two-samples-per-request",
+        GENERATE,
+        {"input_ids": [BOS], "sampling_params": {"n": 2}},
+        "sampling_params.n",
+        paused=False,
+    ),
+    case(
+        "top-p-zero",
+        GENERATE,
+        {"input_ids": [BOS], "sampling_params": {"top_p": 0.0}},
+        "sampling_params.top_p",
+        paused=False,
+    ),
+    case(
+        "temperature-negative",
+        GENERATE,
+        {"input_ids": [BOS], "sampling_params": {"temperature": -0.5}},
+        "sampling_params.temperature",
+        paused=False,
+    ),
+    case(
+        "top-k-zero",
+        GENERATE,
+        {"input_ids": [BOS], "sampling_params": {"top_k": 0}},
+        "sampling_params.top_k",
+        paused=False,
+    ),
+    case(
+        "stop-token-past-the-vocab",
+        GENERATE,
+        {"input_ids": [BOS], "sampling_params": {"stop_token_ids": [VOCAB]}},
+        "sampling_params.stop_token_ids[0]",
+        paused=False,
+    ),
+    case(
+        "a-lora-path-this-engine-lacks",
+        GENERATE,
+        {"input_ids": [BOS], "lora_path": "adapter"},
+        "lora_path",
+        paused=False,
+    ),
+    case(
+        "routed-experts-asked-of-a-dense-model",
+        GENERATE,
+        {"input_ids": [BOS], "return_routed_experts": True},
+        "return_routed_experts",
+        paused=False,
+    ),
+    case(
         "return-logprob-a-string",
         GENERATE,
         {"input_ids": [BOS], "return_logprob": "yes"},
@@ -591,34 +701,58 @@ CASES = [
         "handle-buffer-too-short",
         TENSOR,
         lambda _: tensors(handle(noise(10), [NORM], ["float32"], [NORM_SHAPE])),
-        "serialized_named_tensors[0]",
-        says="holds 10 bytes",
+        "serialized_named_tensors[0].metadata[0]",
+        says="10-byte tensor",
     ),
     case(
-        "handle-buffer-too-long",
+        "handle-metadata-not-a-list",
         TENSOR,
-        lambda _: tensors(handle(noise(NORM_BYTES + 4), [NORM], ["float32"], [NORM_SHAPE])),
-        "serialized_named_tensors[0]",
+        lambda _: tensors(handle_of(noise(NORM_BYTES), metadata=NORM)),
+        "serialized_named_tensors[0].metadata",
     ),
     case(
-        "handle-names-not-a-list",
+        "handle-metadata-of-dicts",
         TENSOR,
-        lambda _: tensors(handle_of(noise(NORM_BYTES), names=NORM)),
-        "serialized_named_tensors[0].names",
+        lambda _: tensors(handle_of(noise(NORM_BYTES), metadata=[{"name": NORM}])),
+        "serialized_named_tensors[0].metadata[0]",
     ),
     case(
-        "handle-without-shapes",
-        TENSOR,
-        lambda _: tensors(handle_of(noise(NORM_BYTES), names=[NORM], dtypes=["float32"])),
-        "serialized_named_tensors[0].shapes",
-    ),
-    case(
-        "handle-dtypes-shorter",
+        "handle-metadata-without-a-shape",
         TENSOR,
         lambda _: tensors(
-            handle(noise(NORM_BYTES * 2), [NORM, K_PROJ], ["float32"], [NORM_SHAPE, K_SHAPE])
+            handle_of(
+                noise(NORM_BYTES),
+                metadata=[FlattenedTensorMetadata(NORM, None, torch.float32, 0, 256, 256)],
+            )
         ),
-        "dtypes",
+        "serialized_named_tensors[0].metadata[0].shape",
+    ),
+    case(
+        "handle-metadata-unaligned",
+        TENSOR,
+        lambda _: tensors(
+            handle_of(
+                noise(NORM_BYTES + 2),
+                metadata=[
+                    FlattenedTensorMetadata(NORM, torch.Size([64]), torch.float32, 2, 258, 256)
+                ],
+            )
+        ),
+        "serialized_named_tensors[0].metadata[0]",
+        says="not a multiple",
+    ),
+    case(
+        "handle-metadata-past-the-end",
+        TENSOR,
+        lambda _: tensors(
+            handle_of(
+                noise(NORM_BYTES),
+                metadata=[
+                    FlattenedTensorMetadata(NORM, torch.Size([64]), torch.float32, 256, 512, 256)
+                ],
+            )
+        ),
+        "serialized_named_tensors[0].metadata[0]",
     ),
     case(
         "handle-unknown-parameter",
@@ -643,17 +777,45 @@ CASES = [
     case(
         "handle-unknown-dtype",
         TENSOR,
-        lambda _: tensors(handle(noise(NORM_BYTES), [NORM], ["complex64"], [NORM_SHAPE])),
-        "serialized_named_tensors[0].dtypes[0]",
+        lambda _: tensors(handle(noise(NORM_BYTES * 2), [NORM], ["complex64"], [NORM_SHAPE])),
+        "serialized_named_tensors[0]",
+        says="complex64 is not part of a tensor handle",
     ),
     case(
-        "handle-while-not-paused", TENSOR, lambda _: tensors(valid_handle()), "paused", paused=False
+        "handle-outside-a-session",
+        TENSOR,
+        lambda _: tensors(valid_handle()),
+        "session",
+        paused=False,
     ),
     case(
-        "handle-load-format-direct",
+        "handle-flattened-sent-as-direct",
         TENSOR,
         lambda _: {**tensors(valid_handle()), "load_format": "direct"},
+        "serialized_named_tensors[0]",
+        says="(name, tensor) pairs",
+    ),
+    case(
+        "handle-load-format-a-custom-loader",
+        TENSOR,
+        lambda _: {**tensors(valid_handle()), "load_format": "my.module.loader"},
         "load_format",
+    ),
+    case(
+        "pairs-of-an-unknown-parameter",
+        TENSOR,
+        lambda _: {**tensors(pairs_handle([("model.nope.weight", noise(8))])), "load_format": None},
+        "names[0]",
+    ),
+    case(
+        "pairs-named-twice",
+        TENSOR,
+        lambda _: {
+            **tensors(pairs_handle([(NORM, torch.zeros(64))] * 2)),
+            "load_format": None,
+        },
+        "serialized_named_tensors[0]",
+        says="named twice",
     ),
 ]
 
@@ -702,13 +864,13 @@ def test_a_seed_at_the_edge_of_int64_never_gives_a_5xx(
 def test_handles_from_a_non_loopback_peer_are_refused_before_unpickling(
     engine: Engine, tmp_path: Path
 ) -> None:
-    """Straight into EngineWeights.load_handles, as the handler calls it with request.remote."""
+    """Straight into EngineWeights.handles, as the handler calls it with request.remote."""
     marker = tmp_path / "pickle-ran"
     before = State.of(engine)
     for peer in ("10.0.0.1", "192.168.1.5", "::ffff:10.0.0.1", "", None):
         for body in (tensors(b64_pickle(touches(marker))), tensors(valid_handle())):
             with pytest.raises(BadRequest) as refused:
-                engine.server.weights.load_handles(body, peer)
+                engine.server.weights.handles(body, peer)
             assert refused.value.status == 403
             assert refused.value.field == "serialized_named_tensors"
             assert str(refused.value).startswith("serialized_named_tensors: ")
@@ -837,6 +999,114 @@ def test_a_joined_group_refuses_bad_buckets_before_the_collective_and_loads_a_go
     assert_nothing_changed(engine, State.of(engine))
 
 
+def test_a_per_tensor_update_as_miles_sends_it_loads_exactly_the_sent_bytes(
+    engine: Engine,
+) -> None:
+    """miles' distributed path: no load_format, one broadcast per tensor in names order
+    (broadcast.py ``update_weights_from_distributed``); the engine ends bitwise equal."""
+    name = "hostile-per-tensor"
+    _store, group = _join(engine, name)
+    try:
+        engine.set_paused(True)
+        sent = new_values(seed=44)
+        before = engine.checksum()
+
+        async def send() -> Reply:
+            trainer = engine.loop.run_in_executor(None, broadcast_each, group, list(sent.values()))
+            body = bucket(group_name=name, weight_version="hostile-p", load_format=...)
+            reply = await engine.request("POST", "/update_weights_from_distributed", encode(body))
+            await trainer
+            return reply
+
+        reply = engine.run(send())
+        assert reply.status == 200, str(reply)
+        assert reply.json() == {"success": True, "message": ""}
+        assert engine.checksum() != before
+        assert engine.weight_version() == "hostile-p"
+        for param, tensor in sent.items():
+            assert torch.equal(engine.param(param).view(torch.int32), tensor.view(torch.int32))
+    finally:
+        engine.post("/destroy_weights_update_group", {"group_name": name})
+    assert_nothing_changed(engine, State.of(engine))
+
+
+CUT_SHORT_TRAINER = """
+import datetime, os, sys
+import torch, torch.distributed as dist
+port, name = int(sys.argv[1]), sys.argv[2]
+store = dist.TCPStore("127.0.0.1", port, is_master=False)
+group = dist.ProcessGroupGloo(dist.PrefixStore(name, store), 0, 2, datetime.timedelta(seconds=20))
+options = dist.BroadcastOptions()
+options.rootRank = 0
+group.broadcast([torch.full([64], 3.0)], options).wait()
+os._exit(0)  # dies before the bucket's second tensor
+"""
+
+
+def test_a_per_tensor_update_cut_short_answers_400_and_keeps_every_weight(
+    engine: Engine,
+) -> None:
+    """The trainer (a process of its own) broadcasts the first of the bucket's two tensors and
+    dies: the engine answers SGLang's "Failed to receive weights" (400), never success, and
+    since tensors load only once all arrived, the weights, the version and the checksum are
+    as they were."""
+    import subprocess
+    import sys
+
+    name = "hostile-cut-short"
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    engine.set_paused(True)
+    before = State.of(engine)
+    trainer = subprocess.Popen([sys.executable, "-c", CUT_SHORT_TRAINER, str(store.port), name])
+    try:
+        body = {**INIT_GLOO, "master_port": store.port, "group_name": name}
+        assert engine.post("/init_weights_update_group", body).status == 200
+        cut = bucket(group_name=name, weight_version="never", load_format=...)
+        reply = engine.post("/update_weights_from_distributed", cut)
+    finally:
+        trainer.wait(timeout=30)
+        engine.post("/destroy_weights_update_group", {"group_name": name})
+    assert reply.status == 400, str(reply)
+    assert reply.json()["success"] is False
+    assert reply.message.startswith("Failed to receive weights"), reply.message
+    assert_nothing_changed(engine, before)
+
+
+def test_a_pairs_handle_loads_exactly_the_sent_bytes(engine: Engine) -> None:
+    """SGLang's other tensor form (no load_format): (name, tensor) pairs."""
+    engine.set_paused(True)
+    sent = new_values(seed=46)
+    body = {**tensors(pairs_handle(list(sent.items()))), "load_format": None}
+    reply = engine.post("/update_weights_from_tensor", body)
+    assert reply.status == 200, str(reply)
+    for name, tensor in sent.items():
+        assert torch.equal(engine.param(name).view(torch.int32), tensor.view(torch.int32)), name
+    assert_nothing_changed(engine, State.of(engine))
+
+
+def test_a_load_that_asks_for_a_flush_while_requests_hold_kv_says_so(engine: Engine) -> None:
+    """SGLang's ``flush_cache_after_weight_update``: the weights load, and the answer is a
+    400 saying the cache was not flushed (miles sends flush_cache false for this reason)."""
+    engine.set_paused(False)
+    request = engine.loop.create_task(
+        engine.request(
+            "POST",
+            "/generate",
+            encode({"input_ids": [BOS], "sampling_params": {"max_new_tokens": 500}}),
+        )
+    )
+    engine.run(asyncio.sleep(0.05))
+    engine.post("/pause_generation", {"mode": "in_place"})  # frozen on its KV
+    assert engine.post("/begin_weight_update").status == 200
+    sent = new_values(seed=47)
+    body = {**tensors(handle(*pack(sent))), "flush_cache": True}
+    reply = engine.post("/update_weights_from_tensor", body)
+    assert reply.status == 400 and "the cache was not flushed" in reply.message, str(reply)
+    assert torch.equal(engine.param(NORM).view(torch.int32), sent[NORM].view(torch.int32))
+    engine.set_paused(False)
+    assert engine.run(request).status == 200
+
+
 # -- 3. a corpus: random JSON, random bytes, mutated buckets to every POST route ----------
 
 FIELD_NAMES = sorted(
@@ -902,6 +1172,7 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
     "/update_weight_version": {"new_version": "v", "abort_all_requests": False},
     "/update_weights_from_distributed": BUCKET,
     "/update_weights_from_tensor": tensors("not-a-handle"),
+    "/weights_checker": {"action": "checksum", "skip_tensor_list": ["norm"]},
 }
 """Per route, a body the engine accepts (or refuses for state only), to mutate one field at
 a time: random JSON rarely gets past the first check, these reach the later ones."""
@@ -942,7 +1213,7 @@ def assert_answered(reply: Reply) -> None:
         assert isinstance(body, dict) and isinstance(body.get("message"), str), str(reply)
         field = body["message"].split(": ", 1)[0]
         root = field.split("[", 1)[0].split(".", 1)[0]
-        assert root in {*FIELD_NAMES, "body", "paused"}, str(reply)
+        assert root in {*FIELD_NAMES, "body", "paused", "session"}, str(reply)
 
 
 def test_the_corpus_covers_every_post_route(engine: Engine) -> None:
@@ -1027,12 +1298,13 @@ def mutated_buckets(draw: st.DrawFn) -> dict[str, Any]:
 
 def expected_field(body: dict[str, Any], paused: bool) -> str:
     """The field the engine must name, in the order it checks: the body's fields, the
-    pause, the bucket's sizes, then the group (this engine joined none)."""
+    update session (open only while paused here), the bucket's sizes, then the group (this
+    engine joined none)."""
     route = "/update_weights_from_distributed"
     try:
         parsed = parse(route, encode(body))
         if not paused:
-            return "paused"
+            return "session"
         bucket_payload(parsed)
     except BadRequest as error:
         return error.field

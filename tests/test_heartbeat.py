@@ -7,6 +7,8 @@ from collections.abc import Awaitable
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from miles_core.backend import CellFailure
 from miles_core.loop.heartbeat import HeartbeatMonitor
 from sim.runtime import SimRuntime
@@ -88,3 +90,75 @@ def test_a_refused_heartbeat_is_a_miss_at_once_not_after_the_timeout() -> None:
     answered, _, ended = _round([0, 1, 2], muted=set(), shared=True, dead=frozenset({1}))
     assert answered == [True, False, True]
     assert ended == 1.0
+
+
+# --- when rounds go out: ``HeartbeatMonitor.run`` -------------------------------------------
+
+
+def _round_times(
+    first_wait: float, interval: float, until: float, pause: tuple[float, float] | None = None
+) -> list[float]:
+    """When each round of a 2-cell checker began (every cell answers at once), up to
+    ``until``; paused from ``pause[0]`` to ``pause[1]`` when given (a reconfiguration:
+    ``heartbeat_resumes`` goes up at its end)."""
+    rt = SimRuntime(seed=0)
+    ctx = SimpleNamespace(
+        rt=rt,
+        config=SimpleNamespace(heartbeat_failure_threshold=3, heartbeat_first_wait=first_wait),
+        cells=SimpleNamespace(num_cells=2, alive=lambda: (0, 1)),
+        heartbeats_paused=0,
+        heartbeat_resumes=0,
+        stopping=False,
+    )
+    monitor = HeartbeatMonitor.__new__(HeartbeatMonitor)  # only what run reads
+    monitor.ctx = ctx  # type: ignore[assignment]
+    began: list[float] = []
+
+    async def answered(cells: list[int]) -> list[bool]:
+        began.append(rt.now())
+        return [True] * len(cells)
+
+    monitor._round = answered  # type: ignore[method-assign]
+
+    async def main() -> None:
+        rt.spawn(monitor.run(interval), "heartbeat-monitor")
+        if pause is not None:
+            await rt.sleep(pause[0])
+            ctx.heartbeats_paused += 1
+            await rt.sleep(pause[1] - pause[0])
+            ctx.heartbeats_paused -= 1
+            ctx.heartbeat_resumes += 1
+        await rt.sleep(until - rt.now())
+        ctx.stopping = True
+
+    rt.run(main(), until=until + 1.0)
+    return [t for t in began if t <= until]
+
+
+def test_without_a_first_wait_the_first_round_goes_out_at_once() -> None:
+    """Ported from miles' tests/fast/utils/test_health_checker.py::
+    test_check_fn_called_after_first_interval: with first_wait=0 the first check runs as
+    soon as the checker starts, then one every interval (``SimpleHealthChecker._loop``
+    sleeps first_wait, checks, then sleeps interval). It used to wait an interval first."""
+    assert _round_times(first_wait=0.0, interval=10.0, until=25.0) == [0.0, 10.0, 20.0]
+
+
+def test_a_first_wait_delays_the_first_round() -> None:
+    """Ported from miles' test_first_wait_delays_first_check: first_wait=300, interval=10."""
+    assert _round_times(first_wait=300.0, interval=10.0, until=325.0) == [300.0, 310.0, 320.0]
+
+
+@pytest.mark.parametrize(
+    ("first_wait", "pause", "expected"),
+    [
+        (100.0, (111.0, 112.0), [100.0, 110.0, 220.0, 230.0]),
+        (0.0, (0.5, 12.0), [0.0, 20.0, 30.0]),
+    ],
+)
+def test_after_a_resume_the_next_round_waits_the_first_wait(
+    first_wait: float, pause: tuple[float, float], expected: list[float]
+) -> None:
+    """Modelled on miles' test_resume_triggers_first_wait_again: a pause and resume between
+    rounds; the pending interval sleep ends first, then the first wait, then the round (with
+    no first wait, at that tick). A round due while paused is skipped."""
+    assert _round_times(first_wait, 10.0, expected[-1] + 5.0, pause) == expected

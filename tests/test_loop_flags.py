@@ -52,6 +52,14 @@ GOOD = {
     "rollout_health_check_interval": 5.0,
     "rollout_health_check_timeout": 6.0,
     "rollout_health_check_first_wait": 7.0,
+    "request_max_retries": 5,
+    "request_retry_interval": 0.5,
+    "flush_cache_max_retries": 7,
+    "flush_cache_retry_interval": 2.0,
+    "update_weight_collective_timeout": 60.0,
+    "miles_bug_p2p_failures_logged": True,
+    "miles_bug_health_monitor_left_paused": True,
+    "miles_bug_fsdp_ignores_pause_mode": True,
 }
 
 
@@ -125,7 +133,14 @@ def test_a_checked_value_names_the_flag_as_written() -> None:
         (["--rollout-batch-size", "2.5"], "argument --rollout-batch-size: invalid int"),
         (["--max-weight-stalenes", "2"], "unrecognized arguments: --max-weight-stalenes"),
         (["--pause-generation-mode", "abort"], "--pause-generation-mode: fully_async cannot"),
-        (["--dynamic-sampling-filter-path", "x.y"], "unknown filter 'x.y'"),
+        (
+            ["--dynamic-sampling-filter-path", "x.y"],
+            "--dynamic-sampling-filter-path: cannot import",
+        ),
+        (
+            ["--dynamic-sampling-filter-path", "xy"],
+            "--dynamic-sampling-filter-path: unknown filter",
+        ),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(argv: list[str], message: str, capsys) -> None:

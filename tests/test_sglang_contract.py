@@ -357,3 +357,41 @@ def test_our_launch_command_uses_only_flags_sglang_takes() -> None:
     assert check_launch(flags, ["--skip-tokenizer", "x"]) == [
         "launch_server has no --skip-tokenizer"
     ]
+
+
+def test_our_server_info_reports_only_sglang_server_arguments() -> None:
+    """miles builds ServerArgs from /server_info (p2p_transfer_utils.py) and compares its
+    fields (sglang_engine.py ``_init_external``): a key SGLang's server does not have would
+    be one it never reports."""
+    from backends.common.engine_info import SERVER_INFO_EXTRAS, EngineInfo
+    from backends.common.sglang_contract import read_server_flags
+
+    flags = read_server_flags(ensure_wheel())
+    info = EngineInfo("m", "127.0.0.1", 1, 4096, "cpu", "float32", 0.0)
+    keys = set(info.server_info(0, False)) - SERVER_INFO_EXTRAS
+    assert {k for k in keys if "--" + k.replace("_", "-") not in flags} == set()
+    assert {"--context-length", "--tp-size"} <= flags
+
+
+def test_the_routes_miles_reads_are_sglang_routes(api: SGLangAPI, engine_app) -> None:
+    from backends.common.sglang_api import MILES_READS
+
+    served = {r.resource.canonical for r in engine_app.router.routes()}
+    assert set(MILES_READS) <= set(api.routes)
+    assert set(MILES_READS) <= served
+
+
+def test_a_field_our_client_sends_that_miles_does_not_fails(api: SGLangAPI) -> None:
+    """Our client once sent load_format "flattened_bucket" on the distributed path, which
+    miles leaves out (SGLang then receives tensor by tensor): a difference that matters."""
+    packed = dataclasses.make_dataclass(
+        "UpdateWeightsFromDistributedReqInput",
+        [("load_format", str, dataclasses.field(default="flattened_bucket"))],
+        bases=(UpdateWeightsFromDistributedReqInput,),
+        frozen=True,
+    )
+    problems = check_miles(api, _swapped(UpdateWeightsFromDistributedReqInput, packed))
+    assert problems == [
+        "/update_weights_from_distributed: UpdateWeightsFromDistributedReqInput sends "
+        "load_format, miles does not"
+    ]

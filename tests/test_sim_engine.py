@@ -12,9 +12,16 @@ from typing import Any
 
 import pytest
 
-from miles_core.backend import EngineFailure, GenerateRequest, GenerateResult, RequestRefused
+from miles_core.backend import (
+    EngineFailure,
+    GenerateRequest,
+    GenerateResult,
+    RequestRefused,
+    SessionAlreadyOpen,
+)
 from miles_core.kinds import PauseMode
 from miles_core.scenario import TimeModel, WorldShape
+from miles_core.transfer import plan_buckets
 from sim.cluster import SimCluster
 from sim.engine import EngineHandle
 from sim.runtime import SimRuntime
@@ -300,3 +307,44 @@ def test_an_adapter_is_unloaded_only_where_it_is_loaded_and_loaded_once() -> Non
     cluster.restart_engine("engine-0")
     assert engine.adapter is None  # the new process starts without it
     engine.load_adapter("policy")
+
+
+def test_the_update_session_refuses_a_second_begin_and_an_end_with_none_open() -> None:
+    """SGLang's session (scheduler_components/weight_updater.py): a second begin is refused
+    as SessionAlreadyOpen, an end with no session open is refused, a new process has none."""
+    rt, cluster, engine = _world()
+
+    async def main() -> list[str]:
+        seen = []
+        with pytest.raises(RequestRefused, match="no weight-update session"):
+            await engine.end_update()
+        await engine.begin_update()
+        with pytest.raises(SessionAlreadyOpen):
+            await engine.begin_update()
+        seen.append("open")
+        cluster.restart_engine("engine-0")
+        await cluster.engine("engine-0", 1).begin_update()  # the new process has no session
+        seen.append("restarted")
+        await engine.engine.end_update()
+        return seen
+
+    assert rt.run(main()) == ["open", "restarted"]
+
+
+def test_a_hung_member_stalls_the_broadcast_until_the_timeout_and_is_named() -> None:
+    """A collective completes for nobody until every member takes part: the source waits
+    the whole collective timeout, then the broadcast fails naming the member that hung."""
+    rt = SimRuntime(0)
+    cluster = SimCluster(rt, WorldShape(num_engines=3), TIMING, collective_timeout=7.0)
+    bucket = plan_buckets(cluster.units, 1 << 40)[0]
+    cluster.hang_engine("engine-1")
+
+    async def main() -> tuple[str, float]:
+        try:
+            await cluster.transport.send_bucket(0, 0, bucket, {e: 0 for e in cluster.engine_ids})
+        except EngineFailure as failure:
+            return failure.engine, rt.now()
+        raise AssertionError("the broadcast completed with a hung member")
+
+    engine, when = rt.run(main())
+    assert engine == "engine-1" and when == pytest.approx(7.0)

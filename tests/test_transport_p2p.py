@@ -36,7 +36,9 @@ class _Engine:
     def __init__(self, log: list[tuple[Any, ...]], name: str, fail: bool = False) -> None:
         self.log, self.name, self.fail = log, name, fail
 
-    async def request(self, incarnation: int, method: str, route: str, body: dict) -> dict:
+    async def request(
+        self, incarnation: int, method: str, route: str, body: dict, seconds: float = 0.0
+    ) -> dict:
         self.log.append((self.name, incarnation, route, body))
         if self.fail and route == "/update_weights_from_distributed":
             raise EngineFailure(self.name, "died mid-bucket")
@@ -49,7 +51,8 @@ def _world(failing: str = "") -> tuple[SimpleNamespace, list[tuple[Any, ...]]]:
         cells={0: _Cell(log)},
         engines={e: _Engine(log, e, e == failing) for e in ("e0", "e1", "e2")},
         store_addr=("127.0.0.1", 1234),
-        stack=SimpleNamespace(collective_backend="gloo"),
+        stack=SimpleNamespace(collective_backend="gloo", packed=False),
+        collective_timeout=60.0,
         trainer_checksums={},
         current_update=None,
         rt=SimpleNamespace(now=lambda: 0.0),
@@ -89,7 +92,7 @@ def test_send_bucket_each_sends_once_on_every_pair_group_and_delivers_each_engin
     joins = [c[3] for c in _routed(log, "/init_weights_update_group")]
     assert all((j["rank_offset"], j["world_size"]) == (1, 2) for j in joins)
     sends = [c for c in log if c[:2] == ("cell", "send_bucket")]
-    assert sends == [("cell", "send_bucket", [groups["e0"], groups["e1"]], _bucket())]
+    assert sends == [("cell", "send_bucket", [groups["e0"], groups["e1"]], _bucket(), False)]
     received = {
         c[0]: c[3]["group_name"] for c in log if c[2:3] == ("/update_weights_from_distributed",)
     }
@@ -116,3 +119,20 @@ def test_send_bucket_to_one_group_still_names_it_alone() -> None:
     assert isinstance(send[2], str)
     received = {c[3]["group_name"] for c in _routed(log, BUCKET_ROUTE)}
     assert received == {send[2]}
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_each_bucket_body_is_what_miles_sends(packed: bool) -> None:
+    """miles' broadcast.py: no load_format (one broadcast per tensor), the version as a
+    string with every bucket, flush_cache false; --flattened-bucket asks for the packed one,
+    and the trainer is told which it sends."""
+    world, log = _world()
+    world.stack.packed = packed
+    transport = CollectiveTransport(world)  # type: ignore[arg-type]
+    asyncio.run(transport.send_bucket(4, 0, _bucket(), {"e0": 1}, version=12))
+    (body,) = [c[3] for c in _routed(log, BUCKET_ROUTE)]
+    assert body["weight_version"] == "12" and body["flush_cache"] is False
+    assert body.get("load_format") == ("flattened_bucket" if packed else None)
+    assert ("load_format" in body) is packed
+    (send,) = [c for c in log if c[:2] == ("cell", "send_bucket")]
+    assert send[-1] is packed

@@ -1,7 +1,8 @@
 """The ``backend`` method: the CPU backend's own transfer code, called as its actors call it.
 
 Source: ``TrainerRank.send_bucket`` (backends/common/trainer.py), the method the
-trainer actor runs for each bucket, on a stand-in that holds what a one-rank
+trainer actor runs for each bucket, packed (``flattened_bucket``) or one broadcast per
+tensor (what miles sends, the backend's default), on a stand-in that holds what a one-rank
 cell's actor holds (its parameters as ``BucketViews``, its update groups made
 by ``gloo_group`` as ``init_update_group`` makes them). Receivers: an
 ``EngineWeights`` (backends/common/engine_weights.py) that joins its groups with
@@ -18,6 +19,7 @@ send or receive changes the figure. Each wire gets its own groups: the bench's
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +27,7 @@ from typing import Any
 import torch
 
 from backends.common import sglang_api as api
+from backends.common.engine_requests import parse
 from backends.common.engine_weights import EngineWeights
 from backends.common.shm_group import ShmArena
 from backends.common.trainer import TrainerRank
@@ -62,9 +65,14 @@ class TrainerSide:
     _update_groups: dict[str, Any] = field(default_factory=dict)
     rank: int = 0
     _arena: ShmArena = field(default_factory=ShmArena)
+    _taking_part: dict[str, Any] = field(default_factory=dict)
 
-    def send(self, names: Sequence[str], bucket: Bucket) -> float:
-        return TrainerRank.send_bucket(self, names, bucket)  # type: ignore[arg-type]
+    @property
+    def model(self) -> torch.nn.Module:
+        return self._views.model
+
+    def send(self, names: Sequence[str], bucket: Bucket, packed: bool = True) -> float:
+        return TrainerRank.send_bucket(self, names, bucket, packed)  # type: ignore[arg-type]
 
 
 class EngineSide:
@@ -80,20 +88,29 @@ class EngineSide:
         self.loop.run_until_complete(self.weights.join(api.body(body)))
 
     def prepare(self, buckets: Sequence[Bucket], names: Sequence[str]) -> None:
-        """The /update_weights_from_distributed bodies, built before timing (the trainer's
-        side builds them, not the engine)."""
+        """The /update_weights_from_distributed bodies, packed and per tensor, parsed as the
+        route parses them, built before timing (the trainer's side builds them, not the
+        engine)."""
         self.bodies = {}
+        route = api.UpdateWeightsFromDistributedReqInput.ROUTE
         for name in names:
             for bucket in buckets:
-                request = api.UpdateWeightsFromDistributedReqInput(
-                    *payload_of(bucket), group_name=name
-                )
-                self.bodies[(name, bucket.index)] = api.body(request)
+                for packed in (True, False):
+                    request = api.UpdateWeightsFromDistributedReqInput(
+                        *payload_of(bucket),
+                        group_name=name,
+                        load_format="flattened_bucket" if packed else api.OMIT,
+                    )
+                    raw = json.dumps(api.body(request)).encode()
+                    self.bodies[(name, bucket.index, packed)] = parse(route, raw)
 
-    def receive_all(self, name: str, buckets: Sequence[Bucket]) -> None:
+    def receive_all(self, name: str, buckets: Sequence[Bucket], packed: bool = True) -> None:
+        """Each bucket as the route takes it: checked against the group, then received."""
+
         async def serve() -> None:
             for bucket in buckets:
-                await self.weights.receive(self.bodies[(name, bucket.index)])
+                body = self.bodies[(name, bucket.index, packed)]
+                await self.weights.receive(self.weights.group_of(body), body)
 
         self.loop.run_until_complete(serve())
 

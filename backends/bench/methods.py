@@ -24,6 +24,9 @@ The bucketed ones form a ladder, each adding one technique:
   trainer's ``send_bucket`` from its ``BucketViews`` (nothing packed) and the
   engine's ``EngineWeights.receive`` straight into its weights; p2p sends each
   bucket to every engine's pair group at once (``trainer.send_to_groups``);
+- ``backend-per-tensor``: the same code with no ``load_format``, the backend's default
+  and what miles sends: one broadcast per tensor of the bucket, received into fresh
+  tensors and loaded once all arrived (``backend`` is ``--flattened-bucket``);
 - ``backend-shm`` (CPU only): the same code on the CPU backend's other wire
   (``--wire shm``): update groups over the trainer's shared memory
   (backends/common/shm_group.py), the way NCCL moves bytes within a node;
@@ -61,7 +64,17 @@ from backends.common.wire import (
 from miles_core.transfer import Bucket
 
 MODES = ("broadcast", "p2p")
-BUCKETED = ("v0", "reuse", "inplace", "pipeline", "backend", "backend-shm", "in-turn", "inflight")
+BUCKETED = (
+    "v0",
+    "reuse",
+    "inplace",
+    "pipeline",
+    "backend",
+    "backend-per-tensor",
+    "backend-shm",
+    "in-turn",
+    "inflight",
+)
 """The bucketed ladder: each step keeps the techniques of the one before it."""
 P2P_ONLY = frozenset(("in-turn",))
 CPU_ONLY = frozenset(("backend-shm",))
@@ -225,20 +238,26 @@ class Rank:
         for work in pending:
             work.wait()
 
-    def _backend(self, mode: str, in_turn: bool = False, wire: str = "") -> None:
+    def _backend(
+        self, mode: str, in_turn: bool = False, wire: str = "", packed: bool = True
+    ) -> None:
         """The backend's own send_bucket / receive, bucket after bucket."""
         side = self.backend
         if isinstance(side, EngineSide):
-            side.receive_all(engine_group(mode, self.rank, wire), self.buckets)
+            side.receive_all(engine_group(mode, self.rank, wire), self.buckets, packed)
             return
         assert isinstance(side, TrainerSide)
         names = group_names(mode, self.receivers, wire)
         for bucket in self.buckets:
             if in_turn:  # one send_bucket call per engine, as the update loop makes them
                 for name in names:
-                    side.send([name], bucket)
+                    side.send([name], bucket, packed)
             else:
-                side.send(names, bucket)
+                side.send(names, bucket, packed)
+
+    def _backend_per_tensor(self, mode: str) -> None:
+        """The backend's default: one broadcast per tensor, as miles sends them."""
+        self._backend(mode, packed=False)
 
     def _backend_shm(self, mode: str) -> None:
         self._backend(mode, wire="shm")

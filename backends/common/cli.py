@@ -119,6 +119,7 @@ def run_command(
     scenario = dataclasses.replace(scenario, loop=loop)
     scenario = check_real(scenario.with_run(steps=args.steps, seed=args.seed))
     stack, scenario = stack_from(args, scenario)
+    stack = dataclasses.replace(stack, packed=args.flattened_bucket)
     steps = scenario.loop.steps
     bar = tqdm(total=steps, unit="step", disable=True if args.json else None, leave=False)
     say = (lambda text: None) if args.json else bar.write
@@ -155,7 +156,8 @@ def run_command(
     else:
         _print_human(result)
     if not result.ok:
-        print(f"replay: {_replay(args, steps, prog, extra_replay)}", file=sys.stderr)
+        packed = ["--flattened-bucket"] if args.flattened_bucket else []
+        print(f"replay: {_replay(args, steps, prog, [*extra_replay, *packed])}", file=sys.stderr)
         return 1
     return 0
 

@@ -33,7 +33,7 @@ from backends.common.policy import PolicyConfig, build_model, update_units
 from backends.common.ray_session import LOOPBACK, in_bundle
 from backends.common.stack import CPU_STACK, Stack
 from backends.common.trainer import TrainerActor
-from backends.common.transport import CollectiveTransport, RayRouter
+from backends.common.transport import HTTP_TIMEOUT, CollectiveTransport, RayRouter
 from miles_core.backend import (
     CellFailure,
     TrainReport,
@@ -50,7 +50,6 @@ from miles_core.transfer import ParamSpec, UpdateUnit
 ACTOR_DIED = (RayActorError,)
 RANK_RAISED = (RayTaskError,)
 """A rank's method raised (a Python exception in a live process, not a death)."""
-HTTP_TIMEOUT = aiohttp.ClientTimeout(total=120)
 
 
 def _cause(raised: RayTaskError) -> str:
@@ -222,6 +221,7 @@ class RayWorld:
         seed: int,
         engine_token_seconds: float = 0.0,
         stack: Stack = CPU_STACK,
+        collective_timeout: float = 1800.0,
     ) -> None:
         self.rt = rt
         self.stack = stack
@@ -234,6 +234,9 @@ class RayWorld:
         self.faults = faults
         self.seed = seed
         self.engine_token_seconds = engine_token_seconds
+        self.collective_timeout = collective_timeout
+        """How long a weight-update broadcast waits for every member (the trainer's and the
+        engines' groups, and the transport's deadline): --update-weight-collective-timeout."""
         model = build_model(policy)
         self.units: tuple[UpdateUnit, ...] = update_units(model)
         self.model_bytes = sum(u.nbytes for u in self.units)

@@ -14,7 +14,12 @@ the tiny policy with transformers' KV cache:
   response reports the versions of its spans (``spans``).
 
 Sampling is seeded per token (``seed + i``), so a request's tokens depend on
-the weights it saw, not on when it was paused.
+the weights it saw, not on when it was paused. SGLang's sampling parameters that
+change which token is drawn (temperature, top_k, top_p, min_p, logit_bias) filter
+the distribution before the draw, as SGLang's sampler does; a request ends on
+``max_new_tokens`` (finish reason "length") or on a stop token (its
+``stop_token_ids``, or the model's EOS unless ``ignore_eos``: finish reason "stop",
+the token kept in the output as SGLang keeps it), never before ``min_new_tokens``.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from __future__ import annotations
 import functools
 import inspect
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import torch
 
@@ -44,6 +49,62 @@ def forward(model: torch.nn.Module, ids: list[int], cache: Any) -> tuple[torch.T
     return out.logits, out[keyword]
 
 
+SAMPLING_EPS: Final = 1e-6
+"""A temperature below this is greedy (SGLang's ``_SAMPLING_EPS``: top_k becomes 1)."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The sampling parameters a request was checked into (engine_generate.sampling_of)."""
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    """-1: the whole vocabulary (SGLang's TOP_K_ALL)."""
+    min_p: float = 0.0
+    min_new_tokens: int = 0
+    stop_token_ids: frozenset[int] = frozenset()
+    """Tokens that end the request (with the model's EOS, unless ``ignore_eos``)."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+
+    @property
+    def plain(self) -> bool:
+        """Nothing filters the distribution: the draw is softmax at temperature 1."""
+        return (
+            self.temperature == 1.0
+            and self.top_p == 1.0
+            and self.top_k == -1
+            and self.min_p == 0.0
+            and not self.logit_bias
+        )
+
+    def probabilities(self, logits: torch.Tensor, banned: frozenset[int]) -> torch.Tensor:
+        """The distribution to draw from, after SGLang's filters (1-D, on CPU); ``banned``
+        tokens cannot be drawn (stop tokens before ``min_new_tokens``, as SGLang masks them)."""
+        logits = logits.float().cpu()
+        if self.plain and not banned:  # bit for bit the draw of every run before these existed
+            return torch.softmax(logits, -1)
+        for token, bias in self.logit_bias:
+            logits[token] += bias
+        for token in banned:
+            logits[token] = -torch.inf
+        top_k = 1 if self.temperature < SAMPLING_EPS else self.top_k
+        temperature = 1.0 if self.temperature < SAMPLING_EPS else self.temperature
+        probs = torch.softmax(logits / temperature, -1)
+        if 0 < top_k < probs.numel():
+            kept = torch.topk(probs, top_k).indices
+            probs = torch.zeros_like(probs).index_copy_(0, kept, probs[kept])
+        if self.top_p < 1.0:
+            ordered, order = torch.sort(probs, descending=True)
+            before = torch.cumsum(ordered, 0) - ordered  # mass ahead of each token
+            ordered[before > self.top_p] = 0.0
+            probs = torch.zeros_like(probs).index_copy_(0, order, ordered)
+        if self.min_p > 0.0:
+            probs[probs < self.min_p * probs.max()] = 0.0
+        return probs / probs.sum()
+
+
 @dataclass
 class Decoding:
     """A request's state between tokens (one per rid, owned by the engine's event loop)."""
@@ -52,6 +113,9 @@ class Decoding:
     prompt: list[int]
     max_new_tokens: int
     seed: int
+    sampling: Sampling = field(default_factory=Sampling)
+    stop_tokens: frozenset[int] = frozenset()
+    """Tokens that finish the request ("stop"): stop_token_ids and the EOS, unless ignored."""
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     cache: Any = None
@@ -63,10 +127,12 @@ class Decoding:
     kept_kv: bool = False
     """A token came from newer weights than the KV it attended to (in_place)."""
     aborted: bool = False
+    stopped_on: int | None = None
+    """The stop token that finished the request (finish reason "stop"), if one did."""
 
     @property
     def done(self) -> bool:
-        return len(self.tokens) >= self.max_new_tokens
+        return self.stopped_on is not None or len(self.tokens) >= self.max_new_tokens
 
     @property
     def holds_pages(self) -> bool:
@@ -87,13 +153,17 @@ class Decoding:
             if self.cache_version != version:
                 self.kept_kv = True
         logits, self.cache = forward(model, ids, self.cache)
-        probs = torch.softmax(logits[0, -1].float(), -1).cpu()  # sampled on CPU, any device
+        early = len(self.tokens) < self.sampling.min_new_tokens
+        banned = self.stop_tokens if early else frozenset()
+        probs = self.sampling.probabilities(logits[0, -1], banned)  # sampled on CPU, any device
         generator = torch.Generator().manual_seed(self.seed + len(self.tokens))
         token = int(torch.multinomial(probs, 1, generator=generator))
         self.tokens.append(token)
         self.logprobs.append(float(torch.log(probs[token])))
         if not self.spans or self.spans[-1] != version:
             self.spans.append(version)
+        if token in self.stop_tokens:
+            self.stopped_on = token
 
 
 @torch.no_grad()

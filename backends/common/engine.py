@@ -1,25 +1,31 @@
 """An inference engine as a Ray actor serving SGLang's HTTP worker API for what RL uses.
 
-Endpoint names and payloads follow SGLang (python/sglang/srt/entrypoints/
-http_server.py, managers/io_struct.py): /generate (meta_info with
-weight_version and finish_reason), /pause_generation (mode abort, retract or
-in_place), /continue_generation, /abort_request, /flush_cache, /health,
-/health_generate, /begin_weight_update, /end_weight_update,
-/init_weights_update_group, /update_weights_from_distributed (load_format
-"flattened_bucket": SGLang's packed uint8 buffer), /update_weights_from_tensor
-(tensor handles from a colocated trainer, loopback only),
-/destroy_weights_update_group, /update_weight_version, /model_info (where
-SGLang reports weight_version; it has no /get_weight_version).
-meta_info also carries ``weight_versions`` (the version of each span of the
-response) and, named as the testbed's own, ``testbed_kept_kv``; so does
-/testbed/weights_checksum, so the oracles can compare weights bitwise.
+Endpoint names and payloads follow SGLang 0.5.23 (python/sglang/srt/entrypoints/
+http_server.py, managers/io_struct.py), and each body miles sends is honoured as
+SGLang honours it, or refused with a 4xx naming the field before any weight
+changes: /generate (engine_generate: SGLang's sampling parameters, length limits
+and finish reasons), /pause_generation (mode abort, retract or in_place),
+/continue_generation, /abort_request, /flush_cache, /health, /health_generate,
+/begin_weight_update and /end_weight_update (the session every load runs in),
+/init_weights_update_group, /update_weights_from_distributed (tensor by tensor,
+or ``flattened_bucket``), /update_weights_from_tensor (tensor handles from a
+colocated trainer, loopback only; engine_handles), /destroy_weights_update_group,
+/update_weight_version, /model_info (where SGLang reports weight_version; it has no
+/get_weight_version), /server_info and /get_server_info (engine_info),
+/weights_checker (engine_checker). meta_info also carries ``weight_versions``
+(the version of each span of the response) and, named as the testbed's own,
+``testbed_kept_kv``; so does /testbed/weights_checksum, so the oracles can
+compare weights bitwise.
 
 SGLang's behaviour where the control plane depends on it: a pause with mode
 ``abort`` ends the requests in flight (finish_reason abort), ``retract``
 frees their KV and requeues them, ``in_place`` freezes them on their KV (see
 decoding.py); new requests wait while paused; /update_weight_version aborts
 every request in flight unless the body says ``abort_all_requests: false``;
-/flush_cache answers 400 while a request holds KV pages.
+/flush_cache answers 400 while a request holds KV pages; a load outside a
+session, a second /begin_weight_update, or an /end_weight_update with none open
+is refused (managers/scheduler_components/weight_updater.py); a receive that
+fails answers 400 "Failed to receive weights" as SGLang does.
 
 Every body is checked field by field before the engine acts (engine_requests):
 a bad one gets a 4xx naming the field and changes nothing. Bound to loopback by
@@ -27,16 +33,19 @@ default; bound elsewhere, it needs SGLang's ``api_key`` (``Authorization:
 Bearer KEY``) on every request, as SGLang's server does when given one.
 
 Generation runs the tiny policy token by token on the actor's event loop,
-yielding between tokens, so a pause or abort lands on a token boundary. A
-receive blocks in a worker thread, so the server keeps answering while weights
-stream in. Fault hooks: the header ``X-Testbed-Die-Midway`` makes the process
-exit halfway through that request (a mid-generation crash); the actor's
-``hang`` makes it stop answering anything while staying alive.
+yielding between tokens, so a pause or abort lands on a token boundary; the
+response is built as the last token is, so it reports the version that token was
+generated under. A receive blocks in a worker thread, so the server keeps
+answering while weights stream in. Fault hooks: the header
+``X-Testbed-Die-Midway`` makes the process exit halfway through that request (a
+mid-generation crash); the actor's ``hang`` makes it stop answering anything
+while staying alive.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -45,24 +54,22 @@ from typing import Any
 import ray
 from aiohttp import web
 
+from backends.common import engine_generate as gen
 from backends.common.decoding import Decoding, health_token
 from backends.common.devices import prepare_process
+from backends.common.engine_checker import WeightChecker
+from backends.common.engine_info import EngineInfo
 from backends.common.engine_requests import BadRequest, parse
 from backends.common.engine_weights import EngineWeights
 from backends.common.policy import PolicyConfig, build_model, checksum
 from backends.common.ray_session import LOOPBACK, LOOPBACK_NAMES
+from backends.common.wire import GLOO_TIMEOUT
 
 DIE_MIDWAY = "X-Testbed-Die-Midway"
 
 
-MAX_NEW_TOKENS = 64
-MAX_SEED = 2**63 - 1 - MAX_NEW_TOKENS
 MAX_BODY_BYTES = 64 * 1024**2
 """A bucket's metadata for a large MoE model runs to megabytes (aiohttp's default is 1 MiB)."""
-
-
-def _integer_in(value: Any, low: int, high: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
 def _ok(**extra: Any) -> web.Response:
@@ -87,9 +94,12 @@ class EngineServer:
         device: str = "cpu",
         host: str = LOOPBACK,
         api_key: str | None = None,
+        collective_timeout: float = GLOO_TIMEOUT.total_seconds(),
     ) -> None:
         """``token_seconds``: a floor on each token's time (a real engine's decode time; the
-        tiny policy takes about a millisecond), so requests live long enough to be paused."""
+        tiny policy takes about a millisecond), so requests live long enough to be paused.
+        ``collective_timeout``: how long a broadcast of an update group waits for a member
+        that never takes part (SGLang's groups take torch's default)."""
         if host not in LOOPBACK_NAMES and not api_key:
             raise ValueError(
                 f"host: binding {host!r} (not loopback) needs api_key, as SGLang's --api-key: "
@@ -100,10 +110,17 @@ class EngineServer:
         self.host, self.api_key = host, api_key
         prepare_process(device)
         self.model = build_model(policy).to(device)
-        self.weights = EngineWeights(self.model, device)
+        timeout = datetime.timedelta(seconds=collective_timeout)
+        self.weights = EngineWeights(self.model, device, timeout)
         self.weight_version = "default"  # SGLang's value before any update
+        self.context_len: int = self.model.config.max_position_embeddings
+        self.checker = WeightChecker(self.model)
+        self.info: EngineInfo | None = None
+        """Set once the server listens (its port is part of it)."""
         self.paused = False
         self.hung = False
+        self.session_open = False
+        """Between /begin_weight_update and /end_weight_update: loads are taken only then."""
         self._jobs: dict[str, Decoding] = {}
         self._changed = asyncio.Event()
         """Set (and replaced) whenever pause, abort or hang state changes: waiters re-check."""
@@ -131,6 +148,9 @@ class EngineServer:
                 web.post("/destroy_weights_update_group", self.destroy_weights_update_group),
                 web.post("/update_weight_version", self.update_weight_version),
                 web.get("/model_info", self.model_info),
+                web.get("/server_info", self.server_info),
+                web.get("/get_server_info", self.server_info),
+                web.route("*", "/weights_checker", self.weights_checker),
                 web.get("/testbed/weights_checksum", self.weights_checksum),
             ]
         )
@@ -169,8 +189,15 @@ class EngineServer:
     async def _body(self, request: web.Request) -> dict[str, Any]:
         return parse(request.path, await request.read())
 
-    def _require_paused(self) -> None:
-        """Weights change only while generation is paused (miles' sequence pauses first)."""
+    def _require_session(self, route: str) -> None:
+        """Weights load only inside an update session (SGLang refuses a load outside one:
+        scheduler_components/weight_updater.py), and, here, only while generation is paused
+        (miles' sequence pauses first; SGLang would serve half-loaded weights)."""
+        if not self.session_open:
+            raise BadRequest(
+                "session",
+                f"{route} must run between begin_weight_update() and end_weight_update()",
+            )
         if not self.paused:
             raise BadRequest("paused", "weights change only while paused: POST /pause_generation")
 
@@ -180,7 +207,13 @@ class EngineServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, 0)
         await site.start()
-        return site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
+        device = str(next(self.model.parameters()).device.type)
+        self.info = EngineInfo(
+            self.engine_id, self.host, port, self.context_len, device, dtype, time.time()
+        )
+        return port
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -215,25 +248,7 @@ class EngineServer:
         return not job.aborted
 
     async def generate(self, request: web.Request) -> web.Response:
-        body = await self._body(request)
-        params = body["sampling_params"]
-        vocab = self.model.config.vocab_size
-        if not body["input_ids"] or max(body["input_ids"]) >= vocab:
-            raise BadRequest("input_ids", f"one or more token ids, each below the vocab {vocab}")
-        new_tokens = params.get("max_new_tokens", 4)
-        if not _integer_in(new_tokens, 0, MAX_NEW_TOKENS):
-            raise BadRequest(
-                "sampling_params.max_new_tokens", f"an integer in [0, {MAX_NEW_TOKENS}]"
-            )
-        seed = params.get("sampling_seed", 0)
-        if not _integer_in(seed, 0, MAX_SEED):  # token i samples under seed + i (decoding.py)
-            raise BadRequest("sampling_params.sampling_seed", f"an integer in [0, {MAX_SEED}]")
-        job = Decoding(
-            rid=body["rid"] or str(id(body)),
-            prompt=body["input_ids"],
-            max_new_tokens=new_tokens,
-            seed=seed,
-        )
+        job = gen.job_of(await self._body(request), self.model.config, self.context_len)
         die_midway = request.headers.get(DIE_MIDWAY) == "1"
         created = time.monotonic()
         self._jobs[job.rid] = job
@@ -242,22 +257,20 @@ class EngineServer:
                 if die_midway and len(job.tokens) == job.max_new_tokens // 2:
                     os._exit(1)
                 job.step(self.model, self.weight_version)
+                if job.done:  # answered as the last token is: its version, no later one
+                    break
                 await asyncio.sleep(self.token_seconds)  # pause/abort land between tokens
         finally:
             self._jobs.pop(job.rid, None)
-        finish = (
-            {"type": "abort", "message": "aborted"}
-            if job.aborted
-            else {"type": "length", "length": job.max_new_tokens}
-        )
         meta = {
             "id": job.rid,
-            "finish_reason": finish,
+            "finish_reason": gen.finish_reason(job),
             "weight_version": self.weight_version,
             "weight_versions": job.spans,
             "testbed_kept_kv": job.kept_kv,
             "prompt_tokens": len(job.prompt),
             "completion_tokens": len(job.tokens),
+            "cached_tokens": 0,  # no prefix cache here
             "e2e_latency": time.monotonic() - created,  # SGLang's: arrival to finish, seconds
             "output_token_logprobs": [
                 [lp, t, None] for lp, t in zip(job.logprobs, job.tokens, strict=True)
@@ -301,45 +314,80 @@ class EngineServer:
     # -- weights ---------------------------------------------------------------------
 
     async def init_weights_update_group(self, request: web.Request) -> web.Response:
-        await self.weights.join(await self._body(request))
+        """Join the trainer's group; a join that fails (the store unreachable, a member that
+        never came) answers SGLang's 400, naming why."""
+        body = await self._body(request)
+        try:
+            await self.weights.join(body)
+        except BadRequest:
+            raise
+        except Exception as error:  # torch's store and rendezvous errors, socket errors
+            message = f"Failed to initialize custom process group: {str(error)[:200]}."
+            return _refused(message)
         return _ok()
 
     async def update_weights_from_distributed(self, request: web.Request) -> web.Response:
-        """One packed bucket by broadcast; miles sends weight_version with each bucket."""
+        """One bucket by broadcast, tensor by tensor or packed (``load_format``); miles sends
+        weight_version with each bucket, and it is the engine's version once the bucket loads."""
         body = await self._body(request)
-        self._require_paused()
+        self._require_session("update_weights_from_distributed")
+        group = self.weights.group_of(body)
+        if body["abort_all_requests"]:
+            self._abort_all()
         try:
-            await self.weights.receive(body)
-        except RuntimeError as error:  # the collective failed: a peer died
-            return _refused(str(error)[:200], status=500)
-        self._loaded(body)
-        return _ok()
+            await self.weights.receive(group, body)
+        except RuntimeError as error:  # the collective failed: a peer died, or it timed out
+            return _refused(f"Failed to receive weights: {str(error)[:200]}")
+        return self._loaded(body)
 
     async def update_weights_from_tensor(self, request: web.Request) -> web.Response:
-        """One packed bucket by tensor handles from a colocated trainer (loopback only)."""
+        """One bucket (or one dtype's part of it) by tensor handles from a colocated trainer
+        (loopback only)."""
         body = await self._body(request)
-        self._require_paused()
-        self.weights.load_handles(body, request.remote)
-        self._loaded(body)
-        return _ok()
+        self._require_session("update_weights_from_tensor")
+        named = self.weights.handles(body, request.remote)
+        if body["abort_all_requests"]:
+            self._abort_all()
+        self.weights.load(named)
+        return self._loaded(body)
 
-    def _loaded(self, body: dict[str, Any]) -> None:
+    def _loaded(self, body: dict[str, Any]) -> web.Response:
+        """After a load: its version, and the flush the body asked for (SGLang's
+        ``flush_cache_after_weight_update``: refused while requests hold KV, the weights
+        loaded all the same)."""
         if body["weight_version"] is not None:
             self.weight_version = body["weight_version"]
+        holding = sum(job.holds_pages for job in self._jobs.values())
+        if body["flush_cache"] and holding:
+            return _refused(
+                "Weights were updated, but the cache was not flushed because requests are "
+                "still running or queued. Retract or finish them, then call /flush_cache."
+            )
+        return _ok()
 
     async def destroy_weights_update_group(self, request: web.Request) -> web.Response:
         self.weights.leave((await self._body(request))["group_name"])
         return _ok()
 
     async def begin_weight_update(self, request: web.Request) -> web.Response:
-        """Opens the session (SGLang restores packed weights here); an unquantized fp32
-        model has nothing to restore, so it only answers."""
+        """Opens the session (SGLang restores packed weights here; an unquantized fp32 model
+        has nothing to restore). A second one while open is refused, as SGLang refuses it."""
         await self._body(request)
+        if self.session_open:
+            raise BadRequest(
+                "session", "a weight-update session is already open; call end_weight_update() first"
+            )
+        self.session_open = True
         return _ok()
 
     async def end_weight_update(self, request: web.Request) -> web.Response:
-        """Closes it (SGLang's post-load processing); nothing to post-process here."""
+        """Closes it (SGLang's post-load processing; nothing to post-process here)."""
         await self._body(request)
+        if not self.session_open:
+            raise BadRequest(
+                "session", "no weight-update session is open; call begin_weight_update() first"
+            )
+        self.session_open = False
         return _ok()
 
     async def update_weight_version(self, request: web.Request) -> web.Response:
@@ -351,14 +399,20 @@ class EngineServer:
         return _ok()
 
     async def model_info(self, request: web.Request) -> web.Response:
-        """SGLang's /model_info, the fields a control plane reads."""
-        return web.json_response(
-            {
-                "model_path": self.engine_id,
-                "is_generation": True,
-                "weight_version": self.weight_version,
-            }
-        )
+        """SGLang's /model_info (engine_info)."""
+        assert self.info is not None
+        return web.json_response(self.info.model_info(self.weight_version))
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        """SGLang's /server_info and its deprecated alias /get_server_info (engine_info)."""
+        assert self.info is not None
+        return web.json_response(self.info.server_info(len(self._jobs), self.paused))
+
+    async def weights_checker(self, request: web.Request) -> web.Response:
+        """SGLang's /weights_checker: a failed action is 400 with success false."""
+        body = await self._body(request)
+        extra = self.checker.handle(body["action"], body["skip_tensor_list"])
+        return _ok(**extra)
 
     async def weights_checksum(self, request: web.Request) -> web.Response:
         return web.json_response({"checksum": checksum(self.model)})
@@ -369,9 +423,16 @@ class EngineActor:
     """Hosts one EngineServer; ``start`` gives its port on loopback."""
 
     def __init__(
-        self, engine_id: str, policy: PolicyConfig, token_seconds: float = 0.0, device: str = "cpu"
+        self,
+        engine_id: str,
+        policy: PolicyConfig,
+        token_seconds: float = 0.0,
+        device: str = "cpu",
+        collective_timeout: float = GLOO_TIMEOUT.total_seconds(),
     ) -> None:
-        self.server = EngineServer(engine_id, policy, token_seconds, device=device)
+        self.server = EngineServer(
+            engine_id, policy, token_seconds, device=device, collective_timeout=collective_timeout
+        )
 
     async def start(self) -> int:
         return await self.server.start()

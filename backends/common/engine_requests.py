@@ -111,8 +111,41 @@ class Field:
     """``...``: required."""
 
 
+def optional(check: Check) -> Check:
+    """``check``, or null."""
+
+    def checked(field: str, value: Any) -> Any:
+        return None if value is None else check(field, value)
+
+    return checked
+
+
 SELECTOR = Field(one_of("target", "draft", "all"), "all")
-LOAD_FORMAT = Field(one_of("flattened_bucket"), "flattened_bucket")
+DISTRIBUTED_FORMAT = Field(one_of("flattened_bucket"), None)
+"""Absent: one broadcast per tensor (what miles sends); ``flattened_bucket``: one packed
+buffer. SGLang takes any other string as absent; a typo there would receive tensor by
+tensor what a trainer sends packed, so this engine refuses it."""
+TENSOR_FORMAT = Field(one_of("flattened_bucket", "direct"), None)
+"""Absent or ``direct``: (name, tensor) pairs; ``flattened_bucket``: miles' packed form.
+SGLang's custom loaders (a dotted path here) are refused."""
+
+
+def as_sent(field: str, value: Any) -> Any:
+    """Taken as sent: the route's handler judges it (engine_generate)."""
+    return value
+
+
+UNHONOURED_GENERATE: Final = (
+    "lora_path",
+    "image_data",
+    "audio_data",
+    "return_routed_experts",
+    "return_indexer_topk",
+    "top_logprobs_num",
+    "stream",
+)
+"""/generate fields miles may send that this engine cannot honour: read, so that a value it
+cannot honour is refused naming them (engine_generate.UNSUPPORTED_TOP) rather than dropped."""
 
 SPECS: Final[Mapping[str, Mapping[str, Field]]] = {
     "/generate": {
@@ -120,6 +153,7 @@ SPECS: Final[Mapping[str, Mapping[str, Field]]] = {
         "input_ids": Field(list_of(count, 1 << 14)),
         "sampling_params": Field(mapping, {}),
         "return_logprob": Field(flag, False),
+        **{name: Field(as_sent, None) for name in UNHONOURED_GENERATE},
     },
     "/pause_generation": {"mode": Field(one_of("abort", "retract", "in_place"), "abort")},
     "/continue_generation": {},
@@ -146,18 +180,24 @@ SPECS: Final[Mapping[str, Mapping[str, Field]]] = {
         "flush_cache": Field(flag, True),
         "abort_all_requests": Field(flag, False),
         "weight_version": Field(text, None),
-        "load_format": LOAD_FORMAT,
+        "load_format": DISTRIBUTED_FORMAT,
         "selector": SELECTOR,
     },
     "/update_weights_from_tensor": {
         "serialized_named_tensors": Field(list_of(text, 64)),
-        "load_format": LOAD_FORMAT,
+        "load_format": TENSOR_FORMAT,
         "flush_cache": Field(flag, True),
         "abort_all_requests": Field(flag, False),
         "weight_version": Field(text, None),
         "selector": SELECTOR,
     },
     "/destroy_weights_update_group": {"group_name": Field(text, "weight_update_group")},
+    "/weights_checker": {
+        "action": Field(one_of("snapshot", "reset_tensors", "compare", "checksum"), "checksum"),
+        "allow_quant_error": Field(flag, False),
+        "skip_tensor_list": Field(optional(list_of(text, 1024)), None),
+        "selector": SELECTOR,
+    },
 }
 """Per route, each field the engine reads, its check and SGLang's default."""
 

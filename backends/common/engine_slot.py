@@ -16,7 +16,7 @@ from ray.exceptions import RayActorError
 from backends.common import sglang_api as api
 from backends.common.engine import EngineActor
 from backends.common.ray_session import LOOPBACK, in_bundle
-from miles_core.backend import EngineFailure, RequestRefused
+from miles_core.backend import EngineFailure, RequestRefused, SessionAlreadyOpen
 from miles_core.kinds import FaultPoint, PauseMode
 
 if TYPE_CHECKING:
@@ -52,7 +52,13 @@ class RayEngine:
                 num_gpus=self.world.placement.layout.engine_actor_gpu_fraction,
                 scheduling_strategy=in_bundle(self.world.pg, bundle),
             )
-            .remote(self.id, self.world.policy, self.world.engine_token_seconds, stack.device)
+            .remote(
+                self.id,
+                self.world.policy,
+                self.world.engine_token_seconds,
+                stack.device,
+                self.world.collective_timeout,
+            )
         )
         self.actor = actor
         if recovery:
@@ -93,17 +99,22 @@ class RayEngine:
         path: str,
         body: dict[str, Any] | None = None,
         refusable: bool = False,
+        seconds: float | None = None,
         **headers: str,
     ) -> dict[str, Any]:
         """One HTTP call to that process. An answer >= 400 is an EngineFailure, or with
-        ``refusable`` a 400 is RequestRefused (the engine is fine, it said no)."""
+        ``refusable`` a 400 is RequestRefused (the engine is fine, it said no). ``seconds``:
+        how long to wait for the answer (default: the world's HTTP timeout); a collective's
+        part waits longer than the collective may stall, so that a member's own timeout is
+        never mistaken for the stall's cause."""
         if incarnation != self.incarnation:
             raise EngineFailure(self.id, f"process {incarnation} was replaced")
         if self.url is None:
             raise EngineFailure(self.id, "not running")
+        timeout = None if seconds is None else aiohttp.ClientTimeout(total=seconds)
         try:
             async with self.world.http.request(
-                method, self.url + path, json=body, headers=headers
+                method, self.url + path, json=body, headers=headers, timeout=timeout
             ) as reply:
                 if reply.status >= 400:
                     text = (await reply.text())[:200]
@@ -141,7 +152,12 @@ class EngineHandle:
         await self.send(api.FlushCache(), refusable=True)
 
     async def begin_update(self) -> None:
-        await self.send(api.BeginWeightUpdateReqInput())
+        try:
+            await self.send(api.BeginWeightUpdateReqInput(), refusable=True)
+        except RequestRefused as refusal:
+            if "already open" in refusal.reason:  # SGLang's words for a second begin
+                raise SessionAlreadyOpen(refusal.component, refusal.reason) from None
+            raise EngineFailure(self.id, refusal.reason) from None
 
     async def end_update(self) -> None:
         await self.send(api.EndWeightUpdateReqInput())

@@ -1,129 +1,108 @@
-"""An engine's weights and the two ways buckets reach them: a collective group, or tensor handles.
+"""An engine's weights and the ways buckets reach them: a collective group, or tensor handles.
 
 Collective (SGLang's /init_weights_update_group, /update_weights_from_distributed):
 the engine joins a group made for it (gloo, NCCL on CUDA, or on CPU ``shm``: the
-trainer's shared-memory segment, backends/common/shm_group.py) and receives each
-bucket's packed buffer straight into its weights (wire.BucketViews).
+trainer's shared-memory segment, backends/common/shm_group.py) and receives the
+bucket as the body's ``load_format`` says, as SGLang 0.5.x does
+(model_executor/model_runner_components/weight_updater.py
+``receive_weights_from_distributed``):
+
+- absent (what miles sends: broadcast.py ``update_weights_from_distributed``): one
+  broadcast per tensor, in ``names`` order, each of its dtype and shape, received
+  into fresh tensors and loaded only once every one arrived, so a broadcast that
+  fails leaves the weights as they were;
+- ``flattened_bucket``: one broadcast of the packed uint8 buffer, received straight
+  into the weights (wire.BucketViews).
 
 Tensor handles (SGLang's /update_weights_from_tensor, colocated with the trainer):
-the body carries base64 of a pickled handle to the trainer's packed buffer (CUDA
-IPC on a GPU, a shared-memory file on CPU); the engine copies from it. Unpickling
-runs code a pickle names, so handles are taken only from loopback, and only the
-torch classes a tensor handle needs may be named (``_HandleUnpickler``).
+the body carries, per TP rank, base64 of a pickled handle (CUDA IPC on a GPU, a
+shared-memory file on CPU); with ``load_format: flattened_bucket`` it is miles'
+``{"flattened_tensor", "metadata": [FlattenedTensorMetadata]}`` (tensor_bucket.py),
+without it a list of ``(name, tensor)`` pairs (SGLang's ``load_weights`` input).
+Unpickling runs code a pickle names, so handles are taken only from loopback, and
+only the classes a tensor handle needs may be named (``_HandleUnpickler``).
 
-Every check runs before a byte of the weights changes (engine_requests).
+Every check runs before a byte of the weights changes (engine_requests): a body the
+engine cannot honour is a 4xx and the weights keep their checksum.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import io
-import pickle
+import datetime
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from backends.common import engine_requests as req
+from backends.common.engine_handles import Named, dtype_name, named_tensors
 from backends.common.engine_requests import BadRequest, bucket_payload
-from backends.common.ray_session import LOOPBACK_NAMES
+from backends.common.participation import JOINED, arrive
 from backends.common.shm_group import ShmUnavailable
 from backends.common.wire import (
+    GLOO_TIMEOUT,
     BucketViews,
     UnalignedTensor,
     broadcast,
+    broadcast_each,
+    group_store,
     update_group,
     wire_spans,
 )
 
-_HANDLE_GLOBALS = {
-    "torch": {
-        "Tensor",
-        "Size",
-        "device",
-        *(
-            str(d).removeprefix("torch.")
-            for d in (
-                torch.float64,
-                torch.float32,
-                torch.bfloat16,
-                torch.float16,
-                torch.int64,
-                torch.int32,
-                torch.int16,
-                torch.int8,
-                torch.uint8,
-                torch.bool,
-            )
-        ),
-    },
-    "torch.storage": {"UntypedStorage", "TypedStorage"},
-    "torch.cuda": {"UntypedStorage"},
-    "torch._utils": {"_rebuild_tensor_v2"},
-    "collections": {"OrderedDict"},
-}
-
-
-class _HandleUnpickler(pickle.Unpickler):
-    """Unpickles a tensor handle and nothing else: any other global is refused."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        allowed = module == "torch.multiprocessing.reductions" and name.startswith("rebuild_")
-        if allowed or name in _HANDLE_GLOBALS.get(module, ()):
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"{module}.{name} is not part of a tensor handle")
-
-
-def serialize_handle(
-    buffer: torch.Tensor, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Any]
-) -> str:
-    """What the trainer sends: base64 of the pickled handle to its packed buffer (kept alive
-    by the trainer until every engine has answered)."""
-    from multiprocessing.reduction import ForkingPickler
-
-    payload = {
-        "flattened_tensor": buffer,
-        "names": list(names),
-        "dtypes": list(dtypes),
-        "shapes": [list(s) for s in shapes],
-    }
-    return base64.b64encode(bytes(ForkingPickler.dumps(payload))).decode()
-
-
 MAX_LAYOUTS = 4096
 """Checked layouts kept at most (a plan has one per bucket; a new plan adds its own)."""
 
+Layout = tuple[tuple[str, ...], tuple[str, ...], tuple[tuple[int, ...], ...]]
+
 
 class EngineWeights:
-    def __init__(self, model: torch.nn.Module, device: str) -> None:
+    def __init__(
+        self, model: torch.nn.Module, device: str, timeout: datetime.timedelta = GLOO_TIMEOUT
+    ) -> None:
         self.model = model
         self.device = device
+        self.timeout = timeout
+        """How long a broadcast waits for a member that never takes part (every group's)."""
         self.views = BucketViews(model)
         self.groups: dict[str, Any] = {}
+        self._taking_part: dict[str, tuple[Any, int]] = {}
+        """Per group: the store this engine counts its broadcasts in, and its rank."""
+        self._params = dict(model.named_parameters())
+        """The parameters by name (BucketViews rebinds their data, never the objects)."""
         self._schema = {
             name: (str(p.dtype).removeprefix("torch."), tuple(p.shape))
-            for name, p in model.named_parameters()
+            for name, p in self._params.items()
         }
         """Each parameter's dtype and shape, read once: a check per bucket rebuilt the whole
         parameter map (backends/bench: 70 of 131 ms for the 44 checks of a 4 MiB plan)."""
-        self._valid: set[tuple[tuple[str, ...], tuple[str, ...], tuple[Any, ...]]] = set()
-        """Bucket layouts that passed ``check_bucket`` (the schema never changes)."""
+        self._valid: set[tuple[bool, Layout]] = set()
+        """Bucket layouts that passed ``check_bucket`` (the schema never changes), with
+        whether they passed as packed."""
 
     def check_bucket(
-        self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]]
+        self,
+        names: Sequence[str],
+        dtypes: Sequence[str],
+        shapes: Sequence[Sequence[int]],
+        packed: bool = True,
     ) -> None:
-        """Each tensor names a parameter of this model with its dtype and shape. A layout that
-        passed is remembered: the same buckets come every update, and checking one of 331
-        tensors took 0.4 to 0.7 ms, a tenth of its transfer over shm (backends/bench)."""
-        layout = (tuple(names), tuple(dtypes), tuple(tuple(s) for s in shapes))
-        if layout in self._valid:
+        """Each tensor names a parameter of this model with its dtype and shape, and, packed,
+        starts aligned in the flattened bucket. A layout that passed is remembered: the same
+        buckets come every update, and checking one of 331 tensors took 0.4 to 0.7 ms, a
+        tenth of its transfer over shm (backends/bench)."""
+        key = (packed, (tuple(names), tuple(dtypes), tuple(tuple(s) for s in shapes)))
+        if key in self._valid:
             return
         self._check(names, dtypes, shapes)
+        if packed:
+            try:
+                wire_spans(names, dtypes, shapes)
+            except UnalignedTensor as error:
+                raise BadRequest("names", str(error)) from None
         if len(self._valid) >= MAX_LAYOUTS:
             self._valid.clear()
-        self._valid.add(layout)
+        self._valid.add(key)
 
     def _check(
         self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]]
@@ -139,10 +118,6 @@ class EngineWeights:
                 raise BadRequest(
                     f"shapes[{i}]", f"{name} is {list(have_shape)} here, the request says {shape}"
                 )
-        try:
-            wire_spans(names, dtypes, shapes)
-        except UnalignedTensor as error:
-            raise BadRequest("names", str(error)) from None
 
     async def join(self, body: dict[str, Any]) -> None:
         backend = body["backend"]
@@ -153,66 +128,68 @@ class EngineWeights:
         if body["rank_offset"] < 1 or body["rank_offset"] >= body["world_size"]:
             raise BadRequest("rank_offset", "must be in [1, world_size): rank 0 is the trainer")
         store = (body["master_address"], body["master_port"])
-        args = (backend, store, body["group_name"], body["rank_offset"], body["world_size"])
+        name, rank = body["group_name"], body["rank_offset"]
+        args = (backend, store, name, rank, body["world_size"], None, self.timeout)
         loop = asyncio.get_running_loop()
         try:
+            marks = await loop.run_in_executor(None, group_store, store, name, self.timeout)
+            await loop.run_in_executor(None, arrive, marks, rank, JOINED)
             group = await loop.run_in_executor(None, update_group, *args)
         except ShmUnavailable as error:
             raise BadRequest("backend", f"{error}") from None
-        self.groups[body["group_name"]] = group
+        self.groups[name] = group
+        self._taking_part[name] = (marks, rank)
 
-    async def receive(self, body: dict[str, Any]) -> None:
-        """One bucket by broadcast, straight into the weights."""
+    def group_of(self, body: dict[str, Any]) -> Any:
+        """The group a receive names, checked with the bucket before anything is received."""
         names, dtypes, shapes = bucket_payload(body)
         group = self.groups.get(body["group_name"])
         if group is None:
             raise BadRequest("group_name", f"no group {body['group_name']!r}: init it first")
-        self.check_bucket(names, dtypes, shapes)
-        buffer = self.views.buffer_for(names, dtypes, shapes)
-        await asyncio.get_running_loop().run_in_executor(None, broadcast, group, buffer)
+        self.check_bucket(names, dtypes, shapes, packed=body["load_format"] == "flattened_bucket")
+        return group
 
-    def load_handles(self, body: dict[str, Any], peer: str | None) -> None:
-        """One bucket from tensor handles (one per TP rank; this engine has one rank)."""
-        if peer not in LOOPBACK_NAMES:
-            raise BadRequest(
-                "serialized_named_tensors",
-                f"tensor handles are unpickled, so they are taken from loopback only, not {peer}",
-                status=403,
-            )
-        handles = body["serialized_named_tensors"]
-        if len(handles) != 1:
-            raise BadRequest("serialized_named_tensors", f"one per TP rank (1), got {len(handles)}")
-        field = "serialized_named_tensors[0]"
-        try:
-            raw = base64.b64decode(handles[0], validate=True)
-            payload = _HandleUnpickler(io.BytesIO(raw)).load()
-        except (binascii.Error, ValueError) as error:
-            raise BadRequest(field, f"not base64: {error}") from None
-        except Exception as error:  # a hostile pickle can raise anything while loading
-            raise BadRequest(field, f"not a tensor handle: {str(error)[:120]}") from None
-        names, dtypes, shapes, tensor = _handle_payload(payload, field)
-        self.check_bucket(names, dtypes, shapes)
-        nbytes = wire_spans(names, dtypes, shapes)[1]
-        if tensor.numel() != nbytes:
-            raise BadRequest(field, f"the buffer holds {tensor.numel()} bytes, the names {nbytes}")
-        self.views.buffer_for(names, dtypes, shapes).copy_(tensor)
+    async def receive(self, group: Any, body: dict[str, Any]) -> None:
+        """One bucket by broadcast in ``group`` (``group_of``): packed straight into the
+        weights, or tensor by tensor into fresh tensors loaded once all arrived. Raises what
+        the collective raised (a peer died, or the group's timeout ran out)."""
+        names, dtypes, shapes = body["names"], body["dtypes"], body["shapes"]
+        loop = asyncio.get_running_loop()
+        marks = self._taking_part.get(body["group_name"])
+        if body["load_format"] == "flattened_bucket":
+            buffer = self.views.buffer_for(names, dtypes, shapes)
+            await loop.run_in_executor(None, _taking_part, marks, broadcast, group, buffer)
+            return
+        tensors = [
+            torch.empty(shape, dtype=getattr(torch, dt), device=self.device)
+            for dt, shape in zip(dtypes, shapes, strict=True)
+        ]
+        await loop.run_in_executor(None, _taking_part, marks, broadcast_each, group, tensors)
+        self.load(list(zip(names, tensors, strict=True)))
+
+    def handles(self, body: dict[str, Any], peer: str | None) -> Named:
+        """The tensors a /update_weights_from_tensor body hands over, checked (nothing loaded)."""
+        named = named_tensors(body, peer)
+        names = [name for name, _ in named]
+        if len(set(names)) != len(names):
+            raise BadRequest("serialized_named_tensors[0]", "a tensor named twice")
+        dtypes = [dtype_name(t.dtype) for _, t in named]
+        self.check_bucket(names, dtypes, [tuple(t.shape) for _, t in named], packed=False)
+        return named
+
+    def load(self, named: Named) -> None:
+        """Copy checked tensors into the weights (SGLang's ``load_weights``)."""
+        with torch.no_grad():
+            for name, tensor in named:
+                self._params[name].copy_(tensor)
 
     def leave(self, name: str) -> None:
         self.groups.pop(name, None)
+        self._taking_part.pop(name, None)
 
 
-def _handle_payload(
-    payload: Any, field: str
-) -> tuple[list[str], list[str], list[list[int]], torch.Tensor]:
-    if not isinstance(payload, dict):
-        raise BadRequest(field, "expected a pickled dict")
-    tensor = payload.get("flattened_tensor")
-    if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8 or tensor.dim() != 1:
-        raise BadRequest(f"{field}.flattened_tensor", "expected a 1-D uint8 tensor")
-    body = {
-        "names": req.list_of(req.text)(f"{field}.names", payload.get("names")),
-        "dtypes": req.list_of(req.dtype)(f"{field}.dtypes", payload.get("dtypes")),
-        "shapes": req.list_of(req.shape)(f"{field}.shapes", payload.get("shapes")),
-    }
-    names, dtypes, shapes = bucket_payload(body)
-    return names, dtypes, shapes, tensor
+def _taking_part(marks: tuple[Any, int] | None, receive: Any, *args: Any) -> None:
+    """Count this broadcast as entered (participation.py), then take part in it."""
+    if marks is not None:
+        arrive(*marks)
+    receive(*args)

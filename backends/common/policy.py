@@ -29,6 +29,9 @@ VOCAB = 12
 PROMPT_DIGITS = 3
 RESPONSE_TOKENS = 4
 INIT_SEED = 1234
+CONTEXT_LENGTH = 4096
+"""The model's context (its max_position_embeddings: what SGLang's engine limits a prompt
+plus max_new_tokens to). It creates no parameter, so the weights do not depend on it."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ class PolicyConfig:
             num_hidden_layers=self.layers,
             num_attention_heads=self.heads,
             num_key_value_heads=max(1, self.heads // 2),
-            max_position_embeddings=2 + PROMPT_DIGITS + RESPONSE_TOKENS,
+            max_position_embeddings=CONTEXT_LENGTH,
             tie_word_embeddings=True,
             bos_token_id=BOS,
             eos_token_id=None,

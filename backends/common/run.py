@@ -302,6 +302,7 @@ async def _run(
         seed=seed,
         engine_token_seconds=options.engine_token_seconds,
         stack=options.stack,
+        collective_timeout=scenario.loop.update_weight_collective_timeout,
     )
     history = History()
     metrics = _StepMetrics(world, options.on_line)

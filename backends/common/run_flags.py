@@ -52,6 +52,12 @@ def build_parser(
         help="a floor on each generated token's time (default 0: as fast as the tiny policy "
         "goes, about a millisecond); longer requests live across more weight updates",
     )
+    run.add_argument(
+        "--flattened-bucket",
+        action="store_true",
+        help="send each weight bucket as one packed broadcast (load_format flattened_bucket); "
+        "by default one broadcast per tensor, as miles' distributed path sends them",
+    )
     if extra is not None:
         extra(run)
     add_loop_flags(run, skip=OWN_FLAGS)

@@ -106,15 +106,14 @@ class InitWeightsUpdateGroupReqInput(SGLangRequest):
 
 @dataclass(frozen=True)
 class UpdateWeightsFromDistributedReqInput(SGLangRequest):
-    """One bucket, received by a broadcast in the named group. ``flattened_bucket``: the
-    tensors packed back to back as one uint8 buffer (no padding: SGLang's
-    FlattenedTensorBucket refuses a tensor whose offset is not a multiple of its item size).
-
-    miles sends ``weight_version`` with every bucket; SGLang sets its version when the
-    bucket loads, so a response that ends between the first bucket and the stamp reports
-    the new version for tokens of the old weights. Seen for real here (in_place, a request
-    finishing as the update's buckets arrived: reported 6, generated under 5, caught by the
-    published_weights oracle), so our client leaves it out and lets the stamp set it."""
+    """One bucket, received by broadcast in the named group, as miles sends it
+    (sglang_engine.py ``update_weights_from_distributed``, called from broadcast.py's
+    ``update_weights_from_distributed``): no ``load_format``, so SGLang receives one
+    broadcast per tensor in ``names`` order; ``weight_version`` with every bucket (SGLang
+    sets its version when the bucket loads; the stamp sets the same one after the last).
+    ``load_format="flattened_bucket"`` asks for one packed uint8 buffer instead (no
+    padding: SGLang's FlattenedTensorBucket refuses a tensor whose offset is not a multiple
+    of its item size), which miles' distributed path never sends."""
 
     ROUTE: ClassVar[str] = "/update_weights_from_distributed"
     names: list[str]
@@ -123,13 +122,16 @@ class UpdateWeightsFromDistributedReqInput(SGLangRequest):
     group_name: str
     flush_cache: bool = False
     selector: str = "all"
-    load_format: Any = "flattened_bucket"
     weight_version: Any = OMIT
+    load_format: Any = OMIT
 
 
 @dataclass(frozen=True)
 class UpdateWeightsFromTensorReqInput(SGLangRequest):
-    """One bucket by CUDA IPC (colocated): base64 of each TP rank's serialized handles."""
+    """One bucket by tensor handles (colocated), as miles sends it (sglang_engine.py
+    ``update_weights_from_tensor``; update_weight_from_tensor.py ``_send_to_colocated_engine``):
+    per TP rank, base64 of the pickled ``{"flattened_tensor", "metadata"}`` of SGLang's
+    FlattenedTensorBucket, ``load_format="flattened_bucket"``, and the version."""
 
     ROUTE: ClassVar[str] = "/update_weights_from_tensor"
     serialized_named_tensors: list[str]
@@ -214,8 +216,68 @@ init_weights_update_group, update_weights_from_distributed, update_weights_from_
 update_weight_version, begin_weight_update)."""
 
 
+MILES_READS: Final[dict[str, tuple[str, ...]]] = {
+    "/generate": (
+        "text",
+        "meta_info.finish_reason.type",
+        "meta_info.output_token_logprobs",
+        "meta_info.weight_version",
+        "meta_info.prompt_tokens",
+        "meta_info.completion_tokens",
+        "meta_info.cached_tokens",
+        "meta_info.e2e_latency",
+    ),
+    "/model_info": ("weight_version",),
+    "/update_weights_from_distributed": ("success", "message"),
+    "/update_weights_from_tensor": ("success", "message"),
+    "/weights_checker": (
+        "success",
+        "ranks.checksums",
+        "ranks.parallelism_info.rank",
+        "per_engine_checksum",
+    ),
+    "/server_info": ("model_path", "tp_size", "context_length"),
+    "/get_server_info": ("model_path", "tp_size", "context_length"),
+}
+"""The response fields miles reads, per route, as dotted paths (a list is looked into):
+/generate in miles/rollout/sglang_rollout.py ``generate`` and utils/types.py
+``Sample.update_from_meta_info``; /model_info in sglang_engine.py ``get_weight_version``;
+the update routes' success in update_weight/common.py ``_check_weight_sync_results``;
+/weights_checker in utils/audit_utils/checksum_utils.py; /server_info and /get_server_info
+whole, as ServerArgs (p2p_transfer_utils.py, sglang_engine.py ``_init_external``), of
+which these are the fields a p2p transfer and an external engine's check need."""
+
+
+def missing_reads(route: str, reply: Any) -> list[str]:
+    """Each MILES_READS path of ``route`` that ``reply`` (a decoded JSON body) lacks."""
+    return [path for path in MILES_READS[route] if not _has(reply, path.split("."))]
+
+
+def _has(value: Any, path: list[str]) -> bool:
+    if not path:
+        return True
+    if isinstance(value, list):
+        return bool(value) and all(_has(item, path) for item in value)
+    return isinstance(value, dict) and path[0] in value and _has(value[path[0]], path[1:])
+
+
 def fields_of(request: type[SGLangRequest]) -> frozenset[str]:
     return frozenset(f.name for f in dataclasses.fields(request))
 
 
-__all__ = ["MILES_SENDS", "OMIT", "REQUESTS", "TESTBED_PREFIX", "body", "fields_of"]
+def sent_by_default(request: type[SGLangRequest]) -> frozenset[str]:
+    """The fields a request sends unless told otherwise (every one not defaulting to OMIT)."""
+    return frozenset(f.name for f in dataclasses.fields(request) if f.default is not OMIT)
+
+
+__all__ = [
+    "MILES_READS",
+    "MILES_SENDS",
+    "OMIT",
+    "REQUESTS",
+    "TESTBED_PREFIX",
+    "body",
+    "fields_of",
+    "missing_reads",
+    "sent_by_default",
+]

@@ -37,6 +37,7 @@ from backends.common.sglang_api import (
     TESTBED_PREFIX,
     SGLangRequest,
     fields_of,
+    sent_by_default,
 )
 
 SGLANG_VERSION: Final = "0.5.23"
@@ -433,9 +434,10 @@ def check_miles(
     requests: Iterable[type[SGLangRequest]] = REQUESTS,
     miles_sends: Mapping[str, Iterable[str]] = MILES_SENDS,
 ) -> list[str]:
-    """Each field miles' own client sends on a route that our request for that route lacks
-    (our client would behave differently from miles), and each that SGLang's type lacks
-    (MILES_SENDS itself transcribed wrong)."""
+    """Each field miles' own client sends on a route that our request for that route lacks,
+    or that our request sends by default and miles does not (our client would behave
+    differently from miles: a ``load_format`` miles leaves out changes how SGLang
+    receives), and each that SGLang's type lacks (MILES_SENDS itself transcribed wrong)."""
     problems: list[str] = []
     by_route = {request.ROUTE: request for request in requests}
     for path, sent in sorted(miles_sends.items()):
@@ -445,6 +447,8 @@ def check_miles(
             continue
         for field in sorted(set(sent) - fields_of(request)):
             problems.append(f"{path}: miles sends {field}, {request.__name__} has no {field}")
+        for field in sorted(sent_by_default(request) - set(sent)):
+            problems.append(f"{path}: {request.__name__} sends {field}, miles does not")
         route = api.routes.get(path)
         theirs = api.types.get(route.request_type or "") if route is not None else None
         if theirs is not None:

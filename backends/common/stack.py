@@ -41,6 +41,10 @@ class Stack:
     engine: str = "local"
     """"local" (the SGLang-shaped engine on a transformers model) or "sglang" (the real one)."""
     wire: Wire = Wire.GLOO
+    packed: bool = False
+    """The distributed path's buckets as one packed broadcast each (``load_format:
+    flattened_bucket``); False: one broadcast per tensor, as miles' distributed path sends
+    (no ``load_format``). Tensor handles are always miles' flattened bucket."""
 
     def __post_init__(self) -> None:
         if self.wire is Wire.SHM and self.device != "cpu":
@@ -69,6 +73,7 @@ class Stack:
             "engine": self.engine,
             "transport": self.wire.value,
             "collective_backend": self.collective_backend,
+            "load_format": "flattened_bucket" if self.packed else "per tensor",
         }
 
 

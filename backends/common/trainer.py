@@ -23,6 +23,7 @@ step runs, as a real trainer's heartbeat thread does.
 
 from __future__ import annotations
 
+import datetime
 import os
 import time
 from collections.abc import Sequence
@@ -33,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from backends.common.devices import prepare_process
-from backends.common.engine_weights import serialize_handle
+from backends.common.participation import JOINED, arrive
 from backends.common.policy import (
     PolicyConfig,
     Trajectory,
@@ -44,11 +45,13 @@ from backends.common.policy import (
 )
 from backends.common.shm_group import ShmArena, ShmGroup, send_many
 from backends.common.stack import CPU_STACK, Stack
+from backends.common.tensor_bucket import bucket_handle
 from backends.common.wire import (
     GLOO_TIMEOUT,
     BucketViews,
     client_store,
     gloo_group,
+    group_store,
     pack_into,
     payload_of,
     update_group,
@@ -118,6 +121,8 @@ class TrainerRank:
         self.model = self.build(policy, stack)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=policy.lr)
         self._update_groups: dict[str, Any] = {}
+        self._taking_part: dict[str, Any] = {}
+        """Per update group, the store rank 0 counts its broadcasts in (participation.py)."""
         self._arena: ShmArena | None = None
         """The shared-memory segment of this rank's shm update groups (made at the first)."""
         self._shared: dict[int, list[torch.Tensor]] = {}
@@ -269,66 +274,96 @@ class TrainerRank:
     # -- weight updates (rank 0 is the source, rank 0 of each update group) -------------
 
     def init_update_group(
-        self, store_addr: tuple[str, int], name: str, world: int, backend: str = "gloo"
+        self,
+        store_addr: tuple[str, int],
+        name: str,
+        world: int,
+        backend: str = "gloo",
+        timeout: float = GLOO_TIMEOUT.total_seconds(),
     ) -> None:
+        """Rank 0 joins the group as its source; a broadcast it sends fails after ``timeout``
+        seconds if a member never takes part."""
         if self.rank == 0:
             if backend == "shm" and self._arena is None:
                 self._arena = ShmArena()
+            wait = datetime.timedelta(seconds=timeout)
+            self._taking_part[name] = group_store(store_addr, name, wait)
+            arrive(self._taking_part[name], 0, JOINED)
             self._update_groups[name] = update_group(
-                backend, store_addr, name, 0, world, self._arena
+                backend, store_addr, name, 0, world, self._arena, wait
             )
 
     def share_bucket(self, update_id: int, bucket: Bucket) -> tuple[str | None, float]:
-        """The bucket packed into a fresh buffer on this device, its handle for
-        /update_weights_from_tensor (rank 0; the other ranks help gather). The buffer stays
-        alive until the next update: the engines copy from it."""
+        """The bucket flattened into a fresh buffer on this device, as miles'
+        ``_send_to_colocated_engine`` builds it for /update_weights_from_tensor (rank 0; the
+        other ranks help gather). The buffer stays alive until the next update: the engines
+        copy from it."""
         started = time.perf_counter()
         tensors = self.hf_tensors(bucket)
         if self.rank != 0:
             return None, 0.0
         for old in [u for u in self._shared if u != update_id]:
             del self._shared[old]
+        named = [(name, tensors[name]) for name in payload_of(bucket)[0]]
         buffer = torch.empty(wire_layout(bucket)[1], dtype=torch.uint8, device=self.device)
-        pack_into(tensors, bucket, buffer)
+        handle = bucket_handle(named, buffer)
         self._shared.setdefault(update_id, []).append(buffer)
-        return serialize_handle(buffer, *payload_of(bucket)), time.perf_counter() - started
+        return handle, time.perf_counter() - started
 
-    def send_bucket(self, names: str | Sequence[str], bucket: Bucket) -> float:
-        """Broadcast one bucket's wire buffer from rank 0 on each named group (p2p: one pair
-        group per engine, all at once); returns its seconds in the broadcasts.
+    def send_bucket(self, names: str | Sequence[str], bucket: Bucket, packed: bool = True) -> float:
+        """Broadcast one bucket from rank 0 on each named group (p2p: one pair group per
+        engine, all at once); returns its seconds in the broadcasts. ``packed``: as one
+        ``flattened_bucket`` buffer; otherwise one broadcast per tensor in the bucket's
+        order, as miles' distributed path sends (broadcast.py
+        ``update_weights_from_distributed``: one ``dist.broadcast`` per name).
 
         One rank: the parameters are views into the bucket's buffer (bound at its first
-        send), so nothing is packed (backends/bench measured packing into a fresh buffer
-        per bucket at well under half of the wire's rate). A sharded cell: every rank takes
-        part in gathering the bucket's whole tensors, and rank 0 packs them."""
+        packed send), so nothing is packed (backends/bench measured packing into a fresh
+        buffer per bucket at well under half of the wire's rate), and each tensor is sent
+        as it lies. A sharded cell: every rank takes part in gathering the bucket's whole
+        tensors, and rank 0 sends them."""
+        order = payload_of(bucket)[0]
         if self._views is None:
             tensors = self.hf_tensors(bucket)
             if self.rank != 0:
                 return 0.0
-            buffer = torch.empty(wire_layout(bucket)[1], dtype=torch.uint8, device=self.device)
-            pack_into(tensors, bucket, buffer)
+            if packed:
+                buffer = torch.empty(wire_layout(bucket)[1], dtype=torch.uint8, device=self.device)
+                pack_into(tensors, bucket, buffer)
+                sent = [buffer]
+            else:
+                sent = [tensors[name].detach().contiguous() for name in order]
+        elif packed:
+            sent = [self._views.buffer_for(*payload_of(bucket))]
         else:
-            buffer = self._views.buffer_for(*payload_of(bucket))
+            params = dict(self.model.named_parameters())
+            sent = [params[name].detach().contiguous() for name in order]
         names = [names] if isinstance(names, str) else list(names)
-        return send_to_groups([self._update_groups[n] for n in names], buffer)
+        for name in names:  # the source enters each group's broadcast (participation.py)
+            marks = self._taking_part.get(name)
+            if marks is not None:
+                arrive(marks, 0)
+        return send_to_groups([self._update_groups[n] for n in names], sent)
 
     def destroy_update_group(self, name: str) -> None:
         self._update_groups.pop(name, None)
+        self._taking_part.pop(name, None)
 
 
-def send_to_groups(groups: Sequence[Any], buffer: torch.Tensor) -> float:
-    """Broadcast ``buffer`` from rank 0 on every group at once, then wait for all; returns the
-    seconds. Each group has its own gloo (or NCCL) workers, so p2p's engines receive
-    concurrently (backends/bench: sent in turn instead, 2 and 4 engines got about 0.75x of
-    this GB/s). The first failed group raises; the others are left to their timeouts with
-    the groups discarded."""
+def send_to_groups(groups: Sequence[Any], tensors: Sequence[torch.Tensor]) -> float:
+    """Broadcast each tensor in order from rank 0 on every group at once, then wait for all;
+    returns the seconds. Each group has its own gloo (or NCCL) workers, so p2p's engines
+    receive concurrently (backends/bench: sent in turn instead, 2 and 4 engines got about
+    0.75x of this GB/s). The first failed group raises; the others are left to their
+    timeouts with the groups discarded."""
     started = time.perf_counter()
     if groups and all(isinstance(g, ShmGroup) for g in groups):
-        send_many(groups, buffer)  # one write into the arena for all of them
+        for tensor in tensors:
+            send_many(groups, tensor)  # one write into the arena for all of them
         return time.perf_counter() - started
     options = dist.BroadcastOptions()
     options.rootRank = 0
-    works = [group.broadcast([buffer], options) for group in groups]
+    works = [group.broadcast([tensor], options) for tensor in tensors for group in groups]
     for work in works:
         work.wait()
     return time.perf_counter() - started

@@ -8,14 +8,18 @@ meanwhile is an EngineFailure, a dead peer in a collective names who died.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+import aiohttp
+
+from backends.common import participation
 from backends.common import sglang_api as api
 from backends.common.engine import DIE_MIDWAY
 from backends.common.policy import RESPONSE_TOKENS, Trajectory, prompt_tokens, reward
 from miles_core.backend import (
     CellFailure,
+    ComponentFailure,
     Delivery,
     EngineFailure,
     GenerateRequest,
@@ -28,6 +32,9 @@ from miles_core.transfer import Bucket
 
 if TYPE_CHECKING:
     from backends.common.cluster import RayCell, RayWorld
+
+HTTP_TIMEOUT = aiohttp.ClientTimeout(total=120)
+"""How long the world waits for an engine's answer (a collective's part waits longer)."""
 
 
 class RayRouter:
@@ -86,6 +93,26 @@ def _version(reported: str) -> int | None:
     return None if reported == "default" else int(reported)
 
 
+class _Collective(Exception):
+    """A live member says the collective failed (SGLang's "Failed to receive weights", "Failed
+    to initialize custom process group"): it names no one, since every member of a stalled
+    or broken group fails alike."""
+
+
+COLLECTIVE_FAILED = ("Failed to receive weights", "Failed to initialize custom process group")
+
+
+async def _member(call: Awaitable[Any]) -> Any:
+    """An engine's part in a collective: its report of the collective's failure is a
+    _Collective, its own failure (dead, unreachable) stays an EngineFailure."""
+    try:
+        return await call
+    except EngineFailure as failure:
+        if any(words in failure.reason for words in COLLECTIVE_FAILED):
+            raise _Collective(f"{failure.component}: {failure.reason}") from None
+        raise
+
+
 class _Fanout:
     """One bucket's calls to the source cell and its engines, at once, failures named."""
 
@@ -95,32 +122,66 @@ class _Fanout:
     def __init__(self, world: RayWorld) -> None:
         self.world = world
 
-    async def _all(self, calls: dict[str, Any], source: int) -> list[Any]:
+    async def _all(
+        self,
+        calls: dict[str, Any],
+        source: int,
+        stalled: Callable[[], ComponentFailure | None] | None = None,
+    ) -> list[Any]:
         """Run calls at once and name who failed.
 
         A dead source cell or engine raises at once (the trainer must not sit in a
-        rendezvous timeout before the orchestration hears of it). A collective that
-        failed inside a live trainer means a peer vanished: the engines' own replies
-        then say which one.
+        rendezvous timeout before the orchestration hears of it). A live member that says
+        the collective failed (``_Collective``) names nobody: a peer vanished, and its own
+        call says which. A collective that is still stalled at the group's timeout
+        (``stalled`` given) waits for a member that never took part: ``stalled`` reads who
+        (participation.py), and that member is named.
         """
         tasks = {asyncio.ensure_future(c): who for who, c in calls.items()}
         pending: set[asyncio.Future[Any]] = set(tasks)
+        loop = asyncio.get_running_loop()
+        timeout = self.world.collective_timeout
+        deadline = None if stalled is None else loop.time() + timeout
         try:
             while pending:
-                _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+                wait = None if deadline is None else max(0.0, deadline - loop.time())
+                _, pending = await asyncio.wait(
+                    pending, timeout=wait, return_when=asyncio.FIRST_EXCEPTION
+                )
                 errors = [t.exception() for t in tasks if t.done() and t.exception()]
                 component = [e for e in errors if isinstance(e, CellFailure)] + [
                     e for e in errors if isinstance(e, EngineFailure)
                 ]
                 if component:
                     raise component[0]
+                if pending and deadline is not None and loop.time() >= deadline:
+                    assert stalled is not None
+                    failure, deadline = stalled(), None
+                    if failure is not None:
+                        raise failure
             errors = [t.exception() for t in tasks if t.exception()]
-            if errors:  # only the trainer's collective failed, yet every engine answered
+            if errors:  # only the collective failed, yet every member answered
                 raise CellFailure(source, f"collective failed: {errors[0]}")
             return [t.result() for t in tasks]
         finally:
             for t in pending:
                 t.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    def _absent(
+        self, groups: Mapping[str, tuple[tuple[str, ...], int]], source: int, what: str, key: str
+    ) -> ComponentFailure | None:
+        """The first member of ``groups`` (name -> its engines in rank order, rank r being
+        engines[r - 1], and the number of the collective in that group) that never entered
+        it: the source is rank 0."""
+        timeout = self.world.collective_timeout
+        why = f"took no part in {what}: the group waited {timeout:g}s for it"
+        for name, (engines, number) in groups.items():
+            ranks = range(len(engines) + 1)
+            for rank in participation.absent(self.world.store, name, ranks, number, key):
+                return (
+                    CellFailure(source, why) if rank == 0 else EngineFailure(engines[rank - 1], why)
+                )
+        return None
 
     async def _checked(self, update_id: int, cell: RayCell) -> None:
         """The trainer's checksum of what this update sends, for the engines' stamps."""
@@ -159,49 +220,82 @@ class CollectiveTransport(_Fanout):
     each engine serves /update_weights_from_distributed. Broadcast mode makes
     one group of all engines; p2p one group per engine. A group is made for the
     engine processes named, so a restarted process is never in an old group.
-    Buckets leave out weight_version, which miles sends with each one: the stamp sets it
-    (see sglang_api.UpdateWeightsFromDistributedReqInput).
+    Each bucket's body is miles': the update's ``weight_version``, and no ``load_format``
+    (one broadcast per tensor) unless the stack asks for packed buckets
+    (``--flattened-bucket``; see sglang_api.UpdateWeightsFromDistributedReqInput).
     """
 
     def __init__(self, world: RayWorld) -> None:
         super().__init__(world)
         self._groups: dict[tuple[int, tuple[tuple[str, int], ...]], str] = {}
+        self._members: dict[str, tuple[str, ...]] = {}
+        """Each group's engines in rank order (rank r is the r-th, from 1)."""
+        self._sent: dict[str, int] = {}
+        """Broadcasts started on each group (the next one's number)."""
+
+    @property
+    def _patience(self) -> float:
+        """How long an engine's part in a collective is waited for: past the collective's
+        timeout (when the stall is judged), so that no member's HTTP call ends first."""
+        return self.world.collective_timeout + HTTP_TIMEOUT.total
 
     async def _group(self, update_id: int, cell: RayCell, engines: Mapping[str, int]) -> str:
         key = (update_id, tuple(sorted(engines.items())))
         if key in self._groups:
             return self._groups[key]
         for old in [k for k in self._groups if k[0] != update_id]:
-            self._groups.pop(old)
+            gone = self._groups.pop(old)
+            self._members.pop(gone, None)
+            self._sent.pop(gone, None)
         name = f"update{update_id}-" + "+".join(f"{e}.{i}" for e, i in sorted(engines.items()))
         world = len(engines) + 1
         host, port = self.world.store_addr
         backend = self.world.stack.collective_backend
+        timeout = self.world.collective_timeout
         calls: dict[str, Any] = {
-            "cell": cell.call("init_update_group", (host, port), name, world, backend)
+            "cell": cell.call("init_update_group", (host, port), name, world, backend, timeout)
         }
         for rank, (engine, incarnation) in enumerate(sorted(engines.items()), start=1):
             join = api.InitWeightsUpdateGroupReqInput(host, port, rank, world, name, backend)
-            calls[engine] = self.world.engines[engine].request(
-                incarnation, join.METHOD, join.ROUTE, api.body(join)
+            calls[engine] = _member(
+                self.world.engines[engine].request(
+                    incarnation, join.METHOD, join.ROUTE, api.body(join), seconds=self._patience
+                )
             )
-        await self._all(calls, cell.index)
+        members = tuple(sorted(engines))
+        joining = {name: (members, 0)}
+        await self._all(
+            calls,
+            cell.index,
+            lambda: self._absent(joining, cell.index, f"joining {name}", participation.JOINED),
+        )
+        self._members[name] = members
         await self._checked(update_id, cell)
         self._groups[key] = name
         return name
 
     async def send_bucket(
-        self, update_id: int, source_cell: int, bucket: Bucket, engines: Mapping[str, int]
+        self,
+        update_id: int,
+        source_cell: int,
+        bucket: Bucket,
+        engines: Mapping[str, int],
+        version: int | None = None,
     ) -> Delivery:
         world = self.world
         cell = world.cells[source_cell]
         name = await self._group(update_id, cell, engines)
         started = world.rt.now()
-        await self._send(cell, bucket, dict.fromkeys(engines, name), engines)
+        await self._send(cell, bucket, dict.fromkeys(engines, name), engines, version)
         return await self._delivered(update_id, source_cell, bucket, engines, started)
 
     async def send_bucket_each(
-        self, update_id: int, source_cell: int, bucket: Bucket, engines: Mapping[str, int]
+        self,
+        update_id: int,
+        source_cell: int,
+        bucket: Bucket,
+        engines: Mapping[str, int],
+        version: int | None = None,
     ) -> tuple[Delivery, ...]:
         """p2p in one call: the bucket to each engine over its own pair group, all at once.
 
@@ -217,7 +311,7 @@ class CollectiveTransport(_Fanout):
         for engine, incarnation in sorted(engines.items()):
             names[engine] = await self._group(update_id, cell, {engine: incarnation})
         started = world.rt.now()
-        await self._send(cell, bucket, names, engines)
+        await self._send(cell, bucket, names, engines, version)
         await self._slow_link(started)
         return tuple(
             self._arrived(update_id, source_cell, bucket, {e: i}, started)
@@ -225,29 +319,51 @@ class CollectiveTransport(_Fanout):
         )
 
     async def _send(
-        self, cell: RayCell, bucket: Bucket, names: Mapping[str, str], engines: Mapping[str, int]
+        self,
+        cell: RayCell,
+        bucket: Bucket,
+        names: Mapping[str, str],
+        engines: Mapping[str, int],
+        version: int | None,
     ) -> None:
         """The trainer's broadcast on each distinct group, each engine's receive on its own,
         at once; ``names``: engine -> its group."""
         world = self.world
+        packed = world.stack.packed
         groups = list(dict.fromkeys(names[e] for e in sorted(engines)))
+        numbers = {g: (self._members[g], self._sent.get(g, 0)) for g in groups}
+        for g in groups:
+            self._sent[g] = numbers[g][1] + 1
         group: str | list[str] = groups[0] if len(groups) == 1 else groups
-        calls: dict[str, Any] = {"cell": cell.call("send_bucket", group, bucket)}
+        calls: dict[str, Any] = {"cell": cell.call("send_bucket", group, bucket, packed)}
         for engine, incarnation in sorted(engines.items()):
-            send = _bucket_request(bucket, names[engine])
-            calls[engine] = world.engines[engine].request(
-                incarnation, send.METHOD, send.ROUTE, api.body(send)
+            send = _bucket_request(bucket, names[engine], version, packed)
+            request = world.engines[engine].request
+            body = api.body(send)
+            calls[engine] = _member(
+                request(incarnation, send.METHOD, send.ROUTE, body, seconds=self._patience)
             )
-        self.seconds = (await self._all(calls, cell.index))[0][0]  # the cell's rank 0
+        what = f"the broadcast of bucket {bucket.index}"
+        stalled = lambda: self._absent(numbers, cell.index, what, participation.KEY)  # noqa: E731
+        self.seconds = (await self._all(calls, cell.index, stalled))[0][0]  # the cell's rank 0
 
 
-def _bucket_request(bucket: Bucket, group: str) -> api.UpdateWeightsFromDistributedReqInput:
+def _version_field(version: int | None) -> Any:
+    """miles' ``weight_version=str(weight_version)`` (left out when there is none)."""
+    return api.OMIT if version is None else str(version)
+
+
+def _bucket_request(
+    bucket: Bucket, group: str, version: int | None, packed: bool
+) -> api.UpdateWeightsFromDistributedReqInput:
     spans = bucket.spans
     return api.UpdateWeightsFromDistributedReqInput(
         names=[s.name for s in spans],
         dtypes=[s.dtype for s in spans],
         shapes=[list(s.shape) for s in spans],
         group_name=group,
+        weight_version=_version_field(version),
+        load_format="flattened_bucket" if packed else api.OMIT,
     )
 
 
@@ -258,7 +374,12 @@ class HandleTransport(_Fanout):
     GPU; on CPU, a shared-memory file (torch's file_system strategy) stands in for it."""
 
     async def send_bucket(
-        self, update_id: int, source_cell: int, bucket: Bucket, engines: Mapping[str, int]
+        self,
+        update_id: int,
+        source_cell: int,
+        bucket: Bucket,
+        engines: Mapping[str, int],
+        version: int | None = None,
     ) -> Delivery:
         world = self.world
         cell = world.cells[source_cell]
@@ -266,7 +387,9 @@ class HandleTransport(_Fanout):
         started = world.rt.now()
         shared = await self._all({"cell": cell.call("share_bucket", update_id, bucket)}, cell.index)
         handle, self.seconds = shared[0][0]  # the cell's rank 0 packed it
-        send = api.UpdateWeightsFromTensorReqInput(serialized_named_tensors=[handle])
+        send = api.UpdateWeightsFromTensorReqInput(
+            serialized_named_tensors=[handle], weight_version=_version_field(version)
+        )
         calls = {
             engine: world.engines[engine].request(
                 incarnation, send.METHOD, send.ROUTE, api.body(send)
@@ -277,10 +400,15 @@ class HandleTransport(_Fanout):
         return await self._delivered(update_id, source_cell, bucket, engines, started)
 
     async def send_bucket_each(
-        self, update_id: int, source_cell: int, bucket: Bucket, engines: Mapping[str, int]
+        self,
+        update_id: int,
+        source_cell: int,
+        bucket: Bucket,
+        engines: Mapping[str, int],
+        version: int | None = None,
     ) -> tuple[Delivery, ...]:
         """p2p by handles: the bucket is packed once and its handle sent to every engine at
         once; one Delivery per engine."""
         started = self.world.rt.now()
-        await self.send_bucket(update_id, source_cell, bucket, engines)
+        await self.send_bucket(update_id, source_cell, bucket, engines, version)
         return tuple(Delivery((e,), self.world.rt.now() - started) for e in sorted(engines))

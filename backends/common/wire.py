@@ -1,10 +1,12 @@
 """The weight-transfer wire path, torch only: update groups, bucket packing and unpacking.
 
-A bucket on the wire is SGLang's ``flattened_bucket`` (sglang/srt/weight_sync/
-tensor_bucket.py, FlattenedTensorBucket): each tensor's bytes back to back, no
-padding. SGLang's receiver refuses a tensor whose byte offset is not a multiple
-of its item size, and so does ours (``wire_spans``). miles_core's aligned staging
-spans stay the plan's layout for RDT, where registered buffers need them.
+A bucket on the wire is what the update body's ``load_format`` says: absent (miles'
+distributed path), one broadcast per tensor in the body's order (``broadcast_each``);
+``flattened_bucket``, SGLang's packed buffer (sglang/srt/weight_sync/tensor_bucket.py,
+FlattenedTensorBucket): each tensor's bytes back to back, no padding. SGLang's
+receiver refuses a tensor whose byte offset is not a multiple of its item size, and
+so does ours (``wire_spans``). miles_core's aligned staging spans stay the plan's
+layout for RDT, where registered buffers need them.
 
 Kept apart from the policy (which imports transformers) and the actors (which
 import ray) so the transfer benchmark times exactly this code in processes that
@@ -27,42 +29,75 @@ from miles_core.transfer import Bucket, ParamSpec, StagingSpan, itemsize
 GLOO_TIMEOUT = datetime.timedelta(seconds=30)
 
 
-def client_store(store_addr: tuple[str, int]) -> Any:
-    """A client of the world's TCPStore (every group here is made over it)."""
+def client_store(store_addr: tuple[str, int], timeout: datetime.timedelta = GLOO_TIMEOUT) -> Any:
+    """A client of the world's TCPStore (every group here is made over it); a wait for a key
+    (a rendezvous) fails after ``timeout``."""
     host, port = store_addr
-    return dist.TCPStore(host, port, is_master=False, timeout=GLOO_TIMEOUT)
+    return dist.TCPStore(host, port, is_master=False, timeout=timeout)
 
 
-def gloo_group(store_addr: tuple[str, int], prefix: str, rank: int, size: int) -> Any:
-    """A gloo process group of its own (not the default world), as torchft builds them."""
-    store = dist.PrefixStore(prefix, client_store(store_addr))
-    return dist.ProcessGroupGloo(store, rank, size, GLOO_TIMEOUT)
+def group_store(
+    store_addr: tuple[str, int], prefix: str, timeout: datetime.timedelta = GLOO_TIMEOUT
+) -> Any:
+    """The store a group named ``prefix`` is made over (a prefix of the world's store)."""
+    return dist.PrefixStore(prefix, client_store(store_addr, timeout))
 
 
-def nccl_group(store_addr: tuple[str, int], prefix: str, rank: int, size: int) -> Any:
+def gloo_group(
+    store_addr: tuple[str, int],
+    prefix: str,
+    rank: int,
+    size: int,
+    timeout: datetime.timedelta = GLOO_TIMEOUT,
+) -> Any:
+    """A gloo process group of its own (not the default world), as torchft builds them;
+    each collective fails after ``timeout`` if a member never takes part."""
+    return dist.ProcessGroupGloo(group_store(store_addr, prefix, timeout), rank, size, timeout)
+
+
+def nccl_group(
+    store_addr: tuple[str, int],
+    prefix: str,
+    rank: int,
+    size: int,
+    timeout: datetime.timedelta = GLOO_TIMEOUT,
+) -> Any:
     """The same on CUDA: an NCCL group of its own, made over the same store protocol."""
-    return dist.ProcessGroupNCCL(dist.PrefixStore(prefix, client_store(store_addr)), rank, size)
+    options = dist.ProcessGroupNCCL.Options()
+    options._timeout = timeout
+    return dist.ProcessGroupNCCL(group_store(store_addr, prefix, timeout), rank, size, options)
 
 
 def shm_group(
-    store_addr: tuple[str, int], prefix: str, rank: int, size: int, arena: Any = None
+    store_addr: tuple[str, int],
+    prefix: str,
+    rank: int,
+    size: int,
+    arena: Any = None,
+    timeout: datetime.timedelta = GLOO_TIMEOUT,
 ) -> Any:
     """The same members over shared memory (backends/common/shm_group.py); the source
     (rank 0) passes its ShmArena."""
-    store = dist.PrefixStore(prefix, client_store(store_addr))
-    return ShmGroup(store, rank, size, GLOO_TIMEOUT, arena)
+    return ShmGroup(group_store(store_addr, prefix, timeout), rank, size, timeout, arena)
 
 
 def update_group(
-    backend: str, store_addr: tuple[str, int], prefix: str, rank: int, size: int, arena: Any = None
+    backend: str,
+    store_addr: tuple[str, int],
+    prefix: str,
+    rank: int,
+    size: int,
+    arena: Any = None,
+    timeout: datetime.timedelta = GLOO_TIMEOUT,
 ) -> Any:
-    """A weight-update group of ``backend``, as the trainer and the engine both make it."""
+    """A weight-update group of ``backend``, as the trainer and the engine both make it;
+    a broadcast that a member never takes part in fails after ``timeout``."""
     if backend == "shm":
-        return shm_group(store_addr, prefix, rank, size, arena)
+        return shm_group(store_addr, prefix, rank, size, arena, timeout)
     if backend == "nccl":
-        return nccl_group(store_addr, prefix, rank, size)
+        return nccl_group(store_addr, prefix, rank, size, timeout)
     if backend == "gloo":
-        return gloo_group(store_addr, prefix, rank, size)
+        return gloo_group(store_addr, prefix, rank, size, timeout)
     raise ValueError(f"unknown update backend {backend!r}: one of {', '.join(UPDATE_BACKENDS)}")
 
 
@@ -70,6 +105,17 @@ def broadcast(group: Any, tensor: torch.Tensor, root: int = 0) -> None:
     options = dist.BroadcastOptions()
     options.rootRank = root
     group.broadcast([tensor], options).wait()
+
+
+def broadcast_each(group: Any, tensors: Sequence[torch.Tensor], root: int = 0) -> None:
+    """One broadcast per tensor, in order, all started before any is waited for: SGLang's
+    receive when ``load_format`` is absent (``receive_weights_from_distributed``) and miles'
+    send (broadcast.py ``update_weights_from_distributed``), each with ``async_op=True``."""
+    options = dist.BroadcastOptions()
+    options.rootRank = root
+    works = [group.broadcast([tensor], options) for tensor in tensors]
+    for work in works:
+        work.wait()
 
 
 class UnalignedTensor(ValueError):

@@ -83,8 +83,15 @@ class SGLangEngineActor:
     """Launches one SGLang server; ``start`` gives its port once /health answers."""
 
     def __init__(
-        self, engine_id: str, policy: PolicyConfig, token_seconds: float = 0.0, device: str = ""
+        self,
+        engine_id: str,
+        policy: PolicyConfig,
+        token_seconds: float = 0.0,
+        device: str = "",
+        collective_timeout: float = 0.0,
     ) -> None:
+        """``token_seconds`` and ``collective_timeout`` are the local engine's: SGLang decodes
+        at its own pace, and its update groups take torch's default timeout."""
         self.engine_id = engine_id
         self.policy = policy
         self.dir = tempfile.mkdtemp(prefix=f"sglang-{engine_id}-")

@@ -41,7 +41,8 @@ class LoopConfig:
     pause_generation_mode: PauseMode = PauseMode.RETRACT
     """What an update does to requests in flight (miles' default: retract)."""
     dynamic_sampling_filter: str | None = None
-    """--dynamic-sampling-filter-path: one of miles' built-in filters (miles_core.filters)."""
+    """--dynamic-sampling-filter-path: one of miles' built-in filters, or any importable
+    ``module.function`` called as miles calls one, ``fn(args, group)`` (miles_core.filters)."""
     update_weight_buffer_size: int = DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE
     transfer_mode: TransferMode = TransferMode.BROADCAST
     max_step_attempts: int = 30
@@ -61,13 +62,51 @@ class LoopConfig:
     heartbeat_first_wait: float = 0.0
     """--trainer-heartbeat-checker-first-wait: seconds the checker waits after the run starts
     and after each resume before its next round (miles' default is 300; 0 here, so that a
-    short simulated run is checked: its first round then comes one interval in)."""
+    short simulated run is checked: its first round then goes out at once, as miles'
+    ``SimpleHealthChecker._loop`` checks at once after a first wait of 0)."""
     use_fault_tolerance: bool = False
     """--use-fault-tolerance: a health monitor finds dead or hung engines and recovers them;
     without it, losing every engine ends the run (NoLiveEngineError)."""
     rollout_health_check_interval: float = 30.0
     rollout_health_check_timeout: float = 30.0
     rollout_health_check_first_wait: float = 0.0
+    # -- retries: miles has no flags for these, only constants; the names are ours --
+    request_max_retries: int = 60
+    """Tries in all of a generate request that fails at the router (miles' ``_post``
+    ``max_retries=60``, miles/utils/http_utils.py); after the last the run fails
+    (RequestFailedError), as miles' worker does."""
+    request_retry_interval: float = 1.0
+    """Seconds between those tries (``_post`` sleeps 1 s)."""
+    flush_cache_max_retries: int = 60
+    """Tries in all of a refused /flush_cache (miles' ``SGLangEngine.flush_cache``: 60);
+    after the last the update fails (FlushTimeoutError, miles' TimeoutError)."""
+    flush_cache_retry_interval: float = 1.0
+    """Seconds after each refused flush (``flush_cache`` sleeps 1 s, after the last too)."""
+    update_weight_collective_timeout: float = 1800.0
+    """Seconds a weight-update broadcast waits for every member of its group before it fails
+    for all (torch's default_pg_timeout, which miles' ``init_process_group`` gives the update
+    group, miles/utils/distributed_utils.py): a member that hung stalls the whole group this
+    long, and is the one blamed."""
+    # -- miles as it is, bugs included: each off by default; on, the loop does what miles does
+    miles_bug_p2p_failures_logged: bool = False
+    """miles' p2p weight transfer (``--update-weight-transfer-mode p2p`` only): each bucket's
+    writes go out unwaited (update_weight_from_distributed/p2p.py
+    ``_update_weight_implementation``, the last engine rank's, every rank with one GPU per
+    engine), and after the last bucket ``wait_transfers`` (p2p_transfer_utils.py) waits for
+    each at most --p2p-transfer-timeout (30 s: miles_core.loop.update.P2P_TRANSFER_TIMEOUT)
+    and only logs a write that failed or is still going; the update then stamps, publishes
+    and resumes (mixin.py ``update_weights``)."""
+    miles_bug_health_monitor_left_paused: bool = False
+    """miles pauses the rollout health monitor as a weight update begins and only the next
+    ``generate()`` resumes it (miles/ray/train/group.py and actor_group.py
+    ``update_weights``, rollout_manager.py ``generate``): an update that raises leaves it
+    paused until the next rollout begins (the fix proposed in miles PR #2601, closed
+    unmerged, resumed it in a ``finally``)."""
+    miles_bug_fsdp_ignores_pause_mode: bool = False
+    """miles' FSDP updater calls ``pause_generation()`` without the mode, so SGLangEngine's
+    default, retract, and flushes always: --pause-generation-mode in_place is retract plus
+    a flush there (miles/backends/fsdp_utils/update_weight_utils.py
+    ``UpdateWeight.update_weights``; miles PR #2494, open)."""
     scenario: str = "custom"
     seed: int = 0
 
@@ -75,6 +114,7 @@ class LoopConfig:
         for name in ("steps", "max_step_attempts", "max_route_attempts"):
             _at_least(name, getattr(self, name), 1)
         _at_least("heartbeat_failure_threshold", self.heartbeat_failure_threshold, 1)
+        self._check_retries()
         _at_least("update_weight_buffer_size", self.update_weight_buffer_size, 1)
         if self.async_max_concurrent_samples is not None:
             _at_least("async_max_concurrent_samples", self.async_max_concurrent_samples, 1)
@@ -86,7 +126,8 @@ class LoopConfig:
                     "pass at least n_samples_per_prompt: whole groups are submitted (miles)",
                 )
         for name in ("heartbeat_interval", "heartbeat_timeout", "rollout_health_check_interval",
-                     "rollout_health_check_timeout"):  # fmt: skip
+                     "rollout_health_check_timeout",
+                     "update_weight_collective_timeout"):  # fmt: skip
             value = getattr(self, name)
             if value is not None and not _seconds(value, strict=True):
                 raise ConfigError(name, f"got {value!r}", "pass seconds > 0")
@@ -107,8 +148,20 @@ class LoopConfig:
         if self.mode not in MODES:
             raise ConfigError("mode", f"got {self.mode!r}", f"choose one of {MODES}")
         self._check_mode_and_pause()
-        dynamic_filter(self.dynamic_sampling_filter)  # a name that exists
+        dynamic_filter(self.dynamic_sampling_filter)  # a built-in, or a path that imports
         self.buffer_config()  # the buffer's own checks, before anything runs
+
+    def _check_retries(self) -> None:
+        """At least one try, and a wait between tries: with none, a router that fails at once
+        (the Ray world's) would be retried in a hot loop."""
+        for name in ("request_max_retries", "flush_cache_max_retries"):
+            _at_least(name, getattr(self, name), 1)
+        for name in ("request_retry_interval", "flush_cache_retry_interval"):
+            value = getattr(self, name)
+            if not _seconds(value, strict=True):
+                raise ConfigError(
+                    name, f"got {value!r}", "pass seconds > 0 (miles waits 1 s between tries)"
+                )
 
     def _check_mode_and_pause(self) -> None:
         try:
@@ -196,6 +249,14 @@ FLAGS: Mapping[str, str] = {
     "rollout_health_check_interval": "--rollout-health-check-interval",
     "rollout_health_check_timeout": "--rollout-health-check-timeout",
     "rollout_health_check_first_wait": "--rollout-health-check-first-wait",
+    "request_max_retries": "--request-max-retries",
+    "request_retry_interval": "--request-retry-interval",
+    "flush_cache_max_retries": "--flush-cache-max-retries",
+    "flush_cache_retry_interval": "--flush-cache-retry-interval",
+    "update_weight_collective_timeout": "--update-weight-collective-timeout",
+    "miles_bug_p2p_failures_logged": "--miles-bug-p2p-failures-logged",
+    "miles_bug_health_monitor_left_paused": "--miles-bug-health-monitor-left-paused",
+    "miles_bug_fsdp_ignores_pause_mode": "--miles-bug-fsdp-ignores-pause-mode",
 }
 """Every LoopConfig flag a user sets -> its command-line spelling (miles' where miles has
 the flag; ``scenario`` and ``seed`` belong to a run, not to the loop's flags)."""
@@ -210,6 +271,12 @@ FIELD_OF_KEY: Mapping[str, str] = {
 -> ``capacity_factor``)."""
 
 assert set(FLAGS) == {f.name for f in fields(LoopConfig)} - {"scenario", "seed"}
+
+MILES_BUGS: tuple[str, ...] = tuple(
+    f.name for f in fields(LoopConfig) if f.name.startswith("miles_bug_")
+)
+"""The switches that put one of miles' bugs in the loop (off by default): a run names those
+on in its summary."""
 
 
 def field_name(name_or_flag: str) -> str:

@@ -50,7 +50,7 @@ class RunContext:
         )
         self.engines = EngineTable(cluster.engine_ids)
         self.buffer = DataBuffer(
-            config.buffer_config(), dynamic_filter(config.dynamic_sampling_filter)
+            config.buffer_config(), dynamic_filter(config.dynamic_sampling_filter, config)
         )
         self.update_lock = Lock(rt)
         """Held from a step's training to the end of its update, and by each sync: a sync

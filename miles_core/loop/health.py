@@ -6,11 +6,15 @@ kills the actor that fails it or does not answer within the timeout; the
 rollout manager restarts dead engines (recover_updatable_engines) and the next
 weight update brings them the weights. Here:
 
-- checking waits ``rollout_health_check_first_wait``, then runs every
-  ``rollout_health_check_interval``; it pauses while weights are updated, engines
-  synced or cells healed (a busy engine is not a dead one), and waits the first
-  wait again after each pause, as miles' does (RolloutHealthMonitor.resume sets
-  _need_first_wait);
+- checking waits ``rollout_health_check_first_wait``, checks every engine, then
+  waits ``rollout_health_check_interval``, in miles' order (``_health_monitor_loop``),
+  so with a first wait of 0 the first check goes out at once; it pauses while
+  weights are updated, engines synced or cells healed (a busy engine is not a dead
+  one), and waits the first wait again after each pause, as miles' does
+  (RolloutHealthMonitor.resume sets _need_first_wait). Found paused at its
+  interval, it looks for the resume every 0.5 s, as miles' loop does, so the first
+  wait and the checks follow the resume, not the next interval (a pause that
+  begins and ends between two intervals goes unseen: no first wait follows it);
 - an engine that fails its check, or does not answer within
   ``rollout_health_check_timeout``, leaves rotation and its process is replaced;
 - an engine that is down (it failed a call, or the world saw it exit) is
@@ -32,6 +36,9 @@ from miles_core.engines import EngineState
 from miles_core.events import EngineHealthFailed, EngineRecoveryAsked
 from miles_core.loop.context import RunContext
 from miles_core.loop.supervision import EngineSupervisor
+
+PAUSED_POLL_S = 0.5
+"""How often a paused monitor looks for its resume (miles' ``_health_monitor_loop``)."""
 
 
 class EngineHealthMonitor:
@@ -100,4 +107,20 @@ class EngineHealthMonitor:
                     first_wait = True  # checks resume after the first wait again
                 elif not first_wait:
                     await self._check(engine)
-            await ctx.rt.sleep(config.rollout_health_check_interval)
+            if ctx.monitor_paused:
+                first_wait = True
+                await self._until_resumed(config.rollout_health_check_interval)
+            else:
+                await ctx.rt.sleep(config.rollout_health_check_interval)
+
+    async def _until_resumed(self, most: float) -> None:
+        """Wait while paused, looking every PAUSED_POLL_S, as miles' loop waits out a pause
+        (``_stop_event.wait(timeout=0.5)``): the first wait and the checks then follow the
+        resume, not the next interval. At most ``most`` seconds, so that down engines are
+        still recovered every interval while paused."""
+        ctx = self.ctx
+        left = most
+        while left > 0 and ctx.monitor_paused and not ctx.stopping:
+            step = min(PAUSED_POLL_S, left)
+            await ctx.rt.sleep(step)
+            left -= step

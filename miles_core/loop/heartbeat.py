@@ -14,9 +14,11 @@ the history whether or not it led to a failure. As miles' checkers
 while a refresh reconfigures the cells, not while weights are updated (a busy
 cell still answers), and the end of each pause starts every count of misses
 afresh (``SimpleHealthChecker.resume``) after the first wait again
-(--trainer-heartbeat-checker-first-wait: the checker's first round comes that
-long after the start, and after each resume; 0 here by default, the first round
-then an interval in, where miles checks at once); a cell that is not alive counts as
+(--trainer-heartbeat-checker-first-wait: as miles' ``SimpleHealthChecker._loop``
+sleeps first_wait, checks, then sleeps interval, the first round goes out that
+long after the start, and after each resume the tick that follows it waits that
+long before its round; 0 here by default, so the first round goes out at once and
+a round after a resume at its tick, as in miles); a cell that is not alive counts as
 answered (``cell_monitor.py``: its check returns at once), so a restarted cell
 starts from no miss. It also pauses while fewer than two cells are alive
 (failing the last cell would only end the run sooner than its next call would).
@@ -90,7 +92,7 @@ class HeartbeatMonitor:
         misses = dict.fromkeys(range(ctx.cells.num_cells), 0)
         resumes = ctx.heartbeat_resumes
         first_wait = ctx.config.heartbeat_first_wait
-        delay = first_wait or interval  # the first round (without a first wait: an interval in)
+        delay = first_wait  # the first round: first_wait in (0: at once, as miles checks)
         while not ctx.stopping:
             await ctx.rt.sleep(delay)
             delay = interval

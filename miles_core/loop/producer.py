@@ -15,8 +15,12 @@ Where each decision is made:
 - a recycled prompt is generated again before a new one is drawn, as miles'
   ``RolloutDataSourceWithBuffer.get_samples`` takes its buffer first
   (miles/rollout/data_source.py);
-- each sample goes to the engine the supervisor picks; a request that fails
-  ends its sample (the group is then aborted and goes to the unused handler);
+- each sample goes to the engine the supervisor picks; a request whose engine
+  fails ends its sample (the group is then aborted and goes to the unused
+  handler); one the router fails is sent again --request-retry-interval later,
+  to the engine picked then, up to --request-max-retries tries in all (miles'
+  ``_post``: 60, 1 s apart), and after the last the run fails
+  (RequestFailedError), as miles' worker dies with ``_post``'s error;
 - a full buffer blocks the put until a get makes space (backpressure): nothing
   accepted is lost;
 - the consumer drains ``rollout_batch_size`` groups through the buffer at the
@@ -34,8 +38,9 @@ import itertools
 from collections import deque
 from typing import Any
 
-from miles_core.backend import EngineFailure, GenerateRequest, RouterFailure
+from miles_core.backend import EngineFailure, GenerateRequest, GenerateResult, RouterFailure
 from miles_core.buffer import Fate, Group, Sample, SampleStatus, Verdict
+from miles_core.errors import RequestFailedError
 from miles_core.events import (
     GroupDropped,
     GroupGot,
@@ -43,6 +48,7 @@ from miles_core.events import (
     GroupRecycled,
     GroupStarted,
     PromptDrawn,
+    RequestRetried,
     SampleGenerated,
 )
 from miles_core.kinds import PutFate, SampleOutcome, SubmissionGranularity
@@ -83,38 +89,31 @@ class Producer:
         try:  # one coroutine per request, not one more around it: 512 requests a step at 64x256
             ctx = self.ctx
             engines = self.engines
-            picked = engines.pick_now() if ctx.engines.serving() else await engines.pick()
-            engine, incarnation = picked
-            self.engines.acquire(engine)
             request = GenerateRequest(group_id, prompt_id, index)  # by position: once per request
-            sent = ctx.rt.now()
-            outcome, result = SampleOutcome.ENGINE_FAILED, None
-            try:
-                result = await ctx.cluster.router.generate(engine, incarnation, request)
-                outcome = SampleOutcome.ABORTED if result.aborted else SampleOutcome.COMPLETED
-            except EngineFailure as failure:
-                self.engines.failed(engine, incarnation, failure.reason)
-            except RouterFailure:
-                outcome = SampleOutcome.ROUTER_FAILED
-            finally:
-                self.engines.release(engine)
-            ctx.history.append(  # built here, not through emit's keyword dict: once per request
-                SampleGenerated(
-                    t=ctx.rt.now(),
-                    group_id=group_id,
-                    prompt_id=prompt_id,
-                    sample=index,
-                    turn=0,
-                    engine=engine,
-                    incarnation=incarnation,
-                    version=result.weight_version if result else None,
-                    versions=result.versions if result else (),
-                    kept_kv=result.kept_kv if result else False,
-                    outcome=outcome,
-                    sent=sent,
-                    engine_seconds=result.engine_seconds if result else None,
-                )
-            )
+            tries = 0
+            while True:  # a try the router failed is sent again later, to the engine then picked
+                picked = engines.pick_now() if ctx.engines.serving() else await engines.pick()
+                engine, incarnation = picked
+                engines.acquire(engine)
+                sent = ctx.rt.now()
+                outcome, result, routing = SampleOutcome.ENGINE_FAILED, None, None
+                try:
+                    result = await ctx.cluster.router.generate(engine, incarnation, request)
+                    outcome = SampleOutcome.ABORTED if result.aborted else SampleOutcome.COMPLETED
+                except EngineFailure as failure:
+                    engines.failed(engine, incarnation, failure.reason)
+                except RouterFailure as failure:
+                    outcome, routing = SampleOutcome.ROUTER_FAILED, failure
+                finally:
+                    engines.release(engine)
+                tries += 1
+                if routing is None:
+                    break
+                if not await self._retry(request, engine, incarnation, sent, tries, routing):
+                    break
+            self._record(request, engine, incarnation, sent, outcome, result)
+            if routing is not None:  # the last try failed too: miles' _post re-raises
+                raise self._request_failed(request, tries, routing)
             if result is None or outcome is not SampleOutcome.COMPLETED:
                 return Sample(index, (), SampleStatus.ABORTED)
             versions = result.versions or (result.weight_version,)
@@ -131,6 +130,80 @@ class Producer:
             self._samples_in_flight -= 1
             if self._backfill and self._samples_in_flight == self._room - self._n:
                 self._progress.notify()  # room for one more group just opened: wake run()
+
+    def _record(
+        self,
+        request: GenerateRequest,
+        engine: str,
+        incarnation: int,
+        sent: float,
+        outcome: SampleOutcome,
+        result: GenerateResult | None,
+    ) -> None:
+        """The request's last try, as SampleGenerated."""
+        ctx = self.ctx
+        ctx.history.append(  # built here, not through emit's keyword dict: once per request
+            SampleGenerated(
+                t=ctx.rt.now(),
+                group_id=request.group_id,
+                prompt_id=request.prompt_id,
+                sample=request.sample,
+                turn=0,
+                engine=engine,
+                incarnation=incarnation,
+                version=result.weight_version if result else None,
+                versions=result.versions if result else (),
+                kept_kv=result.kept_kv if result else False,
+                outcome=outcome,
+                sent=sent,
+                engine_seconds=result.engine_seconds if result else None,
+            )
+        )
+
+    async def _retry(
+        self,
+        request: GenerateRequest,
+        engine: str,
+        incarnation: int,
+        sent: float,
+        tries: int,
+        failure: RouterFailure,
+    ) -> bool:
+        """A try failed at the router: unless it was the last (--request-max-retries), record
+        it and wait --request-retry-interval before the next (miles' ``_post``: 60 tries, 1 s
+        apart), so that a router outage costs time, not groups, and never a hot loop."""
+        ctx = self.ctx
+        if tries >= ctx.config.request_max_retries:
+            return False
+        ctx.history.append(
+            RequestRetried(
+                t=ctx.rt.now(),
+                group_id=request.group_id,
+                prompt_id=request.prompt_id,
+                sample=request.sample,
+                engine=engine,
+                incarnation=incarnation,
+                attempt=tries,
+                sent=sent,
+                reason=failure.reason,
+            )
+        )
+        await ctx.rt.sleep(ctx.config.request_retry_interval)
+        return True
+
+    def _request_failed(
+        self, request: GenerateRequest, tries: int, failure: RouterFailure
+    ) -> RequestFailedError:
+        """What ends the run after a request's last try: miles' worker dies with the error of
+        ``_post``, and the step with it (``FullyAsyncRolloutFn._next_group``)."""
+        interval = self.ctx.config.request_retry_interval
+        error = RequestFailedError(
+            f"the request for sample {request.sample} of group {request.group_id} failed at "
+            f"the router on all {tries} tries, {interval:g}s apart ({failure.reason}); raise "
+            "--request-max-retries or --request-retry-interval to outlast longer outages"
+        )
+        error.__cause__ = failure
+        return error
 
     async def _generate_group(self, group_id: int, prompt_id: int) -> bool:
         rt = self.ctx.rt

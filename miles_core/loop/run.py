@@ -183,6 +183,7 @@ class Orchestrator:
     async def _fully_async(self) -> None:
         producer, step = self.producer, 0
         while self._another(step):
+            self.updater.resume_left_paused()  # a rollout begins: miles' generate()
             producer.batch = await producer.drain()
             await self.updater.train_and_update(step, producer.batch, self._trained)
             step += 1
@@ -193,6 +194,7 @@ class Orchestrator:
         ctx, producer = self.ctx, self.producer
 
         def rollout(step: int) -> Any:
+            self.updater.resume_left_paused()  # a rollout begins: miles' generate()
             return ctx.spawn(producer.rollout(ctx.config.rollout_batch_size), f"rollout-{step}")
 
         next_batch = rollout(0)

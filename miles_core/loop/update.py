@@ -23,13 +23,19 @@ Where each decision is made:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, overload
 
-from miles_core.backend import ComponentFailure, EngineFailure
+from miles_core.backend import (
+    ComponentFailure,
+    EngineFailure,
+    RequestRefused,
+    SessionAlreadyOpen,
+)
 from miles_core.buffer import Group
-from miles_core.errors import NoAliveCellError, RetriesExhaustedError
+from miles_core.errors import FlushTimeoutError, NoAliveCellError, RetriesExhaustedError
 from miles_core.events import (
     AdapterUnloaded,
     BucketReceived,
@@ -38,13 +44,14 @@ from miles_core.events import (
     EnginesResumed,
     EngineStamped,
     Event,
+    FlushRefused,
     UpdateAborted,
     UpdateBegan,
     UpdateSessionClosed,
     UpdateSessionOpened,
     VersionPublished,
 )
-from miles_core.kinds import AbortCause
+from miles_core.kinds import AbortCause, PauseMode
 from miles_core.loop.context import RunContext
 from miles_core.loop.supervision import EngineSupervisor
 from miles_core.loop.train import Trainer
@@ -64,6 +71,10 @@ from miles_core.weight_update import (
     UpdateKind,
     WeightUpdate,
 )
+
+P2P_TRANSFER_TIMEOUT = 30.0
+"""miles' --p2p-transfer-timeout default: how long ``wait_transfers`` waits for each p2p
+send (only with --miles-bug-p2p-failures-logged; otherwise every send is waited for)."""
 
 
 class _CallNames(Sequence[str]):
@@ -96,9 +107,16 @@ class Updater:
             units = (lora_unit(ctx.config.lora_adapter, ctx.cluster.lora_params),)
         self.buckets: tuple[Bucket, ...] = plan_buckets(units, ctx.config.update_weight_buffer_size)
         self._updates = itertools.count()
+        self._sending: dict[int, int] = {}
+        """The update in flight -> the version its buckets carry (weight_version)."""
         self._holding: dict[str, int] = {}
         """LoRA: engine -> the process the transport reported the adapter delivered to, until
         it is unloaded; only those are unloaded from (``plan_update_actions``)."""
+        self._writes: list[Task[None]] = []
+        """--miles-bug-p2p-failures-logged: this update's bucket sends, not yet waited for."""
+        self._left_paused = 0
+        """--miles-bug-health-monitor-left-paused: pauses of the health monitor that updates
+        which raised left behind, until the next rollout begins (``resume_left_paused``)."""
 
     # -- calls to engines ---------------------------------------------------------------
 
@@ -134,6 +152,8 @@ class Updater:
                 await task
         except EngineFailure as failure:
             return failure
+        except SessionAlreadyOpen:  # an aborted attempt of this update left it open: this
+            pass  # attempt loads into it (miles' retry fails here; SGLang allows no 2nd begin)
         answered(engine)
         return None
 
@@ -166,7 +186,7 @@ class Updater:
         if isinstance(action, PauseEngines):
             await self._all_answer(update_id, mine, EnginesPaused, "pause", action.mode)
         elif isinstance(action, FlushCache):
-            await self._all_answer(update_id, mine, EnginesFlushed, "flush_cache")
+            await self._flush(update_id, mine)
         elif isinstance(action, BeginUpdate):
             await self._all_answer(update_id, mine, UpdateSessionOpened, "begin_update")
         elif isinstance(action, EndUpdate):
@@ -179,7 +199,12 @@ class Updater:
             if failures:
                 raise failures[0]
         elif isinstance(action, SendBucket):
-            await self._send_bucket(update_id, cell, action, mine)
+            if ctx.config.miles_bug_p2p_failures_logged and (
+                ctx.config.transfer_mode is TransferMode.P2P
+            ):
+                await self._send_unwaited(update_id, cell, action, mine)
+            else:
+                await self._send_bucket(update_id, cell, action, mine)
         elif isinstance(action, StampEngines):
             await self._stamp(update_id, cell, action.version, mine)
         elif isinstance(action, PublishVersion):
@@ -188,6 +213,49 @@ class Updater:
             ctx.emit(VersionPublished, update_id=update_id, version=action.version, updater=cell)
         elif isinstance(action, ResumeEngines):
             await self._resume(update_id, mine)
+
+    async def _flush(self, update_id: int, targets: dict[str, int]) -> None:
+        """/flush_cache on every engine at once, each tried again while it refuses, as miles'
+        ``SGLangEngine.flush_cache`` does (SGLang refuses while requests still hold KV after
+        the pause): --flush-cache-max-retries tries, each refusal recorded (FlushRefused) and
+        followed by a wait of --flush-cache-retry-interval; after the last, FlushTimeoutError
+        (miles' TimeoutError) fails the update and the run. A dead engine (EngineFailure) is
+        not tried again, as miles raises a connection error at once: the update fails over."""
+        ctx, config = self.ctx, self.ctx.config
+        answered: list[str] = []
+
+        async def flush(engine: str, incarnation: int) -> EngineFailure | None:
+            reason = ""
+            for attempt in range(1, config.flush_cache_max_retries + 1):
+                try:
+                    return await self._call(engine, incarnation, "flush_cache", (), answered.append)
+                except RequestRefused as refusal:
+                    reason = refusal.reason
+                    ctx.emit(
+                        FlushRefused,
+                        update_id=update_id,
+                        engine=engine,
+                        incarnation=incarnation,
+                        attempt=attempt,
+                        reason=reason,
+                    )
+                await ctx.rt.sleep(config.flush_cache_retry_interval)
+            raise FlushTimeoutError(
+                f"{engine} (process {incarnation}) refused /flush_cache on all "
+                f"{config.flush_cache_max_retries} tries, {config.flush_cache_retry_interval:g}s "
+                f"apart: {reason} (miles raises TimeoutError here); raise "
+                "--flush-cache-max-retries or --flush-cache-retry-interval to wait longer"
+            )
+
+        calls = [flush(e, i) for e, i in targets.items()]
+        names = _CallNames("flush_cache", tuple(targets))
+        results = await ctx.rt.gather(calls, names, "the update was cancelled")
+        flushed = tuple(sorted(answered))
+        incarnations = tuple(map(targets.__getitem__, flushed))
+        ctx.emit(EnginesFlushed, update_id=update_id, engines=flushed, incarnations=incarnations)
+        for failure in results:
+            if failure is not None:
+                raise failure
 
     async def _answered(
         self, targets: dict[str, int], method: str, *args: Any
@@ -266,10 +334,11 @@ class Updater:
         if replaced is not None:
             raise EngineFailure(replaced, "its process was replaced during the update")
         transport = ctx.cluster.transport
+        version = self._sending[update_id]  # miles sends it with every bucket
         if plan.mode is TransferMode.P2P:
-            deliveries = await transport.send_bucket_each(update_id, cell, bucket, to)
+            deliveries = await transport.send_bucket_each(update_id, cell, bucket, to, version)
         else:
-            deliveries = (await transport.send_bucket(update_id, cell, bucket, to),)
+            deliveries = (await transport.send_bucket(update_id, cell, bucket, to, version),)
         for delivery in deliveries:
             if ctx.config.lora_adapter is not None:  # the adapter's one unit is this bucket
                 self._holding.update((e, targets[e]) for e in delivery.engines)
@@ -283,6 +352,37 @@ class Updater:
                 nbytes=bucket.nbytes,
                 seconds=delivery.seconds,
             )
+
+    # -- miles' p2p path, its bug included (--miles-bug-p2p-failures-logged) ---------------
+
+    async def _send_unwaited(
+        self, update_id: int, cell: int, action: SendBucket, targets: dict[str, int]
+    ) -> None:
+        """As miles' p2p updater with one GPU per engine (every engine rank is the last): the
+        bucket's write to each engine goes out unwaited, one future per engine (p2p.py
+        ``_update_weight_implementation``), and after the last bucket ``wait_transfers``
+        waits for each future in turn, at most P2P_TRANSFER_TIMEOUT each
+        (p2p_transfer_utils.py). A write that failed or is still going is only logged there;
+        the update goes on to stamp, publish and resume. What arrived is recorded when the
+        transport says so, late or not at all."""
+        spawn = self.ctx.spawn
+        for engine, incarnation in targets.items():
+            name = f"p2p-write-{update_id}-{action.bucket}-{engine}"
+            write = self._write(update_id, cell, action, {engine: incarnation})
+            self._writes.append(spawn(write, name))
+        if action.bucket == action.n_buckets - 1:
+            writes, self._writes = self._writes, []
+            rt = self.ctx.rt
+            for write in writes:  # future.result(timeout=...), each in turn
+                if not write.done():
+                    await rt.wait_any([write, rt.timer(P2P_TRANSFER_TIMEOUT)])
+
+    async def _write(
+        self, update_id: int, cell: int, action: SendBucket, targets: dict[str, int]
+    ) -> None:
+        # miles: logger.error("[P2P] Transfer future failed"), and nothing else
+        with contextlib.suppress(ComponentFailure):
+            await self._send_bucket(update_id, cell, action, targets)
 
     # -- whole updates -------------------------------------------------------------------
 
@@ -303,9 +403,12 @@ class Updater:
                 version = ctx.ledger.current
                 assert version is not None
             update_id = next(self._updates)
+            self._sending = {update_id: version}
             adapter = ctx.config.lora_adapter
             kind = UpdateKind.FULL if adapter is None else UpdateKind.LORA
             mode = ctx.config.pause_generation_mode
+            if ctx.config.miles_bug_fsdp_ignores_pause_mode:  # miles' FSDP updater: no mode,
+                mode = PauseMode.RETRACT  # so SGLangEngine.pause_generation's default, flushed
             holding = None if adapter is None else self._adapter_holders(engines, targets, cell)
             update = WeightUpdate(
                 version, engines, len(self.buckets), kind, adapter, publish, mode, holding
@@ -347,6 +450,29 @@ class Updater:
             finally:
                 ctx.monitor_paused -= 1
 
+    async def _update_weights(self, publish: bool, only: tuple[str, ...] | None = None) -> None:
+        """``route``, bracketed as miles brackets an update: with
+        --miles-bug-health-monitor-left-paused the health monitor is paused before the
+        retries (group.py ``update_weights``: ``health_monitoring_pause``, then ``retry``)
+        and an update that raises leaves it paused until the next rollout begins
+        (rollout_manager.py ``generate``: ``_health_monitoring_resume``); route's own
+        pauses, each resumed, stay."""
+        ctx = self.ctx
+        if not ctx.config.miles_bug_health_monitor_left_paused:
+            return await self.route(publish, only)
+        ctx.monitor_paused += 1
+        try:
+            await self.route(publish, only)
+        except BaseException:
+            self._left_paused += 1  # no finally resumes it
+            raise
+        ctx.monitor_paused -= 1
+
+    def resume_left_paused(self) -> None:
+        """A rollout begins (miles' ``generate``): the pauses failed updates left end."""
+        self.ctx.monitor_paused -= self._left_paused
+        self._left_paused = 0
+
     def _adapter_holders(
         self, engines: tuple[str, ...], targets: dict[str, int], cell: int
     ) -> tuple[str, ...]:
@@ -373,7 +499,7 @@ class Updater:
                 await ctx.rt.wait_any([next_batch, ctx.engines_changed.wait()])
             while not ctx.engines.live():  # every engine is down: wait for one to come back
                 await ctx.engines_changed.wait()
-            await self.route(publish=True)
+            await self._update_weights(publish=True)
         finally:
             ctx.update_lock.release()
 
@@ -390,7 +516,7 @@ class Updater:
                     "no version was published: its initial weights are the current ones",
                 )
             else:
-                await self.route(publish=False, only=(engine,))
+                await self._update_weights(publish=False, only=(engine,))
         except (NoAliveCellError, RetriesExhaustedError):
             pass  # no cell can send now: the next full update includes the engine
         finally:

@@ -17,11 +17,19 @@ from collections.abc import Callable
 
 from miles_core.events import FaultInjected, History
 from miles_core.kinds import FaultKind
-from miles_core.oracles.witness_index import WitnessIndex, bucket_sends_in, requests_in, steps_in
+from miles_core.oracles.witness_index import (
+    WitnessIndex,
+    bucket_sends_in,
+    requests_in,
+    retries_in,
+    steps_in,
+)
 
 
 def _no_requests(fault: FaultInjected, index: WitnessIndex) -> str | None:
-    return None if requests_in(fault, index) else "no request was sent through the router in it"
+    if requests_in(fault, index) or retries_in(fault, index):
+        return None
+    return "no request was sent through the router in it"
 
 
 def _no_bucket_sends(fault: FaultInjected, index: WitnessIndex) -> str | None:

@@ -20,6 +20,7 @@ from miles_core.events import (
     HeartbeatMissed,
     History,
     QuorumChanged,
+    RequestRetried,
     RunEnded,
     RunStarted,
     SampleGenerated,
@@ -49,6 +50,7 @@ _PICKED = (
     HeartbeatMissed,
     StepCommitted,
     RunStarted,
+    RequestRetried,
 )
 """The other events the index keeps (RunEnded is followed)."""
 
@@ -64,6 +66,8 @@ class WitnessIndex:
     trained: list[CellTrained] = field(default_factory=list)
     buckets: list[BucketReceived] = field(default_factory=list)
     samples: list[SampleGenerated] = field(default_factory=list)
+    retries: list[RequestRetried] = field(default_factory=list)
+    """The tries the router failed that were sent again (a request's last is a sample)."""
     misses: list[HeartbeatMissed] = field(default_factory=list)
     started: RunStarted | None = None
     ended: Indexed | None = None
@@ -90,6 +94,8 @@ class WitnessIndex:
                 index.buckets.append(e)
             elif isinstance(e, HeartbeatMissed):
                 index.misses.append(e)
+            elif isinstance(e, RequestRetried):
+                index.retries.append(e)
             elif isinstance(e, StepCommitted):
                 index.steps += 1
             elif isinstance(e, RunStarted):
@@ -122,6 +128,13 @@ def requests_in(fault: FaultInjected, index: WitnessIndex) -> list[SampleGenerat
     """The requests sent through the router during the fault's window."""
     start, end = window(fault)
     return [s for s in index.samples if start <= s.sent < end]
+
+
+def retries_in(fault: FaultInjected, index: WitnessIndex) -> list[RequestRetried]:
+    """The tries sent through the router during the fault's window that failed there and
+    were sent again later (``requests_in`` has each request's last try)."""
+    start, end = window(fault)
+    return [r for r in index.retries if start <= r.sent < end]
 
 
 def bucket_sends_in(fault: FaultInjected, index: WitnessIndex) -> list[BucketReceived]:

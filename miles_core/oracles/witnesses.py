@@ -16,7 +16,8 @@ recorded after the fault fired:
                           others, by at least half the slowdown
     delay_router          requests sent in the window spent at least half the delay
                           outside the engine (the router's own time)
-    fail_router           a request sent in the window failed at the router
+    fail_router           a request sent in the window failed at the router (a try that
+                          was retried, or a request's last)
     drop_heartbeat        a heartbeat sent to the cell in the window was missed
 
 A fault that fired and changed nothing fails its witness, and so does one that
@@ -59,6 +60,7 @@ from miles_core.oracles.witness_index import (
     WitnessIndex,
     bucket_sends_in,
     requests_in,
+    retries_in,
     steps_in,
     window,
 )
@@ -313,7 +315,11 @@ def _router_delayed(fault: FaultInjected, seq: int, index: WitnessIndex) -> str 
 
 
 def _router_failed(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None:
+    """A try sent in the window failed at the router: retried later (RequestRetried), or the
+    request's last (a sample that failed there)."""
     del seq
+    if retries_in(fault, index):
+        return None
     sent = requests_in(fault, index)
     if any(s.outcome is SampleOutcome.ROUTER_FAILED for s in sent):
         return None

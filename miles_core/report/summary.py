@@ -10,16 +10,19 @@ from typing import Any
 from miles_core.events import (
     FaultInjected,
     FaultScheduled,
+    FlushRefused,
     GroupDropped,
     GroupGot,
     GroupRecycled,
     GroupTrained,
     History,
+    RequestRetried,
     RunEnded,
     StepMetrics,
     UpdateBegan,
 )
 from miles_core.loop import RunReport
+from miles_core.loop.config import FLAGS, MILES_BUGS
 from miles_core.oracles import Violation, idle_faults, unfired_reason, verdict_lines
 from miles_core.report.story import step_stories, story_lines
 from miles_core.scenario import Scenario
@@ -51,6 +54,7 @@ def world_and_flags(scenario: Scenario, history: History | None = None) -> dict[
         "use_fault_tolerance": loop.use_fault_tolerance,
         "async_max_concurrent_samples": loop.async_max_concurrent_samples,
         "dynamic_sampling_filter": loop.dynamic_sampling_filter,
+        "miles_bugs": [f for f in MILES_BUGS if getattr(loop, f)],
         "expect": scenario.expect.describe(),
     }
 
@@ -109,6 +113,8 @@ def summary(
         "groups_trained": sum(isinstance(e, GroupTrained) for e in history),
         "groups_recycled": dict(sorted(recycled.items())),
         "groups_dropped": dict(sorted(dropped.items())),
+        "requests_retried": sum(isinstance(e, RequestRetried) for e in history),
+        "flushes_refused": sum(isinstance(e, FlushRefused) for e in history),
         "staleness_histogram": {str(k): v for k, v in sorted(ages.items())},
         "faults": faults_report(history),
         "story": [s.to_dict() for s in step_stories(history)],
@@ -147,7 +153,8 @@ def text_lines(
             if w["async_max_concurrent_samples"] is not None
             else ""
         )
-        + (f", filter {w['dynamic_sampling_filter']}" if w["dynamic_sampling_filter"] else ""),
+        + (f", filter {w['dynamic_sampling_filter']}" if w["dynamic_sampling_filter"] else "")
+        + "".join(f", {FLAGS[bug]}" for bug in w.get("miles_bugs", ())),
     ]
     if info["status"] != "completed":
         lines.append(f"  ended by: {info['reason']}")
@@ -169,6 +176,11 @@ def text_lines(
         f"dropped {info['groups_dropped']}; staleness of trained groups "
         f"{info['staleness_histogram']}"
     )
+    if info["requests_retried"] or info["flushes_refused"]:  # what a router outage cost
+        lines.append(
+            f"  retried: {info['requests_retried']} request tries the router failed, "
+            f"{info['flushes_refused']} refused cache flushes"
+        )
     lines += verdict_lines(verdicts)
     lines.append(f"  history hash: {info['history_hash']}")
     return lines

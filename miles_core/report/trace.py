@@ -1,9 +1,10 @@
 """Chrome trace JSON (opens in Perfetto) from an event history.
 
 One track per cell (its step attempts and the weight updates it sent), one per
-engine (paused spans, and an instant per finished request), an instant per
-fault, and counters: miles' rollout metrics of each step, the published version,
-the staleness of each trained group and the buffer depth.
+engine (paused spans, and an instant per finished request, per try the router
+failed and per refused flush), an instant per fault, and counters: miles'
+rollout metrics of each step, the published version, the staleness of each
+trained group and the buffer depth.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from miles_core.events import (
     EnginesResumed,
     Event,
     FaultInjected,
+    FlushRefused,
     GroupDropped,
     GroupGot,
     GroupPut,
@@ -24,6 +26,7 @@ from miles_core.events import (
     HealBegan,
     HealEnded,
     History,
+    RequestRetried,
     RunStarted,
     SampleGenerated,
     StepMetrics,
@@ -138,6 +141,19 @@ class _Trace:
             }
         )
 
+    def retried(self, e: RequestRetried | FlushRefused) -> None:
+        """A try the router failed (sent again later) or a refused flush, on its engine's
+        track: where a router outage or a slow drain cost time."""
+        if isinstance(e, RequestRetried):
+            name, args = "request retried", {"group": e.group_id, "try": e.attempt}
+        else:
+            name, args = "flush refused", {"update": e.update_id, "try": e.attempt}
+        tid = self.tid(e.engine)
+        self.events.append(
+            {"ph": "i", "s": "t", "pid": _ENGINES, "tid": tid, "ts": _ts(e.t), "name": name}
+            | {"args": args}
+        )
+
     def fault(self, e: FaultInjected) -> None:
         target = f"cell-{e.cell}" if e.cell is not None else e.engine
         self.events.append(
@@ -194,6 +210,8 @@ class _Trace:
             self.resumed(e)
         elif isinstance(e, FaultInjected):
             self.fault(e)
+        elif isinstance(e, RequestRetried | FlushRefused):
+            self.retried(e)
         elif isinstance(e, StepMetrics):
             for name, value in e.metrics:
                 self.counter(e.t, name, value=value)

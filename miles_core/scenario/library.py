@@ -224,7 +224,8 @@ SCENARIOS: Mapping[str, Scenario] = {
         _scenario(
             "router_trouble",
             "the router adds 2 s to every request for 20 s, then fails every request for 5 s: "
-            "failed requests abort their groups, which are recycled",
+            "each failed request is sent again 1 s later until the router is back (miles' "
+            "_post), so the outage costs time, not groups",
             (
                 F("delay_router", at=5.0, duration=20.0, seconds=2.0),
                 F("fail_router", at=30.0, duration=5.0),
@@ -327,6 +328,20 @@ SCENARIOS: Mapping[str, Scenario] = {
             **_FT,
         ),
         _scenario(
+            "ft_engine_hangs_mid_update",
+            "with fault tolerance and 3 engines, engine-1 hangs right after bucket 0 of the "
+            "update following step 1: it takes no part in bucket 1's broadcast, which stalls "
+            "the whole group for the collective timeout (15 s); the update fails as a whole "
+            "and engine-1, the member that did not take part, is taken out and recovered",
+            (F("hang_engine", engine="engine-1", point="after_bucket", bucket=0, after_step=1),),
+            world=WorldShape(num_engines=3),
+            until_witnessed=RESTART_STEPS,  # for real, the kill and recovery take seconds
+            # a member later than this is blamed: seconds, not miles' 30 min, so the test is
+            # short, yet past the few seconds a 2-core machine starting an engine can stall
+            update_weight_collective_timeout=15.0,
+            **_FT,
+        ),
+        _scenario(
             "ft_engine_dies_during_recovery",
             "with fault tolerance, engine-1 dies at step 2 and its new process dies while "
             "starting: the monitor recovers it again",
@@ -351,6 +366,37 @@ SCENARIOS: Mapping[str, Scenario] = {
             "--async-max-concurrent-samples 6 with 2 samples per prompt: at most 3 groups "
             "generate at once (miles' max(1, 6 // 2))",
             async_max_concurrent_samples=6,
+        ),
+        # -- miles' bugs behind switches: each passes with its switch off (the default) -------
+        _scenario(
+            "p2p_link_stalls",
+            "p2p weights, one bucket an update, over a link that all but stalls for 6 s at "
+            "t=10: the writes begun then take ~100 s, and the update waits for them before it "
+            "stamps. With --miles-bug-p2p-failures-logged, miles' wait_transfers gives up on "
+            "each write after 30 s and the engines are stamped without the bucket",
+            (F("slow_link", at=10.0, duration=6.0, factor=130000.0),),
+            transfer_mode=TransferMode.P2P,
+            update_weight_buffer_size=64 * 1024**2,  # 2 writes an update: 2 x 30 s of waiting
+        ),
+        _scenario(
+            "sync_fails_then_engine_hangs",
+            "fault tolerance, --max-route-attempts 1, responses of ~20 s: while a batch "
+            "generates, engine-1 dies and is recovered, cell 0 dies sending its sync (which "
+            "raises; the run goes on, the next update brings engine-1 the weights), then "
+            "engine-0 hangs: the health monitor finds it and the batch completes. With "
+            "--miles-bug-health-monitor-left-paused the failed sync left the monitor paused "
+            "until the next rollout, which waits for this batch",
+            (
+                F("kill_engine", engine="engine-1", at=32.0),
+                F("kill_cell", cell=0, point="after_bucket", bucket=0, after_time=32.0),
+                F("hang_engine", engine="engine-0", at=36.0),
+            ),
+            # little jitter, so that t=32..36 falls inside step 1's drain on every seed
+            timing=TimeModel(
+                response_tokens_mean=2048.0, response_tokens_sigma=0.05, train_jitter=0.0
+            ),
+            max_route_attempts=1,
+            **_FT,
         ),
     )
 }
