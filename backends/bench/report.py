@@ -186,7 +186,7 @@ def table(summary: Mapping[str, Any]) -> str:
     lines = [
         f"{summary['payload_bytes'] / 1024**2:.0f} MiB in {summary['tensors']} tensors, "
         f"{summary['config']['receivers']} receiver(s), {summary['config']['backend']}",
-        f"{'mode':9s} {'method':13s} {'bucket':>8s} {'n':>4s}  "
+        f"{'mode':9s} {'method':18s} {'bucket':>8s} {'n':>4s}  "
         f"{'GB/s median [min-max]':>24s}  {'x ceil':>6s}  {'x wire':>6s}  bitwise",
     ]
     for r in summary["results"]:
@@ -195,7 +195,7 @@ def table(summary: Mapping[str, Any]) -> str:
         check = {True: "equal", False: "DIFFER", None: "-"}[r["weights_bitwise_equal"]]
         wire = "" if r["ratio_to_wire"] is None else f"{r['ratio_to_wire']:6.2f}"
         lines.append(
-            f"{r['mode']:9s} {r['method']:13s} {bucket:>8s} {r['buckets'] or '':>4}  "
+            f"{r['mode']:9s} {r['method']:18s} {bucket:>8s} {r['buckets'] or '':>4}  "
             f"{g['median']:7.2f} [{g['min']:6.2f}-{g['max']:6.2f}]  "
             f"{r['ratio_to_ceiling']:6.2f}  {wire:>6s}  {check:7s} {_flag(r)}".rstrip()
         )
