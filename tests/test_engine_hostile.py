@@ -430,7 +430,7 @@ CASES = [
     case("too-many-tensors", DIST, bucket(names=["x"] * (1 << 16 | 1)), "names"),
     case("group-never-joined", DIST, bucket(), "group_name"),
     case("group-name-an-int", DIST, bucket(group_name=0), "group_name"),
-    case("update-outside-a-session", DIST, bucket(), "session", paused=False),
+    case("update-while-serving", DIST, bucket(), "state", paused=False, status=409),
     case("load-format-safetensors", DIST, bucket(load_format="safetensors"), "load_format"),
     case("weight-version-an-int", DIST, bucket(weight_version=3), "weight_version"),
     case("flush-cache-a-string", DIST, bucket(flush_cache="yes"), "flush_cache"),
@@ -782,11 +782,12 @@ CASES = [
         says="complex64 is not part of a tensor handle",
     ),
     case(
-        "handle-outside-a-session",
+        "handle-while-serving",
         TENSOR,
         lambda _: tensors(valid_handle()),
-        "session",
+        "state",
         paused=False,
+        status=409,
     ),
     case(
         "handle-flattened-sent-as-direct",
@@ -1213,7 +1214,7 @@ def assert_answered(reply: Reply) -> None:
         assert isinstance(body, dict) and isinstance(body.get("message"), str), str(reply)
         field = body["message"].split(": ", 1)[0]
         root = field.split("[", 1)[0].split(".", 1)[0]
-        assert root in {*FIELD_NAMES, "body", "paused", "session"}, str(reply)
+        assert root in {*FIELD_NAMES, "body", "state", "session"}, str(reply)
 
 
 def test_the_corpus_covers_every_post_route(engine: Engine) -> None:
@@ -1296,19 +1297,19 @@ def mutated_buckets(draw: st.DrawFn) -> dict[str, Any]:
     return body
 
 
-def expected_field(body: dict[str, Any], paused: bool) -> str:
-    """The field the engine must name, in the order it checks: the body's fields, the
-    update session (open only while paused here), the bucket's sizes, then the group (this
-    engine joined none)."""
+def expected_field(body: dict[str, Any], paused: bool) -> tuple[str, int]:
+    """The field the engine must name and its status, in the order it checks: its state
+    (serving: no load, 409, before the body is read), the body's fields, the bucket's
+    sizes, then the group (this engine joined none)."""
     route = "/update_weights_from_distributed"
+    if not paused:
+        return "state", 409
     try:
         parsed = parse(route, encode(body))
-        if not paused:
-            return "session"
         bucket_payload(parsed)
     except BadRequest as error:
-        return error.field
-    return "group_name"
+        return error.field, error.status
+    return "group_name", 400
 
 
 def test_mutated_buckets_are_refused_and_a_valid_one_names_the_unjoined_group(
@@ -1323,7 +1324,7 @@ def test_mutated_buckets_are_refused_and_a_valid_one_names_the_unjoined_group(
     def one(body: dict[str, Any], paused: bool) -> None:
         engine.set_paused(paused)
         reply = engine.post("/update_weights_from_distributed", body)
-        assert_refused(reply, expected_field(body, paused))
+        assert_refused(reply, *expected_field(body, paused))
         assert engine.get("/health").status == 200
 
     one()

@@ -32,14 +32,18 @@ a bad one gets a 4xx naming the field and changes nothing. Bound to loopback by
 default; bound elsewhere, it needs SGLang's ``api_key`` (``Authorization:
 Bearer KEY``) on every request, as SGLang's server does when given one.
 
-Generation runs the tiny policy token by token on the actor's event loop,
-yielding between tokens, so a pause or abort lands on a token boundary; the
-response is built as the last token is, so it reports the version that token was
-generated under. A receive blocks in a worker thread, so the server keeps
-answering while weights stream in. Fault hooks: the header
-``X-Testbed-Die-Midway`` makes the process exit halfway through that request (a
-mid-generation crash); the actor's ``hang`` makes it stop answering anything
-while staying alive.
+Its control state (serving, paused, updating, receiving, stopping: engine_state)
+gates every route, and its HTTP edge (engine_http) bounds what clients can hold:
+bodies in flight, connections, idle and slow requests.
+
+Generation runs the tiny policy token by token in a thread of its own, so health
+and control calls answer while it runs; a pause waits for the token being made,
+so it lands on a token boundary; the response is built as the last token is, so
+it reports the version that token was generated under. A receive blocks in a
+worker thread, so the server keeps answering while weights stream in. Fault hooks
+are the actor's methods, not reachable over HTTP: ``die_midway(rid)`` makes the
+process exit halfway through that request (a mid-generation crash), ``hang``
+makes it stop answering anything while staying alive.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ import asyncio
 import datetime
 import os
 import time
-from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import ray
@@ -58,33 +62,20 @@ from backends.common import engine_generate as gen
 from backends.common.decoding import Decoding, health_token
 from backends.common.devices import prepare_process
 from backends.common.engine_checker import WeightChecker
+from backends.common.engine_http import MAX_BODY_BYTES, middlewares, ok, read_body, refused, serve
 from backends.common.engine_info import EngineInfo
-from backends.common.engine_requests import BadRequest, parse
+from backends.common.engine_requests import parse
+from backends.common.engine_state import EngineState, state_of
+from backends.common.engine_updates import UpdateRoutes
 from backends.common.engine_weights import EngineWeights
-from backends.common.policy import PolicyConfig, build_model, checksum
+from backends.common.policy import PolicyConfig, build_model
 from backends.common.ray_session import LOOPBACK, LOOPBACK_NAMES
 from backends.common.wire import GLOO_TIMEOUT
 
-DIE_MIDWAY = "X-Testbed-Die-Midway"
+__all__ = ["MAX_BODY_BYTES", "EngineActor", "EngineServer"]
 
 
-MAX_BODY_BYTES = 64 * 1024**2
-"""A bucket's metadata for a large MoE model runs to megabytes (aiohttp's default is 1 MiB)."""
-
-
-def _ok(**extra: Any) -> web.Response:
-    return web.json_response({"success": True, "message": "", **extra})
-
-
-def _refused(message: str, status: int = 400) -> web.Response:
-    return web.json_response({"success": False, "message": message}, status=status)
-
-
-async def _forever() -> None:
-    await asyncio.Event().wait()
-
-
-class EngineServer:
+class EngineServer(UpdateRoutes):
     def __init__(
         self,
         engine_id: str,
@@ -119,18 +110,34 @@ class EngineServer:
         """Set once the server listens (its port is part of it)."""
         self.paused = False
         self.hung = False
+        self.stopping = False
         self.session_open = False
         """Between /begin_weight_update and /end_weight_update: loads are taken only then."""
+        self._receiving: set[str] = set()
+        """The groups (or "tensor handles") a load is in progress on."""
         self._jobs: dict[str, Decoding] = {}
+        self._doomed: set[str] = set()
+        """Requests that end the process halfway (die_midway: the fault hook)."""
         self._changed = asyncio.Event()
         """Set (and replaced) whenever pause, abort or hang state changes: waiters re-check."""
+        self._decoder = ThreadPoolExecutor(1, thread_name_prefix=f"{engine_id}-decode")
+        """Every token is made here, one at a time, off the event loop."""
+        self._stepping = 0
+        self._stepped = asyncio.Event()
+        """Set (and replaced) whenever a token is made: a pause waits for the one in hand."""
         self._runner: web.AppRunner | None = None
 
-    def app(self) -> web.Application:
-        app = web.Application(
-            middlewares=[self._unless_hung, self._authorized, self._refusals],
-            client_max_size=MAX_BODY_BYTES,
+    @property
+    def state(self) -> EngineState:
+        return state_of(
+            stopping=self.stopping,
+            receiving=bool(self._receiving),
+            session_open=self.session_open,
+            paused=self.paused,
         )
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=middlewares(self), client_max_size=MAX_BODY_BYTES)
         app.add_routes(
             [
                 web.get("/health", self.health),
@@ -156,58 +163,11 @@ class EngineServer:
         )
         return app
 
-    @web.middleware
-    async def _unless_hung(
-        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        """A hung engine accepts connections and never answers (the client times out)."""
-        if self.hung:
-            await _forever()
-        return await handler(request)
-
-    @web.middleware
-    async def _authorized(
-        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        """SGLang's api_key: every request carries ``Authorization: Bearer KEY``."""
-        if self.api_key and request.headers.get("Authorization") != f"Bearer {self.api_key}":
-            return _refused("Authorization: missing or wrong api key", status=401)
-        return await handler(request)
-
-    @web.middleware
-    async def _refusals(
-        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        """A BadRequest from any handler is its 4xx, naming the field; nothing was changed."""
-        try:
-            return await handler(request)
-        except BadRequest as error:
-            return _refused(str(error), status=error.status)
-        except web.HTTPRequestEntityTooLarge:
-            return _refused(f"body: larger than {MAX_BODY_BYTES} bytes", status=413)
-
     async def _body(self, request: web.Request) -> dict[str, Any]:
-        return parse(request.path, await request.read())
-
-    def _require_session(self, route: str) -> None:
-        """Weights load only inside an update session (SGLang refuses a load outside one:
-        scheduler_components/weight_updater.py), and, here, only while generation is paused
-        (miles' sequence pauses first; SGLang would serve half-loaded weights)."""
-        if not self.session_open:
-            raise BadRequest(
-                "session",
-                f"{route} must run between begin_weight_update() and end_weight_update()",
-            )
-        if not self.paused:
-            raise BadRequest("paused", "weights change only while paused: POST /pause_generation")
+        return parse(request.path, await read_body(request))
 
     async def start(self) -> int:
-        # stopping waits at most a second for handlers still running (a hung engine's never end)
-        self._runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=1.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, port = await serve(self.app(), self.host)
         dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
         device = str(next(self.model.parameters()).device.type)
         self.info = EngineInfo(
@@ -216,12 +176,19 @@ class EngineServer:
         return port
 
     async def stop(self) -> None:
+        self.stopping = True
+        self._abort_all()
         if self._runner is not None:
             await self._runner.cleanup()
+        self._decoder.shutdown(wait=False, cancel_futures=True)
 
     def hang(self) -> None:
         self.hung = True
         self._notify()
+
+    def die_midway(self, rid: str) -> None:
+        """The fault hook: the process exits halfway through request ``rid``."""
+        self._doomed.add(rid)
 
     def _notify(self) -> None:
         self._changed.set()
@@ -238,7 +205,7 @@ class EngineServer:
         return web.Response(text="")
 
     async def health_generate(self, request: web.Request) -> web.Response:
-        health_token(self.model)
+        await asyncio.get_running_loop().run_in_executor(None, health_token, self.model)
         return web.Response(text="")
 
     async def _may_go_on(self, job: Decoding) -> bool:
@@ -247,21 +214,37 @@ class EngineServer:
             await self._changed.wait()
         return not job.aborted
 
+    async def _step(self, job: Decoding) -> None:
+        """One token of ``job``, made in the decoding thread."""
+        self._stepping += 1
+        try:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._decoder, job.step, self.model, self.weight_version)
+        finally:
+            self._stepping -= 1
+            self._stepped.set()
+            self._stepped = asyncio.Event()
+
+    async def _tokens_in_hand(self) -> None:
+        """Return once no token is being made (a pause lands on a token boundary)."""
+        while self._stepping:
+            await self._stepped.wait()
+
     async def generate(self, request: web.Request) -> web.Response:
         job = gen.job_of(await self._body(request), self.model.config, self.context_len)
-        die_midway = request.headers.get(DIE_MIDWAY) == "1"
         created = time.monotonic()
         self._jobs[job.rid] = job
         try:
             while not job.done and await self._may_go_on(job):
-                if die_midway and len(job.tokens) == job.max_new_tokens // 2:
+                if job.rid in self._doomed and len(job.tokens) == job.max_new_tokens // 2:
                     os._exit(1)
-                job.step(self.model, self.weight_version)
+                await self._step(job)
                 if job.done:  # answered as the last token is: its version, no later one
                     break
                 await asyncio.sleep(self.token_seconds)  # pause/abort land between tokens
         finally:
             self._jobs.pop(job.rid, None)
+            self._doomed.discard(job.rid)
         meta = {
             "id": job.rid,
             "finish_reason": gen.finish_reason(job),
@@ -279,22 +262,24 @@ class EngineServer:
         return web.json_response({"text": "", "output_ids": job.tokens, "meta_info": meta})
 
     async def pause_generation(self, request: web.Request) -> web.Response:
-        """SGLang's default mode is abort; miles sends its --pause-generation-mode."""
+        """SGLang's default mode is abort; miles sends its --pause-generation-mode. Answered
+        once the token being made is done, so nothing generates after the answer."""
         mode = (await self._body(request))["mode"]
         self.paused = True
+        await self._tokens_in_hand()
         for job in self._jobs.values():
             if mode == "abort":
                 job.aborted = True
             elif mode == "retract":
                 job.release()
         self._notify()
-        return _ok()
+        return ok()
 
     async def continue_generation(self, request: web.Request) -> web.Response:
         await self._body(request)
         self.paused = False
         self._notify()
-        return _ok()
+        return ok()
 
     async def abort_request(self, request: web.Request) -> web.Response:
         body = await self._body(request)
@@ -303,119 +288,13 @@ class EngineServer:
         elif body["rid"] in self._jobs:
             self._jobs[body["rid"]].aborted = True
             self._notify()
-        return _ok()
+        return ok()
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         holding = sum(job.holds_pages for job in self._jobs.values())
         if holding:
-            return _refused(f"Cache not flushed: {holding} requests hold KV pages")
+            return refused(f"Cache not flushed: {holding} requests hold KV pages")
         return web.Response(text="Cache flushed.")
-
-    # -- weights ---------------------------------------------------------------------
-
-    async def init_weights_update_group(self, request: web.Request) -> web.Response:
-        """Join the trainer's group; a join that fails (the store unreachable, a member that
-        never came) answers SGLang's 400, naming why."""
-        body = await self._body(request)
-        try:
-            await self.weights.join(body)
-        except BadRequest:
-            raise
-        except Exception as error:  # torch's store and rendezvous errors, socket errors
-            message = f"Failed to initialize custom process group: {str(error)[:200]}."
-            return _refused(message)
-        return _ok()
-
-    async def update_weights_from_distributed(self, request: web.Request) -> web.Response:
-        """One bucket by broadcast, tensor by tensor or packed (``load_format``); miles sends
-        weight_version with each bucket, and it is the engine's version once the bucket loads."""
-        body = await self._body(request)
-        self._require_session("update_weights_from_distributed")
-        group = self.weights.group_of(body)
-        if body["abort_all_requests"]:
-            self._abort_all()
-        try:
-            await self.weights.receive(group, body)
-        except RuntimeError as error:  # the collective failed: a peer died, or it timed out
-            return _refused(f"Failed to receive weights: {str(error)[:200]}")
-        return self._loaded(body)
-
-    async def update_weights_from_tensor(self, request: web.Request) -> web.Response:
-        """One bucket (or one dtype's part of it) by tensor handles from a colocated trainer
-        (loopback only)."""
-        body = await self._body(request)
-        self._require_session("update_weights_from_tensor")
-        named = self.weights.handles(body, request.remote)
-        if body["abort_all_requests"]:
-            self._abort_all()
-        self.weights.load(named)
-        return self._loaded(body)
-
-    def _loaded(self, body: dict[str, Any]) -> web.Response:
-        """After a load: its version, and the flush the body asked for (SGLang's
-        ``flush_cache_after_weight_update``: refused while requests hold KV, the weights
-        loaded all the same)."""
-        if body["weight_version"] is not None:
-            self.weight_version = body["weight_version"]
-        holding = sum(job.holds_pages for job in self._jobs.values())
-        if body["flush_cache"] and holding:
-            return _refused(
-                "Weights were updated, but the cache was not flushed because requests are "
-                "still running or queued. Retract or finish them, then call /flush_cache."
-            )
-        return _ok()
-
-    async def destroy_weights_update_group(self, request: web.Request) -> web.Response:
-        self.weights.leave((await self._body(request))["group_name"])
-        return _ok()
-
-    async def begin_weight_update(self, request: web.Request) -> web.Response:
-        """Opens the session (SGLang restores packed weights here; an unquantized fp32 model
-        has nothing to restore). A second one while open is refused, as SGLang refuses it."""
-        await self._body(request)
-        if self.session_open:
-            raise BadRequest(
-                "session", "a weight-update session is already open; call end_weight_update() first"
-            )
-        self.session_open = True
-        return _ok()
-
-    async def end_weight_update(self, request: web.Request) -> web.Response:
-        """Closes it (SGLang's post-load processing; nothing to post-process here)."""
-        await self._body(request)
-        if not self.session_open:
-            raise BadRequest(
-                "session", "no weight-update session is open; call begin_weight_update() first"
-            )
-        self.session_open = False
-        return _ok()
-
-    async def update_weight_version(self, request: web.Request) -> web.Response:
-        """SGLang's UpdateWeightVersionReqInput: abort_all_requests defaults to true."""
-        body = await self._body(request)
-        if body["abort_all_requests"]:
-            self._abort_all()
-        self.weight_version = body["new_version"]
-        return _ok()
-
-    async def model_info(self, request: web.Request) -> web.Response:
-        """SGLang's /model_info (engine_info)."""
-        assert self.info is not None
-        return web.json_response(self.info.model_info(self.weight_version))
-
-    async def server_info(self, request: web.Request) -> web.Response:
-        """SGLang's /server_info and its deprecated alias /get_server_info (engine_info)."""
-        assert self.info is not None
-        return web.json_response(self.info.server_info(len(self._jobs), self.paused))
-
-    async def weights_checker(self, request: web.Request) -> web.Response:
-        """SGLang's /weights_checker: a failed action is 400 with success false."""
-        body = await self._body(request)
-        extra = self.checker.handle(body["action"], body["skip_tensor_list"])
-        return _ok(**extra)
-
-    async def weights_checksum(self, request: web.Request) -> web.Response:
-        return web.json_response({"checksum": checksum(self.model)})
 
 
 @ray.remote(num_cpus=0)
@@ -442,6 +321,10 @@ class EngineActor:
 
     async def hang(self) -> None:
         self.server.hang()
+
+    async def die_midway(self, rid: str) -> None:
+        """The mid-generation kill: this process exits halfway through request ``rid``."""
+        self.server.die_midway(rid)
 
     async def wait_forever(self) -> None:
         """Never returns: a call left pending here fails when the actor dies, which is how

@@ -7,6 +7,7 @@ sglang_api's request types, the ones the contract test holds to SGLang's.
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -79,6 +80,13 @@ class RayEngine:
         """The process stops answering and stays alive (the hang_engine fault)."""
         if self.actor is not None:
             self.actor.hang.remote()
+
+    async def die_midway(self, incarnation: int, rid: str) -> None:
+        """That process exits halfway through request ``rid`` (the mid-generation kill),
+        armed through its actor: no HTTP client can reach the hook."""
+        if self.actor is not None and incarnation == self.incarnation:
+            with contextlib.suppress(ACTOR_DIED):  # gone already: the request fails anyway
+                await self.actor.die_midway.remote(rid)
 
     async def _watch(self, actor: Any, incarnation: int) -> None:
         """Report the process's death when Ray sees the actor die."""

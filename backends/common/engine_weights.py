@@ -130,6 +130,7 @@ class EngineWeights:
         store = (body["master_address"], body["master_port"])
         name, rank = body["group_name"], body["rank_offset"]
         args = (backend, store, name, rank, body["world_size"], None, self.timeout)
+        await _reachable(*store)
         loop = asyncio.get_running_loop()
         try:
             marks = await loop.run_in_executor(None, group_store, store, name, self.timeout)
@@ -186,6 +187,22 @@ class EngineWeights:
     def leave(self, name: str) -> None:
         self.groups.pop(name, None)
         self._taking_part.pop(name, None)
+
+
+REACH_SECONDS = 5.0
+"""How long a join waits to reach the trainer's store before it fails: a closed port or an
+unknown host fails the join in seconds, not in torch's retries (about 40 s here), and a
+pile of such joins cannot hold the threads a real join needs."""
+
+
+async def _reachable(host: str, port: int) -> None:
+    """Raise (naming the store) unless a TCP connection to it opens within REACH_SECONDS."""
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), REACH_SECONDS)
+    except (OSError, TimeoutError) as error:
+        why = type(error).__name__ if isinstance(error, TimeoutError) else str(error)
+        raise ConnectionError(f"cannot reach the store within {REACH_SECONDS:g}s: {why}") from None
+    writer.close()
 
 
 def _taking_part(marks: tuple[Any, int] | None, receive: Any, *args: Any) -> None:

@@ -15,7 +15,6 @@ import aiohttp
 
 from backends.common import participation
 from backends.common import sglang_api as api
-from backends.common.engine import DIE_MIDWAY
 from backends.common.policy import RESPONSE_TOKENS, Trajectory, prompt_tokens, reward
 from miles_core.backend import (
     CellFailure,
@@ -54,12 +53,14 @@ class RayRouter:
             raise RouterFailure("router failing (injected)")
         target = world.engines[engine]
         world.faults.fire(FaultPoint.MID_GENERATION, engine=engine)
-        headers = {DIE_MIDWAY: "1"} if target.doomed else {}
-        target.doomed = False
+        rid = f"g{request.group_id}-s{request.sample}"
+        if target.doomed:  # the mid-generation kill: this request ends the process halfway
+            target.doomed = False
+            await target.die_midway(incarnation, rid)
         prompt = prompt_tokens(world.seed, request.prompt_id)
         seed = derive_seed(world.seed, f"sample-{request.group_id}-{request.sample}") % 2**31
         generate = api.GenerateReqInput(
-            rid=f"g{request.group_id}-s{request.sample}",
+            rid=rid,
             input_ids=prompt,
             sampling_params={
                 "max_new_tokens": RESPONSE_TOKENS,
@@ -68,7 +69,7 @@ class RayRouter:
             },
         )
         reply = await target.request(
-            incarnation, generate.METHOD, generate.ROUTE, api.body(generate), **headers
+            incarnation, generate.METHOD, generate.ROUTE, api.body(generate)
         )
         meta = reply["meta_info"]
         version = _version(meta["weight_version"])

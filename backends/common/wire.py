@@ -30,10 +30,13 @@ GLOO_TIMEOUT = datetime.timedelta(seconds=30)
 
 
 def client_store(store_addr: tuple[str, int], timeout: datetime.timedelta = GLOO_TIMEOUT) -> Any:
-    """A client of the world's TCPStore (every group here is made over it); a wait for a key
-    (a rendezvous) fails after ``timeout``."""
+    """A client of the world's TCPStore (every group here is made over it): reaching the
+    store fails after GLOO_TIMEOUT at most (a closed port, an unknown host), a wait for a
+    key (a rendezvous, which a member that never comes stalls) after ``timeout``."""
     host, port = store_addr
-    return dist.TCPStore(host, port, is_master=False, timeout=timeout)
+    client = dist.TCPStore(host, port, is_master=False, timeout=min(timeout, GLOO_TIMEOUT))
+    client.set_timeout(timeout)
+    return client
 
 
 def group_store(

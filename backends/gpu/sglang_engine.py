@@ -34,6 +34,8 @@ from backends.common.policy import PolicyConfig, build_model
 from backends.common.ray_session import LOOPBACK
 
 START_SECONDS = 600.0
+MIDWAY_SECONDS = 0.2
+"""How long after a doomed request is sent its SGLang server is killed."""
 
 
 def _free_port() -> int:
@@ -126,6 +128,18 @@ class SGLangEngineActor:
         """The server stops answering and stays alive (SIGSTOP)."""
         if self.process is not None:
             os.killpg(self.process.pid, signal.SIGSTOP)
+
+    async def die_midway(self, rid: str) -> None:
+        """The mid-generation kill: SGLang's server cannot be made to exit at a request's
+        halfway token from outside, so its process is killed a moment after ``rid`` is
+        sent (MIDWAY_SECONDS), while it generates."""
+        process = self.process
+
+        def kill() -> None:
+            if process is not None and process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+
+        asyncio.get_running_loop().call_later(MIDWAY_SECONDS, kill)
 
     async def wait_forever(self) -> None:
         await asyncio.Event().wait()
