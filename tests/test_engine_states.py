@@ -340,3 +340,48 @@ def test_twenty_bodies_of_60_mb_at_once_keep_memory_bounded() -> None:
         assert await engine.get("/health") == 200
 
     with_engine(body)
+
+
+def test_a_receive_left_behind_on_an_older_group_does_not_hold_the_engine() -> None:
+    """An update the client abandoned leaves its receive waiting out the group's timeout;
+    once the client joined a newer group, that receive no longer holds the engine: the new
+    group's load, the stamp and the session's end go through."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    timeout = datetime.timedelta(seconds=30)
+
+    async def body(engine: Engine) -> None:
+        loop = asyncio.get_running_loop()
+
+        async def joined(name: str) -> Any:
+            trainer = loop.run_in_executor(
+                None, lambda: dist.ProcessGroupGloo(dist.PrefixStore(name, store), 0, 2, timeout)
+            )
+            join = {"master_address": "127.0.0.1", "master_port": store.port, "rank_offset": 1}
+            join |= {"world_size": 2, "group_name": name, "backend": "gloo"}
+            assert (await engine.post("/init_weights_update_group", join))[0] == 200
+            return await trainer
+
+        old = await joined("old")
+        await engine.post("/pause_generation", {"mode": "retract"})
+        await engine.post("/begin_weight_update")
+        stuck = asyncio.ensure_future(
+            engine.post("/update_weights_from_distributed", {**BUCKET, "group_name": "old"})
+        )
+        while engine.server.state is not EngineState.RECEIVING:
+            await asyncio.sleep(0.01)
+        new = await joined("new")
+        assert engine.server.state is EngineState.UPDATING  # the old receive is left behind
+        load = asyncio.ensure_future(
+            engine.post("/update_weights_from_distributed", {**BUCKET, "group_name": "new"})
+        )
+        sent = torch.full([64], 4.0)
+        await loop.run_in_executor(None, broadcast_each, new, [sent])
+        assert (await load)[0] == 200
+        assert (await engine.post("/update_weight_version", {"new_version": "5"}))[0] == 200
+        assert (await engine.post("/end_weight_update"))[0] == 200
+        await loop.run_in_executor(None, broadcast_each, old, [torch.zeros(64)])  # it ends late
+        refused_as(await stuck, 400, "Failed to receive weights")  # and loads nothing stale
+        norm = dict(engine.server.model.named_parameters())[NORM].detach()
+        assert torch.equal(norm, sent)
+
+    with_engine(body)

@@ -66,7 +66,7 @@ from backends.common.engine_http import MAX_BODY_BYTES, middlewares, ok, read_bo
 from backends.common.engine_info import EngineInfo
 from backends.common.engine_requests import parse
 from backends.common.engine_state import EngineState, state_of
-from backends.common.engine_updates import UpdateRoutes
+from backends.common.engine_updates import HANDLES, UpdateRoutes
 from backends.common.engine_weights import EngineWeights
 from backends.common.policy import PolicyConfig, build_model
 from backends.common.ray_session import LOOPBACK, LOOPBACK_NAMES
@@ -129,9 +129,14 @@ class EngineServer(UpdateRoutes):
 
     @property
     def state(self) -> EngineState:
+        """A load counts as receiving on the newest group or by handles: a receive stuck on
+        an older group (an update the client abandoned, waiting out its timeout) does not
+        hold the engine, whose client has moved on to a newer group."""
+        newest = self.weights.newest_group
+        receiving = any(g in (newest, HANDLES) for g in self._receiving)
         return state_of(
             stopping=self.stopping,
-            receiving=bool(self._receiving),
+            receiving=receiving,
             session_open=self.session_open,
             paused=self.paused,
         )

@@ -8,9 +8,10 @@ would serve or change weights that are half-loaded or in use:
 - ``serving``: generating; weights do not change here (pause first);
 - ``paused``: requests wait (queued, retracted or frozen); no session open;
 - ``updating``: paused, a weight-update session open: loads are taken;
-- ``receiving``: a load in progress (a broadcast being received, or handles being
-  copied): one at a time, and nothing that would resume generation, stamp a
-  version or destroy the group in use until it ends;
+- ``receiving``: a load in progress on the newest group (a broadcast being
+  received) or by handles: nothing that would resume generation, stamp a version
+  or end the session until it ends; one load at a time on a group, and the group
+  in use cannot be destroyed (both checked by the handlers, per group);
 - ``stopping``: the server is shutting down: nothing new is taken (503).
 
 ``state_of`` derives the state from the engine's flags; ``refusal`` says why a
@@ -84,7 +85,6 @@ REFUSED: Final[dict[tuple[EngineState, Control], str]] = {
         "POST /end_weight_update before /continue_generation"
     ),
     (EngineState.RECEIVING, Control.CONTINUE): _LOADING,
-    (EngineState.RECEIVING, Control.LOAD): f"{_LOADING} (one load at a time)",
     (EngineState.RECEIVING, Control.END): _LOADING,
     (EngineState.RECEIVING, Control.VERSION): _LOADING,
     (EngineState.RECEIVING, Control.CHECK_WEIGHTS): _LOADING,

@@ -25,6 +25,9 @@ from backends.common.engine_requests import BadRequest
 from backends.common.engine_weights import EngineWeights
 from backends.common.policy import checksum
 
+HANDLES = "tensor handles"
+"""What a load by /update_weights_from_tensor receives on, for engine_state."""
+
 
 class UpdateRoutes:
     """Handlers over the engine's weights; EngineServer holds the state they share."""
@@ -53,7 +56,11 @@ class UpdateRoutes:
 
     @contextmanager
     def _loading(self, group: str) -> Iterator[None]:
-        """The engine is receiving (engine_state) until the load ends, whatever its end."""
+        """The engine is receiving (engine_state) until the load ends, whatever its end; one
+        load at a time on a group (a second one entering the same collective out of order
+        aborted the process in gloo)."""
+        if group in self._receiving:
+            raise BadRequest("state", f"receiving: a load on {group!r} is in progress", 409)
         self._receiving.add(group)
         try:
             yield
@@ -97,7 +104,7 @@ class UpdateRoutes:
         named = self.weights.handles(body, request.remote)
         if body["abort_all_requests"]:
             self._abort_all()
-        with self._loading("tensor handles"):
+        with self._loading(HANDLES):
             self.weights.load(named)
         return self._loaded(body)
 

@@ -138,8 +138,15 @@ class EngineWeights:
             group = await loop.run_in_executor(None, update_group, *args)
         except ShmUnavailable as error:
             raise BadRequest("backend", f"{error}") from None
+        self.groups.pop(name, None)  # a name joined again is the newest group
         self.groups[name] = group
         self._taking_part[name] = (marks, rank)
+
+    @property
+    def newest_group(self) -> str | None:
+        """The group joined last: the client has moved on from any older one (a receive
+        still stuck on an older group, waiting out its timeout, is left behind)."""
+        return next(reversed(self.groups), None)
 
     def group_of(self, body: dict[str, Any]) -> Any:
         """The group a receive names, checked with the bucket before anything is received."""
@@ -166,6 +173,8 @@ class EngineWeights:
             for dt, shape in zip(dtypes, shapes, strict=True)
         ]
         await loop.run_in_executor(None, _taking_part, marks, broadcast_each, group, tensors)
+        if self.newest_group != body["group_name"]:  # left behind: newer weights may be in
+            raise RuntimeError("the client joined a newer group meanwhile: nothing loaded")
         self.load(list(zip(names, tensors, strict=True)))
 
     def handles(self, body: dict[str, Any], peer: str | None) -> Named:
