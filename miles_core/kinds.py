@@ -21,6 +21,9 @@ class RunStatus(StrEnum):
     """Nothing could make progress (deadlock, livelock, horizon or timeout)."""
     CRASHED = "crashed"
     """An exception the control plane does not raise on purpose (a bug): never a pass."""
+    INTERRUPTED = "interrupted"
+    """Stopped from outside (Ctrl-C) before it ended by itself: no verdict on the control plane.
+    The safety oracles judge what it did; how it would have ended, nobody knows."""
 
 
 class PauseMode(StrEnum):

@@ -5,7 +5,8 @@ A plant changes the control plane the way a user's own change might, then the
 named scenarios (seed 0) and the first SWARM_SEEDS swarm seeds run with every
 oracle. The test asserts that the oracle named for the bug fails on some run,
 never that a scenario-specific check does; the share of swarm seeds that saw
-it is printed (``pytest -s``) for the table in the README.
+it is printed (``pytest -s``) for the table in docs/measurements.md (the plants and their
+oracles: docs/verdicts.md).
 """
 
 from __future__ import annotations

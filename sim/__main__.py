@@ -13,7 +13,10 @@
 Exit codes: 0 when every oracle passed; 1 when one failed (the control plane
 broke, or the run did not end as its scenario expects), with the command that
 replays the run exactly as the last line on stderr; 2 when the scenario or the
-command is wrong (nothing ran). Every LoopConfig flag can be given in miles'
+command is wrong (nothing ran); 130 after Ctrl-C, which stops the run between two
+events within 2 s: it ends as interrupted, the safety oracles judge what ran (in
+the time left), and the summary and the replay line are printed as usual (see
+miles_core/report/interrupt.py). Every LoopConfig flag can be given in miles'
 spelling (``--max-weight-staleness 2``, ``--use-fault-tolerance``); it overrides
 the scenario's value and is part of the replay line.
 """
@@ -25,27 +28,39 @@ import dataclasses
 import json
 import sys
 import time
+from pathlib import Path
 
 from tqdm import tqdm
 
 from miles_core.errors import ConfigError
 from miles_core.events import StepCommitted
 from miles_core.loop.flags import add_loop_flags, flags_argv, given_flags, with_flags
+from miles_core.outputs import check_distinct_paths
 from miles_core.report import (
     check_writable,
     chrome_trace,
-    run_cli,
+    exit_cli,
     step_metrics,
     summary,
     text_lines,
     write_json,
     write_json_lines,
 )
+from miles_core.report.interrupt import (
+    INTERRUPTED_EXIT,
+    REPORT_SECONDS,
+    OutOfTime,
+    not_judged_lines,
+    short_lines,
+    short_summary,
+    time_limit,
+)
 from miles_core.report.progress import count_step
 from miles_core.scenario import SCENARIOS, Scenario, save_scenario_file
+from miles_core.scenario.limits import Limits, check_steps
 from sim.aim import parse_aim
 from sim.plants import check_plant, planted
-from sim.run import replay_command, run_scenario
+from sim.run import SimResult, replay_command, run_scenario
 from sim.scenarios import find_scenario
 from sim.swarm import SWARM, SWARM_TOTAL_LOSS, swarm_scenario
 
@@ -58,6 +73,7 @@ def _scenario(args: argparse.Namespace) -> Scenario:
     """The scenario named on the command line; a swarm is drawn for the run's length."""
     if args.scenario in (SWARM, SWARM_TOTAL_LOSS):
         steps = args.steps if args.steps is not None else 12
+        check_steps(steps, Limits(), "--steps")  # before the draw, which spreads faults on them
         total_loss = args.scenario == SWARM_TOTAL_LOSS
         scenario = swarm_scenario(args.seed, steps, total_loss=total_loss, aim=args.aim)
     else:
@@ -66,6 +82,13 @@ def _scenario(args: argparse.Namespace) -> Scenario:
         scenario = find_scenario(args.scenario, args.seed)
     loop = with_flags(scenario.loop, given_flags(args, OWN_FLAGS))
     return dataclasses.replace(scenario, loop=loop)
+
+
+def _scenario_file(name: str) -> str | None:
+    """The scenario argument when it is a file the run reads (not a name, not a swarm)."""
+    if name in SCENARIOS or name in (SWARM, SWARM_TOTAL_LOSS) or not Path(name).is_file():
+        return None
+    return name
 
 
 def _replay(args: argparse.Namespace, steps: int) -> str:
@@ -90,6 +113,8 @@ def _run(args: argparse.Namespace) -> int:
     trace = check_writable(args.trace, "--trace") if args.trace else None
     save = check_writable(args.save_scenario, "--save-scenario") if args.save_scenario else None
     metrics = check_writable(args.metrics, "--metrics") if args.metrics else None
+    outputs = {"--trace": trace, "--metrics": metrics, "--save-scenario": save}
+    check_distinct_paths(outputs, {"the scenario file": _scenario_file(args.scenario)})
     scenario = _scenario(args).with_run(steps=args.steps, seed=args.seed)
     if save is not None:
         save_scenario_file(save, scenario)
@@ -103,10 +128,30 @@ def _run(args: argparse.Namespace) -> int:
             args.seed,
             observers=[lambda e: count_step(bar) if isinstance(e, StepCommitted) else None],
             check_every=args.check_every,
+            interruptible=True,
         )
     bar.close()
+    replay = _replay(args, scenario.loop.steps)
+    if result.interrupted:
+        return _interrupted(args, result, time.perf_counter() - started, replay)
+    try:
+        return _report(args, result, time.perf_counter() - started, (trace, metrics, save), replay)
+    except KeyboardInterrupt:  # Ctrl-C while the report is written: the run is still replayable
+        print(f"\ninterrupted (Ctrl-C) while reporting\nreplay: {replay}", file=sys.stderr)
+        return INTERRUPTED_EXIT
+
+
+def _report(
+    args: argparse.Namespace,
+    result: SimResult,
+    wall: float,
+    files: tuple[Path | None, Path | None, Path | None],
+    replay: str,
+) -> int:
+    """The files asked for, the summary, and the exit code of a run that ended by itself."""
+    trace, metrics, save = files
     info = summary(result.scenario, args.seed, result.history, result.report, result.verdicts)
-    info["wall_seconds"] = time.perf_counter() - started
+    info["wall_seconds"] = wall
     if trace is not None:
         write_json(trace, chrome_trace(result.history), "--trace")
     if metrics is not None:
@@ -118,9 +163,39 @@ def _run(args: argparse.Namespace) -> int:
         if save is not None:
             print(f"  scenario saved to {save}: python -m sim run {save} --seed {args.seed}")
     if not result.ok:
-        print(f"replay: {_replay(args, scenario.loop.steps)}", file=sys.stderr)
+        print(f"replay: {replay}", file=sys.stderr)
         return 1
     return 0
+
+
+def _interrupted(args: argparse.Namespace, result: SimResult, wall: float, replay: str) -> int:
+    """Ctrl-C: what ran and what the oracles found, in the time left (the full summary, or
+    its first line when that does not fit), then the replay line; no file is written."""
+    info, lines = None, None
+    try:
+        with time_limit(REPORT_SECONDS):
+            info = summary(
+                result.scenario, args.seed, result.history, result.report, result.verdicts
+            )
+            lines = text_lines(info, result.history, result.verdicts)
+    except (OutOfTime, KeyboardInterrupt):
+        info, lines = None, None
+    if info is None or lines is None:
+        history, report, verdicts = result.history, result.report, result.verdicts
+        info = short_summary(result.scenario, args.seed, history, report, verdicts, "simulated")
+        lines = short_lines(info, verdicts)
+    info |= {"wall_seconds": wall, "not_judged": result.not_judged}
+    skipped = [flag for flag in ("--trace", "--metrics") if getattr(args, flag[2:])]
+    if args.json:
+        print(json.dumps(info, sort_keys=True))
+    else:
+        print("\n".join([*lines, *not_judged_lines(result.not_judged)]))
+        if skipped:
+            print(f"  {' and '.join(skipped)}: not written, the run was interrupted")
+        if args.save_scenario:
+            print(f"  scenario saved to {args.save_scenario}")
+    print(f"replay: {replay}", file=sys.stderr)
+    return INTERRUPTED_EXIT
 
 
 def _list() -> int:
@@ -218,4 +293,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    exit_cli(main)

@@ -43,6 +43,7 @@ from typing import Any
 from miles_core.errors import ConfigError
 from miles_core.scenario import PRESETS, SCENARIOS, Scenario
 from miles_core.scenario.faults import make_fault
+from miles_core.scenario.limits import Limits
 from sim.run import SimResult, run_scenario
 
 
@@ -284,6 +285,16 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ):
         if value is not None and value < 1:
             parser.error(str(ConfigError(flag, f"got {value}", "pass an integer >= 1")))
+    if args.steps is not None and args.steps > Limits().steps:  # the workloads' own bound
+        parser.error(
+            str(
+                ConfigError(
+                    "--steps",
+                    f"got {args.steps}, more than the {Limits().steps} steps a run may take",
+                    f"pass at most {Limits().steps} (a benchmark's workloads are not raisable)",
+                )
+            )
+        )
     return args
 
 

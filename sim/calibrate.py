@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from miles_core.errors import ConfigError
+from miles_core.outputs import check_distinct_paths
 from miles_core.scenario import Preset
 from miles_core.transfer import (
     DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE,
@@ -169,6 +170,7 @@ def _calibrate_main(argv: Sequence[str]) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     try:
+        check_distinct_paths({"--out": args.out or None}, {"bench": args.bench})
         summary = _load_json(args.bench, "bench")
         fits = calibrate(summary, args.method)
         mode = args.mode or ("broadcast" if "broadcast" in fits else sorted(fits)[0])

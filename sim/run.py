@@ -5,20 +5,22 @@ from __future__ import annotations
 import gc
 import shlex
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
 
 from miles_core.errors import ConfigError
 from miles_core.events import Event, History, StepCommitted
 from miles_core.kinds import RunStatus
 from miles_core.loop import Orchestrator, RunReport
-from miles_core.oracles import SAFETY, Violation, check_all
+from miles_core.oracles import SAFETY, WHOLE_RUN, Violation, check_all
+from miles_core.oracles.base import forget
+from miles_core.report.interrupt import CUT, ctrl_c_calls, judge_prefix
 from miles_core.scenario import Scenario
 from miles_core.scenario.schedule import FaultSchedule
 from miles_core.versions import VersionLedger
 from sim.cluster import SimCluster
 from sim.faults import SimFaultActions
-from sim.runtime import Deadlock, Livelock, SimRuntime
+from sim.runtime import Deadlock, Livelock, RunInterrupted, SimRuntime
 
 
 @dataclass
@@ -31,10 +33,19 @@ class SimResult:
     verdicts: dict[str, Violation | None]
     events: int = 0
     """SimPy events processed (the simulator's unit of work)."""
+    not_judged: dict[str, str] = field(default_factory=dict)
+    """Oracles that gave no verdict, by name, and why (an interrupted run's: see
+    miles_core.report.interrupt); a run that ended by itself has every verdict."""
+
+    @property
+    def interrupted(self) -> bool:
+        """Ctrl-C stopped the run, or cut short the judging of a run that ended by itself."""
+        return self.report.status is RunStatus.INTERRUPTED or bool(self.not_judged)
 
     @property
     def ok(self) -> bool:
-        return all(v is None for v in self.verdicts.values())
+        """Every oracle passed (an interrupted run has not: some never judged it)."""
+        return not self.interrupted and all(v is None for v in self.verdicts.values())
 
     @property
     def hash(self) -> str:
@@ -118,6 +129,7 @@ def run_scenario(
     observers: Sequence[Callable[[Event], None]] = (),
     check_every: int | None = None,
     ledger: VersionLedger | None = None,
+    interruptible: bool = False,
 ) -> SimResult:
     """Run ``scenario`` under ``seed``; the same arguments give the same history hash.
 
@@ -126,12 +138,16 @@ def run_scenario(
     bars, live checks). ``check_every=K`` also runs the safety oracles every K
     committed steps and stops the run at the first violation (the final verdicts
     then show it). ``ledger`` resumes a checkpoint's version sequence.
+    ``interruptible``: Ctrl-C stops the run between two events, as interrupted,
+    and the safety oracles judge what ran (a command's choice: a sweep's workers
+    leave Ctrl-C to their driver); a Ctrl-C while the oracles judge a run that
+    ended by itself cuts their judging short (``SimResult.not_judged``).
     """
     if check_every is not None and (isinstance(check_every, bool) or check_every < 1):
         raise ConfigError("--check-every", f"got {check_every!r}", "pass an integer >= 1")
     scenario = scenario.with_run(steps=steps, seed=seed)
     with _no_cyclic_gc():
-        return _run(scenario, seed, observers, check_every, ledger)
+        return _run(scenario, seed, observers, check_every, ledger, interruptible)
 
 
 def _run(
@@ -140,6 +156,7 @@ def _run(
     observers: Sequence[Callable[[Event], None]],
     check_every: int | None,
     ledger: VersionLedger | None,
+    interruptible: bool,
 ) -> SimResult:
     rt = SimRuntime(seed)
     schedule = FaultSchedule(scenario.faults)
@@ -162,9 +179,13 @@ def _run(
     )
     most_steps = scenario.until_witnessed or scenario.loop.steps
     horizon = scenario.max_seconds or 50.0 * most_steps * scenario.timing.train_step_seconds
+    stops = (RunInterrupted, KeyboardInterrupt) if interruptible else RunInterrupted
     try:
-        schedule.install(rt, history, SimFaultActions(cluster))
-        report = rt.run(control.run(), until=horizon)
+        with ctrl_c_calls(rt.interrupt_soon) if interruptible else nullcontext():
+            schedule.install(rt, history, SimFaultActions(cluster))
+            report = rt.run(control.run(), until=horizon)
+    except stops:  # Ctrl-C: between two events (a second Ctrl-C: wherever it came)
+        report = control.end(RunStatus.INTERRUPTED, f"interrupted (Ctrl-C) at t={rt.now():g}")
     except OracleStop as stop:
         reason = f"stopped at the first violation ({stop.violation.oracle}), as --check-every asks"
         report = control.end(RunStatus.FAILED, reason)
@@ -172,5 +193,22 @@ def _run(
         report = control.end(RunStatus.STALLED, str(stuck))
     except Exception as error:  # a world's or an injector's own failure: a crash, kept whole
         report = control.end_with(error, "raised in the simulated world")
-    verdicts = check_all(history, scenario.progress_window)
-    return SimResult(scenario, seed, history, report, verdicts, rt.env.processed)
+    verdicts, not_judged = _judge(history, report, scenario.progress_window, interruptible)
+    return SimResult(scenario, seed, history, report, verdicts, rt.env.processed, not_judged)
+
+
+def _judge(
+    history: History, report: RunReport, window: float, interruptible: bool
+) -> tuple[dict[str, Violation | None], dict[str, str]]:
+    """Every oracle's verdict; an interrupted run's (or, when ``interruptible``, a run's whose
+    judging a Ctrl-C cut short): the safety oracles' that fit in the time left."""
+    if report.status is RunStatus.INTERRUPTED:
+        return judge_prefix(history)
+    try:
+        return check_all(history, window), {}
+    except KeyboardInterrupt:
+        if not interruptible:
+            raise
+        forget(history)  # its index may be half-updated
+        verdicts, not_judged = judge_prefix(history)
+        return verdicts, not_judged | dict.fromkeys(WHOLE_RUN, CUT)

@@ -53,6 +53,15 @@ class Deadlock(RuntimeError):
     """Nothing is scheduled, yet the main task has not finished: everything waits."""
 
 
+class RunInterrupted(BaseException):
+    """The run was asked to stop from outside (``SimRuntime.interrupt_soon``: Ctrl-C), and
+    stopped between two events. Not an Exception: no task takes it for its own failure."""
+
+
+def _interrupted(event: Event) -> None:
+    raise RunInterrupted("interrupted between two events")
+
+
 def _copy(error: BaseException) -> BaseException:
     """A fresh copy of a failure for one receiver (SimPy's rule: tracebacks stay apart).
 
@@ -241,20 +250,15 @@ class SimTask:
         outer, env._active_task = env._active_task, self  # an eager spawn or a finish nests
         self._started = True
         while True:
+            error: BaseException | None = None
+            if not event._ok:
+                error = _thrown(event)
+                if not isinstance(error, Exception):  # a stop (OracleStop, Ctrl-C): the task
+                    self._finish(False, error)  # ends with it, outside the try below: passing
+                    break  # it on raises again when nobody awaits this task, and that must
+                    # leave this step, not finish the task a second time
             try:
-                if event._ok:
-                    target = coro.send(event._value)
-                else:
-                    event._defused = True
-                    failure = event._value
-                    if isinstance(failure, Interrupt):
-                        error: BaseException = Cancelled(str(failure.cause))
-                    else:
-                        error = _copy(failure)
-                        if not isinstance(error, Exception):
-                            self._finish(False, error)
-                            break
-                    target = coro.throw(error)
+                target = coro.send(event._value) if error is None else coro.throw(error)
             except StopIteration as stop:
                 self._finish(True, stop.value)
                 break
@@ -333,6 +337,16 @@ class SimTask:
 
     def __await__(self) -> Generator[Event, Any, Any]:
         return (yield self.event)
+
+
+def _thrown(event: Event) -> BaseException:
+    """What a failed event throws into the task that awaited it: Cancelled for a cancel, else
+    a copy of the failure (the event is defused: its waiter received it)."""
+    event._defused = True
+    failure = event._value
+    if isinstance(failure, Interrupt):
+        return Cancelled(str(failure.cause))
+    return _copy(failure)
 
 
 def _close_unstarted(coro: Coroutine[Any, Any, Any]) -> None:
@@ -635,6 +649,19 @@ class SimRuntime:
                 results[i] = value
         return results
 
+    def interrupt_soon(self) -> None:
+        """Make ``run`` raise RunInterrupted before the next event: what a Ctrl-C handler calls.
+
+        Safe inside a signal handler, which runs between two lines of whatever step was
+        running: it only pushes an event to the queue (a heappush, atomic for the
+        interpreter) that comes before every other, and the step in progress ends as usual.
+        Raising at that line instead left tasks half-finished (one finished twice, and the
+        run was reported as a crash of the control plane)."""
+        env = self.env
+        stop = Event.__new__(Event)
+        stop.env, stop.callbacks, stop._ok, stop._value = env, [_interrupted], True, None
+        heappush(env._queue, (env._now, EventPriority(-1), 0, next(env._eid), stop))
+
     def rng(self, stream: str) -> random.Random:
         rng = self._streams.get(stream)
         if rng is None:
@@ -645,7 +672,8 @@ class SimRuntime:
         """Run ``main`` as a task until it finishes (or virtual time ``until``); give its result.
 
         Raises Deadlock when nothing is left to happen but ``main`` has not finished,
-        Livelock when virtual time stops advancing, and TimeoutError at ``until``. A task
+        Livelock when virtual time stops advancing, TimeoutError at ``until``, and
+        RunInterrupted when ``interrupt_soon`` was called. A task
         that failed with nobody awaiting it raises its own exception (a copy whose
         ``__cause__`` is the original, with its traceback), never a deadlock.
         """
@@ -655,6 +683,9 @@ class SimRuntime:
         )
         try:
             self.env.run(until=stop)
+        except RunInterrupted:  # pushed at the instant the handler saw, which may be before
+            self.env._now = max(self.env._now, self.env._instant)  # the event then in hand
+            raise
         except RuntimeError as error:
             if type(error) is RuntimeError and str(error).startswith("No scheduled events left"):
                 raise Deadlock(

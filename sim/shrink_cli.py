@@ -20,6 +20,7 @@ import shlex
 import sys
 
 from miles_core.errors import ConfigError
+from miles_core.outputs import check_distinct_paths
 from miles_core.report import check_writable
 from miles_core.scenario import save_scenario_file
 from sim.aim import parse_aim
@@ -47,7 +48,7 @@ def _run_argv(rest: list[str]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    from sim.__main__ import _parser, _scenario  # the run command's own parsing
+    from sim.__main__ import _parser, _scenario, _scenario_file  # the run command's parsing
 
     own, rest = _own_flags().parse_known_args(argv)
     if own.help:
@@ -61,6 +62,7 @@ def main(argv: list[str]) -> int:
         args.aim = parse_aim(args.aim) if args.aim is not None else None
         scenario = _scenario(args).with_run(steps=args.steps, seed=args.seed)
         out = check_writable(own.out or f"shrunk-seed{args.seed}.toml", "--out")
+        check_distinct_paths({"--out": out}, {"the scenario file": _scenario_file(args.scenario)})
     except ConfigError as error:
         parser.error(str(error))
     with planted(args.plant):

@@ -11,11 +11,14 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from tqdm import tqdm
 
+from backends.common.preflight import check_address
 from miles_core.errors import ConfigError
+from miles_core.scenario.limits import Limits, check_steps
 from sim.plants import check_plant
 from sim.scenarios import find_scenario
 from sim.swarm import SWARM, SWARM_TOTAL_LOSS
@@ -72,9 +75,13 @@ def _sources(args: argparse.Namespace) -> list[Source]:
     sources = []
     for text in args.scenario or [SWARM]:
         if text in (SWARM, SWARM_TOTAL_LOSS):
+            if args.steps is not None:  # a swarm keeps to the default bounds
+                check_steps(args.steps, Limits(), "--steps")
             sources.append(Source(text))
         else:  # loaded here: a wrong name or file is refused before any seed runs
-            sources.append(Source(text, find_scenario(text)))
+            scenario = find_scenario(text)
+            scenario.with_run(steps=args.steps)  # --steps within its bounds and its faults
+            sources.append(Source(text, scenario))
     return sources
 
 
@@ -99,6 +106,37 @@ def _needs_ray() -> None:
         ) from None
 
 
+class _Lines:
+    """The sweep's bar where stderr is no terminal (CI, a log, a pipe), which tqdm would leave
+    blank: a line every ``every`` seeds and at the last, in tqdm's words."""
+
+    def __init__(self, total: int, every: int) -> None:
+        self.total, self.every, self.n = total, every, 0
+        self.started = time.perf_counter()
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if self.n % self.every == 0 or self.n == self.total:
+            elapsed = time.perf_counter() - self.started
+            meter = tqdm.format_meter(self.n, self.total, elapsed, unit="seed", ascii=True)
+            print(f"sweep: {meter}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        """Nothing to clear: each line stays."""
+
+
+LINES = 20
+"""Lines a sweep prints without a terminal, one per this fraction of its seeds."""
+
+
+def _progress(total: int, workers: int, quiet: bool) -> tqdm | _Lines:
+    """A tqdm bar on a terminal; else a line per 1/LINES of the seeds (none with --json)."""
+    if quiet or sys.stderr.isatty():
+        return tqdm(total=total, unit="seed", disable=quiet)
+    print(f"sweep: {total} seeds on {workers} workers", file=sys.stderr, flush=True)
+    return _Lines(total, max(1, -(-total // LINES)))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -106,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         _check(args)
         seeds, sources = _seeds(args), _sources(args)
         _needs_ray()
+        check_address(args.address)  # a cluster nobody answers at: one line, not Ray's 72
     except ConfigError as error:
         parser.error(str(error))
     import ray
@@ -116,12 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     # what a Ctrl-C before the first seed leaves: nothing judged, and it says so
     run, workers, nodes = SweepRun(Tally(), interrupted=True), local_workers, 0
     try:  # Ctrl-C at any moment, Ray's start-up and shutdown included, reports and exits 130
-        with ray_session(num_gpus=0, address=args.address, num_cpus=local_workers):
+        session = ray_session(0, args.address, local_workers, show_start=not args.json)
+        with session:
             workers = args.workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
             nodes = sum(1 for n in ray.nodes() if n["Alive"])
-            bar = tqdm(
-                total=len(seeds) * len(sources), unit="seed", disable=True if args.json else None
-            )
+            bar = _progress(len(seeds) * len(sources), workers, args.json)
             run = sweep(
                 sources,
                 seeds,

@@ -15,7 +15,9 @@ import dataclasses
 import io
 import json
 import math
+import os
 import tempfile
+import threading
 import tomllib
 import typing
 from pathlib import Path
@@ -30,18 +32,23 @@ from miles_core.errors import ConfigError
 from miles_core.kinds import FaultKind, FaultPoint
 from miles_core.loop.config import LoopConfig
 from miles_core.scenario import (
+    PRESETS,
+    SCENARIOS,
     Scenario,
     load_scenario_file,
     scenario_from_mapping,
     scenario_from_toml,
+    scenario_to_toml,
 )
 from miles_core.scenario.faults import FAULT_TYPES, TRIGGERS, trigger_keys
+from miles_core.scenario.limits import LIMIT_KEYS, MAX_FILE_BYTES, Limits
 from miles_core.scenario.load import TOP_KEYS
 from miles_core.scenario.world import SHAPE_KEYS, TIME_KEYS
 
 SOURCE = "bad.toml"
 LOOP_KEYS = tuple(f.name for f in dataclasses.fields(LoopConfig))
 SIM_KEYS = tuple(sorted(SHAPE_KEYS | TIME_KEYS))
+LIMITS = tuple(sorted(LIMIT_KEYS))
 PARAM_KEYS = ("cell", "engine", "duration", "factor", "seconds")
 TRIGGER_KEYS = ("at", "step", "bucket", "after_step", "after_time")
 FAULT_KEYS = ("kind", "point", *TRIGGER_KEYS, *PARAM_KEYS)
@@ -537,6 +544,105 @@ CORPUS: list[tuple[str, str, str, tuple[str, ...]]] = [
         "faults[1] (start_cell).at",
         (),
     ),
+    # hang_engine takes every point but mid_generation (a process exiting halfway through)
+    (
+        "hang-engine-mid-generation",
+        fault_toml(kind="hang_engine", engine="engine-0", point="mid_generation"),
+        "faults[0] (hang_engine).point",
+        ("cannot strike at mid_generation", "'step_begin'", "'after_bucket'", "'at'"),
+    ),
+    # two identical faults: the second strikes nothing, yet would pass its witness
+    (
+        "duplicate-fault",
+        fault_toml(kind="kill_cell", cell=1, at=1.0) + fault_toml(kind="kill_cell", cell=1, at=1),
+        "faults[1] (kill_cell)",
+        ("same fault as faults[0]", "kill_cell cell 1 at t=1", "remove one of faults[0] and"),
+    ),
+    (
+        "duplicate-fault-at-a-point",
+        fault_toml(kind="restart_engine", engine="engine-1", point="step_begin", step=2)
+        + fault_toml(kind="kill_cell", cell=0, at=3.0)
+        + fault_toml(kind="restart_engine", engine="engine-1", point="step_begin", step=2),
+        "faults[2] (restart_engine)",
+        ("same fault as faults[0]", "engine-1 step_begin step=2", "faults[2]"),
+    ),
+    # bounds: a count past its bound names the key and the [limits] key that raises it
+    (
+        "num-cells-100-million",
+        "[sim]\nnum_cells = 100000000\n",
+        "[sim].num_cells",
+        ("100000000 cells", "1024", "[limits] cells = 100000000"),
+    ),
+    (
+        "num-engines-2-63",
+        "[sim]\nnum_engines = 9223372036854775807\n",
+        "[sim].num_engines",
+        ("4096", "[limits] engines = 9223372036854775807"),
+    ),
+    (
+        "num-tensors-huge",
+        "[sim]\nnum_tensors = 1000000\n",
+        "[sim].num_tensors",
+        ("65536", "[limits] tensors = 1000000"),
+    ),
+    (
+        "gpus-per-cell-huge",
+        "[sim]\ngpus_per_cell = 100000\n",
+        "[sim].gpus_per_cell",
+        ("200002 GPUs in all", "[limits] gpus = 200002"),
+    ),
+    (
+        "gpus-per-engine-huge",
+        "[sim]\nnum_engines = 4000\ngpus_per_engine = 64\n",
+        "[sim].gpus_per_engine",
+        ("256002 GPUs in all", "[limits] gpus"),
+    ),
+    ("gpus-per-node-huge", "[sim]\ngpus_per_node = 70000\n", "[sim].gpus_per_node", ("gpus",)),
+    (
+        "param-bytes-401-digits",
+        f"[sim]\nparam_bytes = {HUGE}\n",
+        "[sim].param_bytes",
+        ("[limits] param_bytes",),
+    ),
+    (
+        "steps-2-63",
+        "[loop]\nsteps = 9223372036854775807\n",
+        "[loop].steps",
+        ("100000", "[limits] steps = 9223372036854775807"),
+    ),
+    (
+        "until-witnessed-2-63",
+        "until_witnessed = 9223372036854775807\n",
+        "until_witnessed",
+        ("[limits] steps = 9223372036854775807",),
+    ),
+    ("limits-not-a-table", "limits = 5\n", "[limits]", ("not a table",)),
+    ("limits-unknown-key", "[limits]\ncels = 4096\n", "[limits]", ("'cels' may be cells",)),
+    ("limits-key-at-the-top", "cells = 4096\n", SOURCE, ("cells belongs under [limits]",)),
+    ("limits-float", "[limits]\nsteps = 1e6\n", "[limits].steps", ("integer",)),
+    ("limits-lowered", "[limits]\ncells = 2\n", "[limits].cells", (">= 1024", "never lowers")),
+    (
+        "limits-past-a-float",
+        f"[limits]\nparam_bytes = {HUGE}\n",
+        "[limits].param_bytes",
+        ("at most 1000000000000000000",),
+    ),
+    # an empty file ran the defaults and passed; nesting past any scenario's
+    ("empty-file", "", SOURCE, ("is empty", "sets no key")),
+    ("only-comments", "# my scenario\n\n   \n", SOURCE, ("is empty",)),
+    ("nested-20-deep", "name = " + "[" * 20 + "]" * 20 + "\n", SOURCE, ("more than 16 deep",)),
+    (
+        "toml-nested-100000-deep",  # tomllib's RecursionError (a 2,995-line traceback)
+        "name = " + "[" * 100_000 + "]" * 100_000 + "\n",
+        SOURCE,
+        ("more than 16 deep",),
+    ),
+    (
+        "toml-inline-tables-100000-deep",
+        "x = " + "{a = " * 100_000 + "1" + "}" * 100_000 + "\n",
+        SOURCE,
+        ("more than 16 deep",),
+    ),
 ]
 
 
@@ -713,6 +819,125 @@ def test_a_syntax_error_names_the_file(tmp_path: Path) -> None:
     assert_names(caught.value, str(path), "not valid TOML", "line 1")
 
 
+def _load_within(path: Path | str, seconds: float = 10.0) -> ConfigError:
+    """The ConfigError loading ``path`` gives, in a thread: a FIFO used to block forever and
+    /dev/zero to read until MemoryError, so a hang or a long read fails the test instead."""
+    caught: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            load_scenario_file(path)
+        except BaseException as error:  # handed to the test thread
+            caught.append(error)
+
+    worker = threading.Thread(target=load, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert not worker.is_alive(), f"loading {path} still runs after {seconds} s"
+    assert len(caught) == 1 and isinstance(caught[0], ConfigError), caught
+    return caught[0]
+
+
+def test_only_a_regular_file_is_read(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe.toml"
+    os.mkfifo(fifo)
+    for path, kind in [
+        ("/dev/zero", "a character device"),
+        (fifo, "a FIFO"),
+        (tmp_path, "a directory"),
+    ]:
+        assert_names(_load_within(path), "scenario", kind, "not a regular file", str(path))
+
+
+def test_a_file_past_16_mib_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    big = tmp_path / "big.toml"
+    with big.open("wb") as f:  # sparse: 16 MiB of holes cost no disk
+        f.truncate(MAX_FILE_BYTES + 1)
+    assert_names(_load_within(big), "scenario", "16 MiB", "scenario_from_mapping")
+    at_bound = tmp_path / "at-bound.toml"
+    at_bound.write_bytes(b"name = 'x'\n" + b" " * (MAX_FILE_BYTES - 11))
+    assert load_scenario_file(at_bound).name == "x"  # the bound itself is allowed
+
+
+# -- bounds on the world, the run and the faults -------------------------------------------
+
+BOUNDS = [
+    # (the key as written, its table, the [limits] key, the largest value the default
+    # allows, what one more asks of the bound)
+    ("num_cells", "sim", "cells", 1024, 1025),
+    ("num_engines", "sim", "engines", 4096, 4097),
+    ("num_tensors", "sim", "tensors", 65536, 65537),
+    ("param_bytes", "sim", "param_bytes", 10**15, 10**15 + 1),
+    ("gpus_per_node", "sim", "gpus", 65536, 65537),
+    ("gpus_per_cell", "sim", "gpus", 32767, 65538),  # 2 cells of it, and 2 engines of 1 GPU
+    ("steps", "loop", "steps", 100_000, 100_001),
+]
+
+
+@pytest.mark.parametrize(
+    ("key", "table", "limit", "largest", "asked"), BOUNDS, ids=[b[0] for b in BOUNDS]
+)
+def test_each_bound_takes_its_largest_value_and_its_limits_key_raises_it(
+    key: str, table: str, limit: str, largest: int, asked: int
+) -> None:
+    """At the bound loads; one past it is an error naming the key and the [limits] key that
+    raises it; raised so, it loads, and the raised bound survives --save-scenario's TOML."""
+    assert scenario_from_mapping({table: {key: largest}}) is not None
+    error = mapping_error({table: {key: largest + 1}})
+    assert_names(error, f"[{table}].{key}", f"[limits] {limit} = {asked}")
+    raised = scenario_from_mapping({"limits": {limit: asked}, table: {key: largest + 1}})
+    assert getattr(raised.limits, limit) == asked
+    assert scenario_from_toml(scenario_to_toml(raised), "again.toml") == raised
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_and_library_scenario_keeps_within_the_default_bounds(preset: str) -> None:
+    """The bounds are generous: production-64x256 (512 + 1,024 GPUs) and Kimi-K2 load."""
+    assert scenario_from_mapping({"preset": preset}).limits == Limits()
+    assert all(s.limits == Limits() for s in SCENARIOS.values())
+
+
+def test_more_faults_than_the_bound_are_refused_before_each_is_read() -> None:
+    """200,000 faults sat in the oracles for a minute; 10,001 are refused at once, before
+    any is checked (these are not even faults), and [limits] faults lets them in."""
+    assert_names(mapping_error({"faults": [{"kind": "nope"}] * 10_001}), "faults", "10001")
+    error = mapping_error({"faults": [{"kind": "nope"}] * 10_001})
+    assert "[limits] faults = 10001" in str(error)
+    many = [{"kind": "kill_cell", "cell": 0, "at": float(i)} for i in range(10_001)]
+    scenario = scenario_from_mapping({"limits": {"faults": 10_001}, "faults": many})
+    assert len(scenario.faults) == 10_001
+    with pytest.raises(ConfigError) as caught:  # the dict API's Scenario keeps the bound too
+        dataclasses.replace(scenario, limits=Limits())
+    assert_names(caught.value, "faults", "[limits] faults")
+
+
+def test_a_steps_bound_raised_in_a_file_lets_steps_through_but_no_further() -> None:
+    scenario = scenario_from_mapping({"limits": {"steps": 200_000}})
+    assert scenario.with_run(steps=200_000).loop.steps == 200_000
+    with pytest.raises(ConfigError) as caught:
+        scenario.with_run(steps=200_001)
+    assert_names(caught.value, "--steps", "200000", "[limits] steps = 200001")
+
+
+def test_a_mapping_nested_without_end_is_an_error_not_a_recursion() -> None:
+    loop: dict[str, Any] = {}
+    loop["x"] = loop  # a dict that holds itself: a walk that recursed would never end
+    assert_names(mapping_error({"loop": loop}), SOURCE, "more than 16 deep")
+    deep: Any = 1
+    for _ in range(100_000):
+        deep = [deep]
+    assert_names(mapping_error({"name": deep}), SOURCE, "more than 16 deep")
+
+
+def test_identical_faults_are_one_too_many_but_the_same_fault_at_two_moments_is_not() -> None:
+    kill = {"kind": "kill_cell", "cell": 1, "point": "before_allreduce", "step": 2}
+    error = mapping_error({"faults": [kill, dict(kill)]})
+    assert_names(error, "faults[1] (kill_cell)", "faults[0]", "before_allreduce step=2")
+    later = kill | {"step": 3}
+    other = kill | {"cell": 0}
+    assert len(scenario_from_mapping({"faults": [kill, later, other]}).faults) == 3
+
+
 # -- the command line ----------------------------------------------------------------------
 
 
@@ -751,6 +976,16 @@ def no_run(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
         (["run", "--bogus"], ("unrecognized arguments", "--bogus")),
         (["bench", "--steps", "0"], ("--steps", ">= 1")),
         (["bench", "--repeats", "0"], ("--repeats", ">= 1")),
+        # bounds: 2**63 - 1 or 10**20 steps used to run on
+        (["run", "--steps", "100000000000000000000"], ("--steps", "[limits] steps = 1000")),
+        (["run", "swarm", "--steps", "9223372036854775807"], ("--steps", "[limits] steps")),
+        (["bench", "--steps", "1000000"], ("--steps", "at most 100000")),
+        (["sweep", "--steps", "100000000000000000000"], ("--steps", "[limits] steps")),
+        (
+            ["sweep", "--scenario", "cell_crash_before_allreduce", "--steps", "1"],
+            ("faults[0] (kill_cell).step", "--steps"),
+        ),
+        (["run", "/dev/zero"], ("scenario", "a character device", "not a regular file")),
         (["nope"], ("invalid choice",)),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else None,
@@ -775,6 +1010,68 @@ def test_an_unwritable_output_path_fails_before_the_run(
     err = cli_error(capsys, "run", flag, str(tmp_path))
     assert flag in err and "is a directory" in err
     assert not no_run
+
+
+def test_two_outputs_on_one_path_exit_2_naming_both(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    no_run: list[Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--trace and --metrics on one file wrote the trace, then the metrics over it, and both
+    were reported written; an output on the scenario file destroyed the input."""
+    out = tmp_path / "out.json"
+    (tmp_path / "link.json").symlink_to(out)
+    scenario = tmp_path / "s.toml"
+    scenario.write_text("[loop]\nsteps = 4\n")
+    bench = tmp_path / "bench.json"
+    bench.write_text("{}")
+    import sim.shrink_cli
+
+    monkeypatch.setattr(sim.shrink_cli, "run_scenario", lambda *a, **k: 1 / 0)
+    for argv, first, second in [
+        (["run", "--trace", str(out), "--metrics", str(out)], "--trace", "--metrics"),
+        (
+            ["run", "--metrics", str(out), "--save-scenario", f"{tmp_path}/./out.json"],
+            "--metrics",
+            "--save-scenario",
+        ),
+        (
+            ["run", "--trace", str(out), "--metrics", str(tmp_path / "link.json")],
+            "--trace",
+            "--metrics",
+        ),
+        (["run", str(scenario), "--trace", str(scenario)], "the scenario file", "--trace"),
+        (
+            ["run", str(scenario), "--save-scenario", str(scenario)],
+            "the scenario file",
+            "--save-scenario",
+        ),
+        (["shrink", str(scenario), "--out", str(scenario)], "the scenario file", "--out"),
+        (["calibrate", str(bench), "--out", str(bench)], "bench", "--out"),
+    ]:
+        err = cli_error(capsys, *argv)
+        assert f"error: {second}: " in err and f"the path of {first} too" in err, err
+        assert "give" in err and "a path of its own" in err
+    assert not no_run and not out.exists() and scenario.read_text() == "[loop]\nsteps = 4\n"
+    assert bench.read_text() == "{}"
+
+
+def test_outputs_may_share_a_device(capsys: pytest.CaptureFixture[str]) -> None:
+    """The control: /dev/null takes any number of outputs, on purpose."""
+    argv = ["run", "--steps", "8", "--trace", "/dev/null", "--metrics", "/dev/null", "--json"]
+    assert cli.main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == 8
+
+
+def test_an_empty_file_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_run: list[Any]
+) -> None:
+    """It ran the defaults and exited 0."""
+    path = tmp_path / "empty.toml"
+    path.write_text("")
+    err = cli_error(capsys, "run", str(path))
+    assert f"{path}: is empty" in err and not no_run
 
 
 def test_a_bad_scenario_file_exits_2_naming_its_key(
@@ -874,10 +1171,11 @@ def anything(moderate: bool) -> st.SearchStrategy[Any]:
 
 
 BOUNDED = {
-    # Loading a world walks its engines (an engine fault) and its tensors (a bucket fault);
-    # 10**30 of either is a valid world no one can build, not a typo the loader should catch.
-    "num_engines": st.integers(-2, 64),
-    "num_tensors": st.integers(-2, 64),
+    # Loading a world walks its engines (an engine fault) and its tensors (a bucket fault):
+    # a count up to the bound can take a second, so few are drawn; past the bound (10**30,
+    # 2**63 - 1) the loader refuses it before walking anything ([limits], limits.py).
+    "num_engines": st.one_of(st.integers(-2, 64), st.sampled_from([2**63 - 1, 10**30])),
+    "num_tensors": st.one_of(st.integers(-2, 64), st.sampled_from([2**63 - 1, 10**30])),
     # test_a_buffer_capacity_too_large_for_a_float: the buffer's own overflow, left to it.
     "capacity_factor": st.one_of(st.floats(-1.0, 4.0), st.floats(-2.0, 1e6)),
     "rollout_batch_size": st.one_of(st.integers(-2, 8), st.integers(-2, 10**6)),
@@ -913,6 +1211,7 @@ PLAUSIBLE = {
     "heartbeat_interval": st.floats(-1.0, 10.0),
     "heartbeat_timeout": st.floats(-1.0, 10.0),
     **{k: st.integers(-1, 8) for k in SHAPE_KEYS},
+    **{k: st.integers(getattr(Limits(), k) - 1, getattr(Limits(), k) + 2) for k in LIMIT_KEYS},
     **{k: st.floats(-1.0, 20.0) for k in TIME_KEYS},
 }
 
@@ -988,6 +1287,8 @@ def scenario_tables(draw: st.DrawFn, moderate: bool = False) -> dict[str, Any]:
             data[key] = draw(tables(SIM_KEYS, moderate))
         elif key == "loop":
             data[key] = draw(tables(LOOP_KEYS, moderate))
+        elif key == "limits":
+            data[key] = draw(tables(LIMITS, moderate, size=2))
         elif key == "expect":
             data[key] = draw(tables(("status", "error"), moderate, size=2))
         elif key == "faults":
@@ -1030,7 +1331,12 @@ def scenario_like(moderate: bool = False) -> st.SearchStrategy[dict[str, Any]]:
     return st.one_of(scenario_tables(moderate), fault_tables(moderate), one_section(moderate))
 
 
-SECTION_KEYS = {"[sim]": set(SIM_KEYS), "[loop]": set(LOOP_KEYS), "expect": {"status", "error"}}
+SECTION_KEYS = {
+    "[sim]": set(SIM_KEYS),
+    "[loop]": set(LOOP_KEYS),
+    "[limits]": set(LIMITS),
+    "expect": {"status", "error"},
+}
 
 
 def assert_user_facing(error: ConfigError, source: str) -> None:
@@ -1076,8 +1382,9 @@ BASE_FAULTS = (
     {"kind": "stop_cell", "cell": 1, "point": "before_allreduce", "step": 3},
 )
 PLACES = [
-    *(("", key) for key in TOP_KEYS if key not in ("sim", "loop", "expect", "faults")),
+    *(("", key) for key in TOP_KEYS if key not in ("sim", "loop", "expect", "faults", "limits")),
     *(("sim", key) for key in SIM_KEYS),
+    *(("limits", key) for key in LIMITS),
     *(("loop", key) for key in LOOP_KEYS),
     *(("expect", key) for key in ("status", "error")),
     *((f"faults[{i}]", key) for i in range(len(BASE_FAULTS)) for key in FAULT_KEYS),

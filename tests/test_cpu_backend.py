@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -154,7 +155,9 @@ def _engine_kill_recycles_its_groups(history: History) -> None:
 def _the_hung_member_is_blamed_after_the_collective_timeout(history: History) -> None:
     aborted = [e for e in history if isinstance(e, UpdateAborted)]
     assert [(e.component, e.cause) for e in aborted][:1] == [("engine-1", AbortCause.ENGINE)]
-    assert "took no part in the broadcast of bucket 1" in aborted[0].reason
+    # the hang reaches the actor a moment after the fault fires (a Ray call), so the first
+    # broadcast it misses is bucket 1 or a later one
+    assert re.fullmatch(r"took no part in the broadcast of bucket \d+: .*", aborted[0].reason)
     began = next(
         e for e in history if isinstance(e, UpdateBegan) and e.update_id == aborted[0].update_id
     )

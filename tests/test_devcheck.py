@@ -30,11 +30,13 @@ def with_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @no_cuda
-def test_without_cuda_the_environment_runs_and_every_cuda_check_is_skipped(tmp_path, monkeypatch):
+def test_without_cuda_the_environment_runs_and_every_cuda_check_is_skipped(
+    tmp_path, monkeypatch, capsys
+):
     # Two modules stand in for the six (one imports, one does not) to keep this quick.
     monkeypatch.setattr(devcheck_checks, "MODULES", ("json", "no_such_module_for_devcheck"))
     code, report = run_devcheck(tmp_path / "out")
-    assert code == 0
+    assert code == devcheck.NOTHING_CHECKED == 3  # no GPU was checked: not a pass
     assert _read(tmp_path / "out") == json.loads(json.dumps(report, default=str))
     env = report["checks"]["environment"]
     assert env["status"] == "passed"
@@ -48,7 +50,8 @@ def test_without_cuda_the_environment_runs_and_every_cuda_check_is_skipped(tmp_p
         assert entry["status"] == "skipped", name
         assert entry["reason"].startswith("no CUDA device: "), entry
     assert report["counts"] == {"passed": 1, "failed": 0, "skipped": len(CHECKS) - 1}
-    assert report["exit_code"] == 0 and report["cuda"]["available"] is False
+    assert report["exit_code"] == 3 and report["cuda"]["available"] is False
+    assert "nothing was checked on a GPU (no CUDA device: " in capsys.readouterr().err
 
 
 def test_a_check_that_raises_is_recorded_as_failed_and_the_next_one_runs(
@@ -87,9 +90,11 @@ def test_without_cuda_a_failing_environment_still_skips_the_rest(tmp_path, monke
     assert {report["checks"][n]["status"] for n in CHECKS[1:]} == {"skipped"}
 
 
-def test_a_spent_budget_skips_checks_and_unknown_names_are_refused(tmp_path):
+def test_a_spent_budget_skips_checks_and_unknown_names_are_refused(tmp_path, with_cuda):
     code, report = run_devcheck(tmp_path, budget_s=0.0, checks=["environment"])
-    assert code == 0
+    assert code == 0  # no check that needs a GPU was asked for
+    code, report = run_devcheck(tmp_path, budget_s=0.0, checks=["environment", "cuda_ipc"])
+    assert code == 3 and report["checks"]["cuda_ipc"]["reason"].startswith("time budget")
     assert report["checks"]["environment"]["reason"].startswith("time budget spent")
     with pytest.raises(ValueError, match="unknown checks"):
         run_devcheck(tmp_path, checks=["environment", "warp_drive"])
@@ -198,3 +203,20 @@ def test_the_checks_read_their_children_outcomes(tmp_path, monkeypatch):
     with pytest.raises(CheckFailed, match="child_1") as failure:
         devcheck_checks.cuda_ipc(ctx)
     assert "invalid handle" in failure.value.figures["child_1"]
+
+
+@pytest.mark.parametrize("entry", [devcheck.main, None], ids=["devcheck-main", "gpu-cli"])
+def test_an_out_folder_that_cannot_be_made_exits_2_naming_out(tmp_path, capsys, entry):
+    """/proc/x cannot be made (root's os.access says yes): exit 2 naming --out, before any
+    check runs, with no traceback."""
+    from backends.gpu.__main__ import main as gpu_main
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    for out in ("/proc/x/devcheck", str(blocked / "sub")):
+        with pytest.raises(SystemExit) as exit_:
+            (entry or (lambda argv: gpu_main(["devcheck", *argv])))(["--out", out])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert "--out: cannot write" in err and out in err and "Traceback" not in err
+        assert "devcheck: environment" not in err  # no check ran

@@ -370,7 +370,6 @@ def test_a_receive_left_behind_on_an_older_group_does_not_hold_the_engine() -> N
         while engine.server.state is not EngineState.RECEIVING:
             await asyncio.sleep(0.01)
         new = await joined("new")
-        assert engine.server.state is EngineState.UPDATING  # the old receive is left behind
         load = asyncio.ensure_future(
             engine.post("/update_weights_from_distributed", {**BUCKET, "group_name": "new"})
         )

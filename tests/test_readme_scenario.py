@@ -1,5 +1,6 @@
-"""The README's scenario file is one a user can copy: it loads as written and with its
-optional keys switched on, and its comments name every fault kind, world key and preset."""
+"""The scenario file of the scenario reference (docs/scenarios.md, linked from the README)
+is one a user can copy: it loads as written and with its optional keys switched on, and its
+comments name every fault kind, world key and preset; its table lists every [sim] key."""
 
 from __future__ import annotations
 
@@ -11,17 +12,17 @@ from miles_core.scenario import scenario_from_toml
 from miles_core.scenario.presets import PRESETS
 from miles_core.scenario.world import SHAPE_KEYS, TIME_KEYS
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "scenarios.md"
 
 
 def _snippet() -> str:
-    text = README.read_text()
-    section = text[text.index("### Scenario files") :]
+    text = DOC.read_text()
+    section = text[text.index("# Scenario files") :]
     return re.search(r"```toml\n(.*?)```", section, re.S).group(1)
 
 
 def test_the_readme_scenario_loads_as_written() -> None:
-    scenario = scenario_from_toml(_snippet(), "README.md")
+    scenario = scenario_from_toml(_snippet(), "docs/scenarios.md")
     assert scenario.name == "heal_twice" and scenario.world.num_cells == 3
     assert scenario.loop.steps == 10 and len(scenario.faults) == 1
     assert scenario.until_witnessed is None and scenario.max_seconds is None
@@ -37,7 +38,7 @@ def test_its_optional_keys_load_switched_on_and_name_every_preset() -> None:
         "max_seconds",
         "until_witnessed",
     ]
-    scenario = scenario_from_toml("\n".join(on), "README.md")
+    scenario = scenario_from_toml("\n".join(on), "docs/scenarios.md")
     assert scenario.preset == "small" and scenario.progress_window == 600.0
     assert scenario.max_seconds == 4000.0 and scenario.until_witnessed == 200
     named = " ".join(lines[lines.index(switched[0]) : lines.index(switched[1])])
@@ -51,7 +52,7 @@ def test_it_names_every_fault_kind_and_world_key() -> None:
 
 
 def test_the_readme_lists_every_sim_key_with_its_default() -> None:
-    text = README.read_text()
+    text = DOC.read_text()
     rows = [r for r in text.splitlines() if r.startswith("| `") and "_" in r.split("|")[1]]
     listed: dict[str, str] = {}
     for row in rows:

@@ -4,11 +4,12 @@
         [--receivers 1] [--bucket-mib 4,16,64,256] [--default-bucket-mib 64]
         [--modes broadcast,p2p] [--repeats 5] [--warmup 1] [--seed 0]
         [--backend auto|gloo|nccl] [--out bench.json] [--plot bench.png] [--json]
-    python -m backends.bench transfer --markdown bench.json   (the README's table)
+    python -m backends.bench transfer --markdown bench.json   (the table in docs/measurements.md)
 
 One source and N receiver processes on 127.0.0.1 (gloo on CPU; NCCL when
 CUDA is present and asked for: written, not run on the CPU machine the figures
-in the README come from). Every process ends with the command, errors included.
+in docs/measurements.md come from). Every process ends with the command, errors
+included.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from miles_core.errors import ConfigError, int_at_least
+from miles_core.outputs import check_distinct_paths
 
 MIB = 1024**2
 
@@ -150,7 +152,14 @@ def main(argv: list[str] | None = None) -> int:
 
         print(markdown(json.loads(Path(args.markdown).read_text())))
         return 0
+    plot_path = (
+        args.plot
+        if args.plot is not None
+        else (args.out and str(Path(args.out).with_suffix(".png")))
+    )
     try:
+        plot_flag = "--plot" if args.plot is not None else "--plot (default: --out as .png)"
+        check_distinct_paths({"--out": args.out or None, plot_flag: plot_path or None})
         import torch
 
         cfg = config_from_args(args, torch.cuda.is_available())
@@ -163,11 +172,6 @@ def main(argv: list[str] | None = None) -> int:
     summary["wall_seconds"] = time.perf_counter() - started
     if args.out:
         Path(args.out).write_text(json.dumps(summary, indent=1))
-    plot_path = (
-        args.plot
-        if args.plot is not None
-        else (args.out and str(Path(args.out).with_suffix(".png")))
-    )
     if plot_path:
         try:
             plot(summary, Path(plot_path))

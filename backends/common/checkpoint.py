@@ -14,10 +14,11 @@ from typing import Any
 import torch
 
 from backends.common.policy import PolicyConfig
+from backends.common.preflight import CHECKPOINT_FILE
 from miles_core.errors import ConfigError
 from miles_core.versions import LedgerSnapshot, VersionLedger
 
-FILE = "checkpoint.pt"
+FILE = CHECKPOINT_FILE  # one name: --load is checked for it before Ray starts (preflight)
 
 
 def save(

@@ -6,7 +6,9 @@ and each fault as it fires. The end of the run reads like the simulator's: the
 world and flags, the story step by step, the faults, the verdicts. Exit codes as
 the simulator's: 0 all oracles passed, 1 one failed (the command that replays
 the scenario and seed is printed; a real run repeats its decisions, not its
-timings), 2 the scenario or the command is wrong. Every LoopConfig flag is taken
+timings), 2 the scenario or the command is wrong, 130 after Ctrl-C (the run ends as
+interrupted, its world closed and Ray shut down within 2 s; the summary says what ran
+and what the safety oracles found, then the replay line). Every LoopConfig flag is taken
 in miles' spelling, as by the simulator's CLI, and goes into the replay line.
 A backend adds its own flags (``add_run_flags``'s ``extra``) and turns them into
 a Stack and a world shape (``StackFrom``).
@@ -21,15 +23,18 @@ import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
+from backends.common.preflight import check_address, check_folders
 from backends.common.run import TRAIN, RealResult, check_real, check_token_seconds, run_real
 from backends.common.run_flags import OWN_FLAGS, build_parser
 from backends.common.stack import CPU_STACK, Stack, Wire
 from miles_core.errors import ConfigError
 from miles_core.events import Event, FaultInjected, StepCommitted
 from miles_core.loop.flags import flags_argv, given_flags, with_flags
+from miles_core.outputs import check_distinct_paths
 from miles_core.report import (
     check_writable,
     chrome_trace,
@@ -37,6 +42,15 @@ from miles_core.report import (
     text_lines,
     write_json,
     write_json_lines,
+)
+from miles_core.report.interrupt import (
+    INTERRUPTED_EXIT,
+    REPORT_SECONDS,
+    OutOfTime,
+    not_judged_lines,
+    short_lines,
+    short_summary,
+    time_limit,
 )
 from miles_core.report.progress import count_step
 from miles_core.scenario import Scenario, find_scenario
@@ -71,8 +85,7 @@ def _cpu_stack(args: argparse.Namespace, scenario: Scenario) -> tuple[Stack, Sce
     return dataclasses.replace(CPU_STACK, wire=Wire(args.wire)), scenario
 
 
-def _print_human(result: RealResult) -> None:
-    info = result.summary()
+def _print_human(result: RealResult, info: dict[str, Any]) -> None:
     print("\n".join(text_lines(info, result.history, result.verdicts)))
     first, last = info["mean_reward_first"], info["mean_reward_last"]
     if first is not None:
@@ -100,6 +113,15 @@ def _replay(args: argparse.Namespace, steps: int, prog: str, extra: Sequence[str
     return shlex.join(command + flags_argv(given_flags(args, OWN_FLAGS)))
 
 
+def _preflight(args: argparse.Namespace, outputs: dict[str, Path | None]) -> None:
+    """Before Ray starts: one path per output (none on the scenario file), the folders of
+    --load and --save, and a cluster at --address that answers (last: it may wait)."""
+    scenario_file = args.scenario if args.scenario and Path(args.scenario).is_file() else None
+    check_distinct_paths({**outputs, "--save": args.save}, {"--scenario": scenario_file})
+    check_folders(args.load, args.save)
+    check_address(args.address)
+
+
 def run_command(
     args: argparse.Namespace,
     prog: str = "backends.cpu",
@@ -119,6 +141,7 @@ def run_command(
     scenario = dataclasses.replace(scenario, loop=loop)
     scenario = check_real(scenario.with_run(steps=args.steps, seed=args.seed))
     stack, scenario = stack_from(args, scenario)
+    _preflight(args, {"--trace": trace, "--metrics": metrics})
     stack = dataclasses.replace(stack, packed=args.flattened_bucket)
     steps = scenario.loop.steps
     bar = tqdm(total=steps, unit="step", disable=True if args.json else None, leave=False)
@@ -131,35 +154,83 @@ def run_command(
             target = f"cell {event.cell}" if event.cell is not None else event.engine or "the world"
             say(f"fault {event.fault.value} {target} at t={event.t:.2f} ({event.detail})")
 
-    result = run_real(
-        scenario,
-        args.seed,
-        timeout=args.timeout,
-        address=args.address,
-        observers=[watch],
-        on_line=lambda line: say(str(line)),
-        announce=lambda what: say(
-            f"  killing {what} (injected): Ray's messages about a worker that died are this"
-        ),
-        save_to=Path(args.save) if args.save else None,
-        load_from=Path(args.load) if args.load else None,
-        engine_token_seconds=args.engine_token_seconds,
-        stack=stack,
-    )
+    packed = ["--flattened-bucket"] if args.flattened_bucket else []
+    replay = _replay(args, steps, prog, [*extra_replay, *packed])
+    try:
+        result = run_real(
+            scenario,
+            args.seed,
+            timeout=args.timeout,
+            address=args.address,
+            show_start=not args.json,
+            interruptible=True,
+            observers=[watch],
+            on_line=lambda line: say(str(line)),
+            announce=lambda what: say(f"  killing {what} (injected)"),
+            save_to=Path(args.save) if args.save else None,
+            load_from=Path(args.load) if args.load else None,
+            engine_token_seconds=args.engine_token_seconds,
+            stack=stack,
+        )
+    except KeyboardInterrupt:  # before the run began (Ray held it while it started), or twice
+        bar.close()
+        print(
+            f"\ninterrupted (Ctrl-C) before a step ran, or twice\nreplay: {replay}", file=sys.stderr
+        )
+        return INTERRUPTED_EXIT
     bar.close()
+    if result.interrupted:
+        return _interrupted(args, result, replay)
+    return _finish(args, result, (trace, metrics), replay)
+
+
+def _finish(
+    args: argparse.Namespace,
+    result: RealResult,
+    files: tuple[Path | None, Path | None],
+    replay: str,
+) -> int:
+    """The files asked for, the summary and the exit code of a run that ended by itself."""
+    trace, metrics = files
     if trace is not None:
         write_json(trace, chrome_trace(result.history), "--trace")
     if metrics is not None:
         write_json_lines(metrics, step_metrics(result.history), "--metrics")
+    info = result.summary()
     if args.json:
-        print(json.dumps(result.summary(), sort_keys=True))
+        print(json.dumps(info, sort_keys=True))
     else:
-        _print_human(result)
+        _print_human(result, info)
     if not result.ok:
-        packed = ["--flattened-bucket"] if args.flattened_bucket else []
-        print(f"replay: {_replay(args, steps, prog, [*extra_replay, *packed])}", file=sys.stderr)
+        print(f"replay: {replay}", file=sys.stderr)
         return 1
     return 0
+
+
+def _interrupted(args: argparse.Namespace, result: RealResult, replay: str) -> int:
+    """Ctrl-C: what ran and what the oracles found, in the time left (the full summary, or
+    its first line when that does not fit), then the replay line; no file is written."""
+    info = None
+    try:
+        with time_limit(REPORT_SECONDS):
+            info = result.summary() if len(result.history) else None
+    except (OutOfTime, KeyboardInterrupt):
+        info = None
+    history, report, verdicts = result.history, result.report, result.verdicts
+    short = short_summary(result.scenario, args.seed, history, report, verdicts, "wall")
+    if args.json:
+        print(json.dumps((info or short) | {"not_judged": result.not_judged}, sort_keys=True))
+    else:
+        if info is not None:
+            _print_human(result, info)
+        else:
+            print("\n".join(short_lines(short, verdicts)))
+        print("\n".join(not_judged_lines(result.not_judged)))
+        skipped = [flag for flag in ("--trace", "--metrics") if getattr(args, flag[2:])]
+        if skipped:
+            print(f"  {' and '.join(skipped)}: not written, the run was interrupted")
+    print(f"replay: {replay}", file=sys.stderr)
+    return INTERRUPTED_EXIT
 
 
 def main(argv: list[str] | None = None) -> int:

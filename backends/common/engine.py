@@ -66,7 +66,7 @@ from backends.common.engine_http import MAX_BODY_BYTES, middlewares, ok, read_bo
 from backends.common.engine_info import EngineInfo
 from backends.common.engine_requests import parse
 from backends.common.engine_state import EngineState, state_of
-from backends.common.engine_updates import HANDLES, UpdateRoutes
+from backends.common.engine_updates import UpdateRoutes
 from backends.common.engine_weights import EngineWeights
 from backends.common.policy import PolicyConfig, build_model
 from backends.common.ray_session import LOOPBACK, LOOPBACK_NAMES
@@ -113,8 +113,10 @@ class EngineServer(UpdateRoutes):
         self.stopping = False
         self.session_open = False
         """Between /begin_weight_update and /end_weight_update: loads are taken only then."""
-        self._receiving: set[str] = set()
-        """The groups (or "tensor handles") a load is in progress on."""
+        self._receiving: dict[str, int] = {}
+        """The groups (or "tensor handles") a load is in progress on -> its number."""
+        self._loads = 0
+        """Loads begun (the newest one's number)."""
         self._jobs: dict[str, Decoding] = {}
         self._doomed: set[str] = set()
         """Requests that end the process halfway (die_midway: the fault hook)."""
@@ -129,11 +131,10 @@ class EngineServer(UpdateRoutes):
 
     @property
     def state(self) -> EngineState:
-        """A load counts as receiving on the newest group or by handles: a receive stuck on
-        an older group (an update the client abandoned, waiting out its timeout) does not
-        hold the engine, whose client has moved on to a newer group."""
-        newest = self.weights.newest_group
-        receiving = any(g in (newest, HANDLES) for g in self._receiving)
+        """Receiving while the newest load begun is in progress: a receive left behind (an
+        update the client abandoned, its receive waiting out the group's timeout) does not
+        hold the engine once a newer load began."""
+        receiving = self._loads in self._receiving.values()
         return state_of(
             stopping=self.stopping,
             receiving=receiving,

@@ -11,7 +11,7 @@ the group a load uses cannot be destroyed under it, and no version is stamped mi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -39,7 +39,8 @@ class UpdateRoutes:
     weight_version: str
     paused: bool
     session_open: bool
-    _receiving: set[str]
+    _receiving: dict[str, int]
+    _loads: int
     _jobs: dict[str, Decoding]
 
     async def _body(self, request: web.Request) -> dict[str, Any]: ...
@@ -55,17 +56,19 @@ class UpdateRoutes:
             )
 
     @contextmanager
-    def _loading(self, group: str) -> Iterator[None]:
-        """The engine is receiving (engine_state) until the load ends, whatever its end; one
-        load at a time on a group (a second one entering the same collective out of order
-        aborted the process in gloo)."""
+    def _loading(self, group: str) -> Iterator[Callable[[], bool]]:
+        """The engine is receiving (engine_state) while this load is the newest one begun;
+        one load at a time on a group (a second one entering the same collective out of
+        order aborted the process in gloo). Yields whether the load is still the newest: one
+        left behind (its client gave up on it and sent a newer one) must not load late."""
         if group in self._receiving:
             raise BadRequest("state", f"receiving: a load on {group!r} is in progress", 409)
-        self._receiving.add(group)
+        self._loads += 1
+        number = self._receiving[group] = self._loads
         try:
-            yield
+            yield lambda: self._loads == number
         finally:
-            self._receiving.discard(group)
+            del self._receiving[group]
 
     async def init_weights_update_group(self, request: web.Request) -> web.Response:
         """Join the trainer's group; a join that fails (the store unreachable, a member that
@@ -89,9 +92,9 @@ class UpdateRoutes:
         group = self.weights.group_of(body)
         if body["abort_all_requests"]:
             self._abort_all()
-        with self._loading(body["group_name"]):
+        with self._loading(body["group_name"]) as current:
             try:
-                await self.weights.receive(group, body)
+                await self.weights.receive(group, body, current)
             except RuntimeError as error:  # the collective failed: a peer died, or timed out
                 return refused(f"Failed to receive weights: {str(error)[:200]}")
         return self._loaded(body)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -138,15 +138,8 @@ class EngineWeights:
             group = await loop.run_in_executor(None, update_group, *args)
         except ShmUnavailable as error:
             raise BadRequest("backend", f"{error}") from None
-        self.groups.pop(name, None)  # a name joined again is the newest group
         self.groups[name] = group
         self._taking_part[name] = (marks, rank)
-
-    @property
-    def newest_group(self) -> str | None:
-        """The group joined last: the client has moved on from any older one (a receive
-        still stuck on an older group, waiting out its timeout, is left behind)."""
-        return next(reversed(self.groups), None)
 
     def group_of(self, body: dict[str, Any]) -> Any:
         """The group a receive names, checked with the bucket before anything is received."""
@@ -157,7 +150,9 @@ class EngineWeights:
         self.check_bucket(names, dtypes, shapes, packed=body["load_format"] == "flattened_bucket")
         return group
 
-    async def receive(self, group: Any, body: dict[str, Any]) -> None:
+    async def receive(
+        self, group: Any, body: dict[str, Any], current: Callable[[], bool] = lambda: True
+    ) -> None:
         """One bucket by broadcast in ``group`` (``group_of``): packed straight into the
         weights, or tensor by tensor into fresh tensors loaded once all arrived. Raises what
         the collective raised (a peer died, or the group's timeout ran out)."""
@@ -173,8 +168,8 @@ class EngineWeights:
             for dt, shape in zip(dtypes, shapes, strict=True)
         ]
         await loop.run_in_executor(None, _taking_part, marks, broadcast_each, group, tensors)
-        if self.newest_group != body["group_name"]:  # left behind: newer weights may be in
-            raise RuntimeError("the client joined a newer group meanwhile: nothing loaded")
+        if not current():  # left behind by a newer load: what it got may be older weights
+            raise RuntimeError("a newer load began while this one waited: nothing loaded")
         self.load(list(zip(names, tensors, strict=True)))
 
     def handles(self, body: dict[str, Any], peer: str | None) -> Named:

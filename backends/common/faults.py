@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from backends.common.cluster import RayWorld
+from backends.common.ray_quiet import expect_exit
 from miles_core.kinds import FaultPoint
 from miles_core.scenario.schedule import Impairment, impaired_part
 
@@ -29,6 +30,7 @@ class RayFaultActions:
 
     def kill_cell(self, cell: int, point: FaultPoint | None) -> None:
         self.announce(f"cell {cell}'s processes")
+        expect_exit(self.world.cells[cell].ranks)  # Ray's alarm about them is not printed
         if point is FaultPoint.BEFORE_ALLREDUCE:
             self.world.cells[cell].doomed = True  # RayCell.train passes it into the call
         else:
@@ -41,6 +43,7 @@ class RayFaultActions:
 
     def kill_engine(self, engine: str, point: FaultPoint | None) -> None:
         self.announce(f"{engine}'s process")
+        self._expect_engine_exit(engine)
         if point is FaultPoint.MID_GENERATION:
             self.world.engines[engine].doomed = True  # RayRouter.generate sends the header
         else:
@@ -48,7 +51,12 @@ class RayFaultActions:
 
     def restart_engine(self, engine: str) -> None:
         self.announce(f"{engine}'s process, to start a new one")
+        self._expect_engine_exit(engine)
         self.world.restart_engine(engine)
+
+    def _expect_engine_exit(self, engine: str) -> None:
+        actor = self.world.engines[engine].actor
+        expect_exit([] if actor is None else [actor])
 
     def hang_engine(self, engine: str) -> None:
         self.world.engines[engine].hang()

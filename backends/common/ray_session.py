@@ -5,7 +5,11 @@ in its own temporary directory on this machine, or joins ``address``; either
 way Ray is shut down on exit, errors, SIGTERM and Ctrl-C included, and a local
 session's directory is removed. A Ctrl-C while Ray starts or stops is held
 until it has (one that cut ``ray.init`` short left a half-started core worker,
-and the interpreter then crashed at exit). ``placed_bundles`` asks Ray where
+and the interpreter then crashed at exit). A command's session says on stderr
+that Ray is starting (a spinner on a terminal: it takes seconds), and its
+driver prints no raylet alarm about a worker that a fault killed on purpose
+(``ray_quiet``); a local session's autoscaler monitor is killed before
+``ray.shutdown``, which otherwise waits a second for it. ``placed_bundles`` asks Ray where
 each bundle of a placement group landed (node address and GPU id, from a task
 inside the bundle, where miles asks an InfoActor) and lets miles_core.placement
 order them, resolving a node that Ray knows by hostname with ``dns_resolver``
@@ -21,14 +25,19 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import tempfile
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 
 import ray
+import ray._private.ray_constants as ray_constants
+import ray._private.worker
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from backends.common.ray_quiet import quiet_intended_exits
+from backends.common.spinner import spinner
 from miles_core.placement import Bundle, Layout, Placement, Resolver, place
 
 LOOPBACK = "127.0.0.1"
@@ -73,16 +82,29 @@ def _ctrl_c_held() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def ray_session(num_gpus: int, address: str | None = None, num_cpus: int = 16) -> Iterator[None]:
-    """Ray for one run; ``num_cpus`` is logical (actors reserve none while running)."""
+def ray_session(
+    num_gpus: int, address: str | None = None, num_cpus: int = 16, *, show_start: bool = False
+) -> Iterator[None]:
+    """Ray for one run; ``num_cpus`` is logical (actors reserve none while running).
+    ``show_start``: a line (a spinner on a terminal) on stderr while Ray starts. Ray's alarm
+    about a worker that died is not printed for those killed on purpose (ray_quiet)."""
     with _terminate_cleanly():
-        yield from _ray_session(num_gpus, address, num_cpus)
+        yield from _ray_session(num_gpus, address, num_cpus, show_start)
 
 
-def _ray_session(num_gpus: int, address: str | None, num_cpus: int) -> Iterator[None]:
+def _where(num_gpus: int, address: str | None, num_cpus: int) -> str:
+    if address is not None:
+        return f"joining Ray at {address}"
+    gpus = f", {num_gpus} virtual GPU(s)" if num_gpus else ""
+    return f"starting Ray (local: {num_cpus} CPU(s){gpus})"
+
+
+def _ray_session(
+    num_gpus: int, address: str | None, num_cpus: int, show_start: bool
+) -> Iterator[None]:
     tmp = None
     try:  # ray.init inside: a SIGTERM during start-up still shuts down what it started
-        with _ctrl_c_held():
+        with _ctrl_c_held(), spinner(_where(num_gpus, address, num_cpus), enabled=show_start):
             if address is None:
                 tmp = tempfile.mkdtemp(prefix="ray-", dir=os.environ.get("RAY_TMPDIR", "/tmp"))
                 ray.init(
@@ -96,12 +118,27 @@ def _ray_session(num_gpus: int, address: str | None, num_cpus: int) -> Iterator[
                 )
             else:
                 ray.init(address=address, log_to_driver=False)
-        yield
+        with quiet_intended_exits():
+            yield
     finally:
         with _ctrl_c_held():
+            if tmp is not None:
+                _kill_monitor()
             ray.shutdown()
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _kill_monitor() -> None:
+    """Kill the autoscaler monitor of the local session Ray is about to shut down, which
+    autoscales nothing here: ``ray.shutdown`` gives it a second to exit on SIGTERM, it took
+    all of it each time (1.0 of a 1.3 s shutdown, and a Ctrl-C must end a run within 2)."""
+    node = getattr(ray._private.worker, "_global_node", None)
+    infos = node.all_processes.get(ray_constants.PROCESS_TYPE_MONITOR, ()) if node else ()
+    for info in infos:
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            info.process.kill()
+            info.process.wait(timeout=1)
 
 
 @ray.remote(num_cpus=0)

@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import math
 import os
+import signal
 import statistics
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from backends.common import checkpoint
 from backends.common.aio_runtime import AsyncioRuntime
@@ -33,6 +36,7 @@ from backends.common.ray_session import (
     ray_session,
     remove_placement_group,
 )
+from backends.common.spinner import spinner
 from backends.common.stack import CPU_STACK, Stack
 from miles_core.backend import CellFailure
 from miles_core.errors import ConfigError
@@ -47,14 +51,18 @@ from miles_core.events import (
 )
 from miles_core.kinds import RunStatus
 from miles_core.loop import LoopConfig, Orchestrator, RunReport
-from miles_core.oracles import Violation, check_all
+from miles_core.oracles import WHOLE_RUN, Violation, check_all
+from miles_core.oracles.base import forget
 from miles_core.placement import LayoutConfig, compute_layout
 from miles_core.report import summary
+from miles_core.report.interrupt import CUT, judge_prefix
 from miles_core.scenario import Scenario, WorldShape
 from miles_core.scenario.schedule import FaultSchedule
 from miles_core.transfer import TransferMode
 
 REAL_HEARTBEAT_TIMEOUT = 5.0
+
+T = TypeVar("T")
 
 TRAIN = Scenario(
     "train",
@@ -111,14 +119,25 @@ class RealResult:
     stack: Stack = CPU_STACK
     bundle_nodes: tuple[str, ...] = ()
     """The Ray node each GPU bundle (so each trainer rank and engine) landed on, by index."""
+    not_judged: dict[str, str] = field(default_factory=dict)
+    """Oracles that gave no verdict, by name, and why (an interrupted run's)."""
+
+    @property
+    def interrupted(self) -> bool:
+        """Ctrl-C stopped the run, or cut short the judging of a run that ended by itself."""
+        return self.report.status is RunStatus.INTERRUPTED or bool(self.not_judged)
 
     @property
     def ok(self) -> bool:
-        return all(v is None for v in self.verdicts.values())
+        """Every oracle passed (an interrupted run has not: some never judged it)."""
+        return not self.interrupted and all(v is None for v in self.verdicts.values())
 
     def summary(self) -> dict[str, Any]:
-        """The simulator's summary of the run, with the training and transfer figures."""
-        info = summary(self.scenario, self.seed, self.history, self.report, self.verdicts)
+        """The simulator's summary of the run (its seconds are wall time), with the training
+        and transfer figures."""
+        info = summary(
+            self.scenario, self.seed, self.history, self.report, self.verdicts, clock="wall"
+        )
         rewards = [self.step_rewards[s] for s in sorted(self.step_rewards)]
         transfers = [line for line in self.lines if line.transfer_seconds > 0]
         info |= {
@@ -253,6 +272,8 @@ class _Options:
     load_from: Path | None
     engine_token_seconds: float
     stack: Stack
+    interruptible: bool = False
+    show_start: bool = False
 
 
 async def _resume(world: RayWorld, load_from: Path | None, policy: PolicyConfig) -> Any:
@@ -272,25 +293,82 @@ async def _resume(world: RayWorld, load_from: Path | None, policy: PolicyConfig)
     return ledger
 
 
-async def _drive(control: Orchestrator, world: RayWorld, timeout: float) -> RunReport:
-    """Run the loop until it ends, the world itself fails, or the timeout passes."""
+async def _drive(
+    control: Orchestrator, world: RayWorld, timeout: float, ctrl_c: asyncio.Future[None]
+) -> RunReport:
+    """Run the loop until it ends, the world itself fails, the timeout passes or Ctrl-C."""
     run = asyncio.ensure_future(control.run())
     done, _ = await asyncio.wait(
-        {run, world.failed}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        {run, world.failed, ctrl_c}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
     )
     if run in done:
         return run.result()
     if world.failed in done:
         return control.end_with(world.failed.result(), "raised in the Ray world")
+    if ctrl_c in done:
+        return control.end(
+            RunStatus.INTERRUPTED, f"interrupted (Ctrl-C) at t={control.rt.now():.2f}"
+        )
     return control.end(RunStatus.STALLED, f"no end within {timeout:g} s")
 
 
-async def _run(
-    scenario: Scenario, seed: int, pg: Any, placement: Any, options: _Options
-) -> RealResult:
-    rt = AsyncioRuntime(seed)
-    schedule = FaultSchedule(scenario.faults)
-    world = RayWorld(
+class _StartInterrupted(Exception):
+    """Ctrl-C came while the world started: no step ran."""
+
+
+@contextlib.contextmanager
+def _ctrl_c_sets(interruptible: bool) -> Iterator[asyncio.Future[None]]:
+    """A future that Ctrl-C sets while the block runs, handled by the event loop between two
+    callbacks (the run then ends as interrupted, its world whole) instead of raised at the
+    line it lands on. A second Ctrl-C raises KeyboardInterrupt: the first did not stop it.
+    Not ``interruptible``: a future that nothing sets, and Ctrl-C is asyncio's."""
+    loop = asyncio.get_running_loop()
+    ctrl_c: asyncio.Future[None] = loop.create_future()
+    if not interruptible or threading.current_thread() is not threading.main_thread():
+        yield ctrl_c  # (and no signal reaches another thread)
+        return
+
+    def on_sigint() -> None:
+        if ctrl_c.done():
+            raise KeyboardInterrupt
+        ctrl_c.set_result(None)
+
+    loop.add_signal_handler(signal.SIGINT, on_sigint)
+    try:
+        yield ctrl_c
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+
+
+async def _unless(ctrl_c: asyncio.Future[None], work: Awaitable[T]) -> T:
+    """``work``'s result; _StartInterrupted (``work`` cancelled) if Ctrl-C comes first."""
+    task = asyncio.ensure_future(work)
+    await asyncio.wait({task, ctrl_c}, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        return task.result()
+    task.cancel("Ctrl-C")
+    raise _StartInterrupted
+
+
+def _world_line(scenario: Scenario) -> str:
+    """What a run says while its processes start (each imports torch: tens of seconds)."""
+    w = scenario.world
+    return (
+        f"starting the world: {w.num_cells} cell(s) x {w.gpus_per_cell} rank(s), "
+        f"{w.num_engines} engine(s)"
+    )
+
+
+def _world(
+    rt: AsyncioRuntime,
+    schedule: FaultSchedule,
+    scenario: Scenario,
+    pg: Any,
+    placement: Any,
+    options: _Options,
+) -> RayWorld:
+    """The Ray world of the scenario's shape; nothing starts until ``start``."""
+    return RayWorld(
         rt,
         num_cells=scenario.world.num_cells,
         gpus_per_cell=scenario.world.gpus_per_cell,
@@ -299,41 +377,69 @@ async def _run(
         pg=pg,
         placement=placement,
         faults=schedule,
-        seed=seed,
+        seed=rt.seed,
         engine_token_seconds=options.engine_token_seconds,
         stack=options.stack,
         collective_timeout=scenario.loop.update_weight_collective_timeout,
     )
+
+
+def _judge(
+    history: History, report: RunReport, window: float
+) -> tuple[dict[str, Violation | None], dict[str, str]]:
+    """Every oracle's verdict; an interrupted run's: the safety oracles' that fit in the time
+    left (and why the others gave none)."""
+    if report.status is RunStatus.INTERRUPTED:
+        return judge_prefix(history)
+    try:
+        return check_all(history, window), {}
+    except KeyboardInterrupt:  # Ctrl-C while judging a run that ended by itself
+        forget(history)  # its index may be half-updated
+        verdicts, not_judged = judge_prefix(history)
+        return verdicts, not_judged | dict.fromkeys(WHOLE_RUN, CUT)
+
+
+async def _run(
+    scenario: Scenario, seed: int, pg: Any, placement: Any, options: _Options
+) -> RealResult:
+    rt = AsyncioRuntime(seed)
+    schedule = FaultSchedule(scenario.faults)
+    world = _world(rt, schedule, scenario, pg, placement, options)
     history = History()
     metrics = _StepMetrics(world, options.on_line)
+    wall, saved = 0.0, None
     try:
         loop = real_loop(scenario, seed, world.model_bytes)
-        await world.start()
-        ledger = await _resume(world, options.load_from, options.policy)
-        history.observe(metrics)
-        for observer in options.observers:
-            history.observe(observer)
-        control = Orchestrator(
-            rt,
-            world,
-            loop,
-            history,
-            ledger,
-            expected_status=scenario.expect.status,
-            expected_error=scenario.expect.error,
-            until_witnessed=scenario.until_witnessed,
-        )
-        schedule.install(rt, history, RayFaultActions(world, options.announce))
-        started = rt.now()
-        report = await _drive(control, world, options.timeout)
-        wall = rt.now() - started
-        saved = None
-        if options.save_to is not None:
-            saved = await _save(world, control, options.save_to, options.policy)
+        with _ctrl_c_sets(options.interruptible) as ctrl_c:
+            with spinner(_world_line(scenario), enabled=options.show_start):
+                await _unless(ctrl_c, world.start())
+            ledger = await _unless(ctrl_c, _resume(world, options.load_from, options.policy))
+            history.observe(metrics)
+            for observer in options.observers:
+                history.observe(observer)
+            control = Orchestrator(
+                rt,
+                world,
+                loop,
+                history,
+                ledger,
+                expected_status=scenario.expect.status,
+                expected_error=scenario.expect.error,
+                until_witnessed=scenario.until_witnessed,
+            )
+            schedule.install(rt, history, RayFaultActions(world, options.announce))
+            started = rt.now()
+            report = await _drive(control, world, options.timeout, ctrl_c)
+            wall = rt.now() - started
+            if options.save_to is not None and report.status is not RunStatus.INTERRUPTED:
+                saved = await _save(world, control, options.save_to, options.policy)
+    except _StartInterrupted:
+        why = "interrupted (Ctrl-C) while the world started: no step ran"
+        report = RunReport(RunStatus.INTERRUPTED, why, 0)
     finally:
         await _cancel_leftovers()  # generation still in flight must not outlive the run
         await world.close()
-    verdicts = check_all(history, scenario.progress_window)
+    verdicts, not_judged = _judge(history, report, scenario.progress_window)
     scenario = dataclasses.replace(scenario, loop=loop)
     return RealResult(
         scenario,
@@ -346,6 +452,7 @@ async def _run(
         metrics.rewards,
         saved,
         options.stack,
+        not_judged=not_judged,
     )
 
 
@@ -355,17 +462,19 @@ def run_real(
     steps: int | None = None,
     *,
     address: str | None = None,
+    show_start: bool = False,
     **options: Any,
 ) -> RealResult:
-    """Start Ray (or join ``address``), run, and shut Ray down, errors included."""
+    """Start Ray (or join ``address``; ``show_start``: saying so on stderr), run, and shut Ray
+    down, errors included."""
     scenario = check_real(scenario.with_run(steps=steps, seed=seed))
     layout = _layout(scenario)
     if options.get("stack", CPU_STACK).device == "cuda":
         # Ray's GPUs here may be virtual (several per physical GPU): every actor keeps the
         # host's CUDA devices instead of Ray's ids, which need not exist
         os.environ.setdefault("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", "1")
-    with ray_session(layout.total_gpus, address):
-        return run_in_ray(scenario, seed, steps, **options)
+    with ray_session(layout.total_gpus, address, show_start=show_start):
+        return run_in_ray(scenario, seed, steps, show_start=show_start, **options)
 
 
 def _layout(scenario: Scenario) -> Any:
@@ -396,13 +505,18 @@ def run_in_ray(
     load_from: Path | None = None,
     engine_token_seconds: float = 0.0,
     stack: Stack = CPU_STACK,
+    interruptible: bool = False,
+    show_start: bool = False,
 ) -> RealResult:
     """One run on the Ray this process is connected to; its actors and placement group
     are gone when it returns. ``save_to`` / ``load_from``: checkpoint directories;
     ``announce``: told before the run kills a process for a fault;
     ``engine_token_seconds``: a floor on each generated token's time (the tiny policy takes
     about a millisecond; a real engine's decode takes longer, and so requests live across
-    more weight updates)."""
+    more weight updates); ``interruptible``: Ctrl-C ends the run as interrupted, its world
+    closed, and the safety oracles judge what ran (a command's choice: in a test, Ctrl-C
+    stops the tests); ``show_start``: stderr says that the world's processes are starting
+    (tens of seconds: each imports torch)."""
     scenario = check_real(scenario.with_run(steps=steps, seed=seed))
     check_token_seconds(engine_token_seconds)
     options = _Options(
@@ -415,6 +529,8 @@ def run_in_ray(
         load_from,
         float(engine_token_seconds),
         stack,
+        interruptible,
+        show_start,
     )
     pg, placement = placed_bundles(_layout(scenario))
     try:

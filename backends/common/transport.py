@@ -38,7 +38,7 @@ HTTP_TIMEOUT = aiohttp.ClientTimeout(total=120)
 
 class RayRouter:
     """Routes each call to the engine process the orchestration chose (sglang-router would
-    apply its own policy instead; see the README)."""
+    apply its own policy instead; see docs/cpu.md, "The router")."""
 
     def __init__(self, world: RayWorld) -> None:
         self.world = world

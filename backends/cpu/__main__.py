@@ -10,10 +10,8 @@ backends/common/cli.py for the output and exit codes.
 
 from __future__ import annotations
 
-import sys
-
 from backends.common.cli import main
-from miles_core.report import run_cli
+from miles_core.report import exit_cli
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    exit_cli(main)

@@ -12,13 +12,12 @@ shared files for CUDA IPC. ``devcheck``: what a GPU host can do, as one JSON rep
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from backends.common.run_flags import build_parser
 from backends.gpu.stack import add_gpu_flags, check_device
 from miles_core.errors import ConfigError
-from miles_core.report import run_cli
+from miles_core.report import exit_cli
 
 
 def _stack_flags(args) -> list[str]:  # type: ignore[no-untyped-def]
@@ -52,4 +51,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    exit_cli(main)

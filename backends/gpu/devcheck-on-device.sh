@@ -10,7 +10,7 @@
 # the report is devcheck.json there, the children's logs under logs/), cut off after
 # DEVCHECK_TIMEOUT_S (default 480) so that the report, written after every check, is
 # printed whatever happens; a one-line-a-check summary comes last. Exit code: the
-# device check's (0 all passed or skipped, 1 a check failed, 124 cut off).
+# device check's (0 passed, 1 a check failed, 3 no GPU checked: all skipped, 124 cut off).
 # Settings: OUT, WHEELS (default shared/gpu-wheels), PYTHON, DEVCHECK_TIMEOUT_S.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2

@@ -5,9 +5,13 @@ its entry to ``DIR/devcheck.json`` as it starts ("running") and as it ends, so a
 short still shows what it found and where it stopped. An entry is ``{"status":
 "passed", "seconds": S, "figures": {...}}``, ``{"status": "failed", "error": ...,
 "traceback"|"figures": ...}`` or ``{"status": "skipped", "reason": ...}``. Without a
-CUDA device every check that needs one is skipped, saying so, and the run exits 0; a
-check that raises is recorded as failed and the next one runs; the exit code is 1 if
-any check failed. The run keeps to ``budget_s``: each check gets at most its own limit
+CUDA device every check that needs one is skipped, saying so; a check that raises is
+recorded as failed and the next one runs. Exit codes: 0 every check asked for passed, or
+was skipped while another that needs a GPU ran; 1 a check failed; 3 (``NOTHING_CHECKED``)
+none failed but every check that needs a GPU was skipped (no CUDA device, or no time
+left), so the GPU was not checked at all: a host without one must not read as a pass;
+2 the command is wrong (``--out`` a folder that cannot be made or written, checked before
+any check runs). The run keeps to ``budget_s``: each check gets at most its own limit
 and what is left, enforced by killing its child processes (``run_children``), whose
 output goes to ``DIR/logs/CHECK.RANK.log``. Progress goes to stderr, a line a check.
 """
@@ -31,6 +35,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from miles_core.errors import ConfigError
+
 # name -> (needs a CUDA device, the most seconds it may take)
 PLAN: dict[str, tuple[bool, float]] = {
     "environment": (False, 90.0),
@@ -44,6 +50,7 @@ PLAN: dict[str, tuple[bool, float]] = {
 }
 CHECKS: tuple[str, ...] = tuple(PLAN)
 MIN_SECONDS = 10.0  # no check starts with less time than this left
+NOTHING_CHECKED = 3  # the exit code when every check that needs a GPU was skipped
 GRACE_S = 20.0  # once a child fails, how long its siblings get to report
 
 
@@ -235,6 +242,33 @@ def _run_one(name: str, ctx: Context) -> dict[str, Any]:
     return {"status": entry.pop("status"), "seconds": time.perf_counter() - t0, **entry}
 
 
+def _first_write(out: Path, path: Path, report: dict[str, Any]) -> None:
+    """The folder made and the report's first version written, or a ConfigError naming
+    --out: a folder that cannot be made (``/proc/x``) is the command's mistake, said before
+    any check runs, not a traceback."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        _write(path, report)
+    except OSError as error:
+        raise ConfigError(
+            "--out",
+            f"cannot write {str(path)!r} ({error.strerror or error})",
+            "pass a folder that can be made and written",
+        ) from None
+
+
+def _nothing_checked(entries: dict[str, Any]) -> int | None:
+    """NOTHING_CHECKED when checks that need a GPU were asked for and every one was skipped
+    (the line saying so goes to stderr); None otherwise."""
+    gpu = {name: entries[name] for name in entries if PLAN[name][0]}
+    if not gpu or any(e["status"] != "skipped" for e in gpu.values()):
+        return None
+    why = next(iter(gpu.values()))["reason"]
+    print(f"devcheck: nothing was checked on a GPU ({why}): exit {NOTHING_CHECKED}",
+          file=sys.stderr)  # fmt: skip
+    return NOTHING_CHECKED
+
+
 def run_devcheck(
     out: Path,
     *,
@@ -249,14 +283,13 @@ def run_devcheck(
         raise ValueError(f"unknown checks {unknown}; known: {', '.join(CHECKS)}")
     names = [n for n in CHECKS if checks is None or n in checks]
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     path, start = out / "devcheck.json", time.monotonic()
     report: dict[str, Any] = {"started": _now(), "finished": None, "budget_s": budget_s}
     report |= {"elapsed_s": None, "exit_code": None, "cuda": None, "planned": names, "checks": {}}
     entries = report["checks"]
     ctx = Context(out=out, results=entries, run_command=run_command)
     cuda: tuple[bool, str] | None = None
-    _write(path, report)
+    _first_write(out, path, report)
     for name in names:
         needs_cuda, limit = PLAN[name]
         if needs_cuda and cuda is None:
@@ -281,7 +314,7 @@ def run_devcheck(
         report["elapsed_s"] = time.monotonic() - start
         _write(path, report)
     statuses = [e["status"] for e in entries.values()]
-    code = 1 if "failed" in statuses else 0
+    code = 1 if "failed" in statuses else _nothing_checked(entries) or 0
     report |= {"finished": _now(), "elapsed_s": time.monotonic() - start, "exit_code": code}
     report["counts"] = {s: statuses.count(s) for s in ("passed", "failed", "skipped")}
     _write(path, report)
@@ -298,12 +331,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--checks", help=f"a comma-separated subset of: {', '.join(CHECKS)}")
     parser.add_argument("--run-command", help="the gpu_run check's command (one shell line)")
     args = parser.parse_args(argv)
-    code, _ = run_devcheck(
-        Path(args.out),
-        budget_s=args.budget,
-        checks=args.checks.split(",") if args.checks else None,
-        run_command=shlex.split(args.run_command) if args.run_command else None,
-    )
+    try:
+        code, _ = run_devcheck(
+            Path(args.out),
+            budget_s=args.budget,
+            checks=args.checks.split(",") if args.checks else None,
+            run_command=shlex.split(args.run_command) if args.run_command else None,
+        )
+    except ConfigError as error:
+        parser.error(str(error))
     return code
 
 

@@ -63,6 +63,10 @@ SAFETY: dict[str, Callable[[History], Violation | None]] = {
 
 ORACLES = ("end_state", *SAFETY, "progress", "fault_witness")
 
+WHOLE_RUN = ("end_state", "progress", "fault_witness")
+"""The oracles that judge how a run ended. A run interrupted from outside (Ctrl-C) has no
+ending of its own: only the SAFETY oracles judge it, on what it did before the interrupt."""
+
 
 def check_all(history: History, progress_window: float) -> dict[str, Violation | None]:
     """Every oracle's verdict, by name (None means it passed)."""
@@ -107,6 +111,7 @@ def verdict_lines(verdicts: dict[str, Violation | None]) -> list[str]:
 __all__ = [
     "ORACLES",
     "SAFETY",
+    "WHOLE_RUN",
     "Indexed",
     "Violation",
     "bounded_staleness",

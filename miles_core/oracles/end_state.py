@@ -7,7 +7,8 @@ traceback: a crash (an exception the control plane does not raise on purpose),
 a stall, an unexpected error such as RetriesExhaustedError, or a run that
 completed when it should have failed. A history with no RunEnded was cut off,
 and an event after RunEnded means some part of a world kept acting on a run
-that was over.
+that was over. A run interrupted from outside (Ctrl-C) has no ending of its own
+to judge: only those two checks apply to it.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ def end_state(history: History) -> Violation | None:
     status, error = _expected(started)
     evidence = tuple(x for x in (started, ended) if x is not None)
     trace = f"\n{end.traceback}" if end.traceback else ""
+    if end.status is RunStatus.INTERRUPTED:
+        return None  # stopped from outside: how it would have ended is unknown, not wrong
     if end.status is RunStatus.CRASHED:
         return Violation(NAME, f"the run crashed: {end.reason}{trace}", evidence)
     if end.status is RunStatus.STALLED:

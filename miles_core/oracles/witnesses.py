@@ -26,7 +26,9 @@ slow_cell, slow_link, delay_router or fail_router window that nothing it acts on
 passed through is idle (``miles_core.oracles.idle_windows`` says why no schedule
 can promise otherwise); once closed it has nothing to witness and passes. In a
 run that completed, every scheduled fault must have fired; ``unfired_reason``
-says why one did not (the run ended first, or its point was never reached).
+says why one did not (the run ended first, or its point was never reached). A run
+interrupted from outside (Ctrl-C) is not judged: the effect of a fault that fired
+just before may have been on its way.
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ NAME = "fault_witness"
 
 def fault_witness(history: History) -> Violation | None:
     index = WitnessIndex.of(history)
+    if index.ended is not None and index.ended[1].status is RunStatus.INTERRUPTED:  # type: ignore[union-attr]
+        return None  # cut from outside: a fault's effect may have been on its way
     if index.ended is not None and index.ended[1].status is RunStatus.COMPLETED:  # type: ignore[union-attr]
         fired = {e.index for _, e in index.fired}  # type: ignore[union-attr]
         for seq, e in index.scheduled:

@@ -3,9 +3,16 @@
 For each training step: its attempts and their verdicts, the quorum it
 committed on, the heals before it, the weight updates after it (who published
 which version, which were aborted and why, which synced restarted engines),
-the faults that fired and the engines that changed state meanwhile. The text
-form prints only the steps where something other than a first-try commit and
-publish happened, and folds the rest into ranges.
+the faults that fired and the engines that changed state meanwhile. Each item
+carries ``t``, when it was settled (a fault fired, an attempt's verdict, a heal's
+end, an update's publish, abort or resume, an engine's move); the text form
+prints a step's lines in that order (ties in history order), only for the steps
+where something other than a first-try commit and publish happened, and folds the
+rest into ranges.
+
+An update is named the same everywhere (here, the trace, the engines' state
+lines): ``update N`` by its id, with the version it carries, ``update 3 (v4)``,
+or ``update 5 (sync to v4)`` for a sync of restarted engines.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from miles_core.cells import Decision
 from miles_core.events import (
     AttemptBegan,
     AttemptEnded,
+    EnginesResumed,
     EngineStateChanged,
     Event,
     FaultInjected,
@@ -24,11 +32,29 @@ from miles_core.events import (
     HealEnded,
     History,
     StepBegan,
-    StepCommitted,
     UpdateAborted,
     UpdateBegan,
     VersionPublished,
 )
+
+
+def update_name(update_id: int, version: int, publishes: bool = True) -> str:
+    """``update 3 (v4)``; ``update 5 (sync to v4)`` for a sync that publishes nothing."""
+    return f"update {update_id} ({'v' if publishes else 'sync to v'}{version})"
+
+
+@dataclass
+class Placed:
+    """One line of a step's story: its kind (the StepStory list it is in), the item, and
+    the time and history position of the event that settled it, which order the lines."""
+
+    kind: str
+    item: dict[str, Any]
+    t: float
+    index: int
+
+    def settle(self, e: Event, index: int) -> None:
+        self.t, self.index, self.item["t"] = e.t, index, e.t
 
 
 @dataclass
@@ -41,6 +67,8 @@ class StepStory:
     updates: list[dict[str, Any]] = field(default_factory=list)
     faults: list[dict[str, Any]] = field(default_factory=list)
     engines: list[dict[str, Any]] = field(default_factory=list)
+    timeline: list[Placed] = field(default_factory=list, repr=False, compare=False)
+    """Every item above, with where it goes in time (not part of ``to_dict``)."""
 
     @property
     def plain(self) -> bool:
@@ -51,69 +79,119 @@ class StepStory:
             and [u["outcome"] for u in self.updates] == ["published"]
         )
 
+    def in_time_order(self) -> list[Placed]:
+        """The lines by the time they were settled, ties in history order."""
+        return sorted(self.timeline, key=lambda p: (p.t, p.index))
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "timeline"}
+
+
+_UpdateEvent = UpdateBegan | VersionPublished | UpdateAborted | EnginesResumed
 
 
 def _target(e: FaultInjected) -> str:
     return f"cell {e.cell}" if e.cell is not None else e.engine or "the world"
 
 
-def _record(story: StepStory, e: Event, updates: dict[int, dict[str, Any]]) -> None:
-    if isinstance(e, AttemptBegan):
-        story.attempts.append({"attempt": e.attempt, "cells": list(e.cells)})
-    elif isinstance(e, AttemptEnded) and story.attempts:
-        story.attempts[-1] |= {
+class _Teller:
+    """Reads the history once, event by event, into step stories."""
+
+    def __init__(self) -> None:
+        self.stories = [StepStory(None)]
+        self.updates: dict[int, Placed] = {}
+        """Every update by id: one may end after the next step began."""
+
+    def place(self, kind: str, item: dict[str, Any], e: Event, index: int) -> Placed:
+        story = self.stories[-1]
+        item["t"] = e.t
+        getattr(story, kind).append(item)
+        story.timeline.append(Placed(kind, item, e.t, index))
+        return story.timeline[-1]
+
+    def last(self, kind: str, **match: Any) -> Placed | None:
+        """The current story's latest item of a kind (with these values)."""
+        return next(
+            (
+                p
+                for p in reversed(self.stories[-1].timeline)
+                if p.kind == kind and all(p.item[k] == v for k, v in match.items())
+            ),
+            None,
+        )
+
+    def add(self, e: Event, index: int) -> None:
+        if isinstance(e, StepBegan):
+            self.stories.append(StepStory(e.step))
+        elif isinstance(e, AttemptBegan):
+            self.place("attempts", {"attempt": e.attempt, "cells": list(e.cells)}, e, index)
+        elif isinstance(e, AttemptEnded):
+            self.attempt_ended(e, index)
+        elif isinstance(e, HealBegan):
+            self.place("heals", {"src": e.src_cell, "dst": e.dst_cell, "ok": None}, e, index)
+        elif isinstance(e, HealEnded) and (heal := self.last("heals", dst=e.dst_cell, ok=None)):
+            heal.item["ok"] = e.ok
+            heal.settle(e, index)
+        elif isinstance(e, _UpdateEvent):
+            self.update(e, index)
+        elif isinstance(e, FaultInjected):
+            fault = {"fault": e.fault.value, "target": _target(e), "detail": e.detail}
+            self.place("faults", fault, e, index)
+        elif isinstance(e, EngineStateChanged):
+            engine = {"engine": e.engine, "old": e.old.value, "new": e.new.value}
+            self.place("engines", engine | {"reason": e.reason}, e, index)
+
+    def attempt_ended(self, e: AttemptEnded, index: int) -> None:
+        attempt = self.last("attempts")
+        if attempt is None:
+            return
+        attempt.item |= {
             "decision": e.decision.value,
             "normal": list(e.normal),
             "discarded": list(e.discarded),
             "errored": list(e.errored),
         }
+        attempt.settle(e, index)
         if e.decision is Decision.COMMIT:
-            story.quorum = list(story.attempts[-1]["cells"])
-    elif isinstance(e, HealBegan):
-        story.heals.append({"src": e.src_cell, "dst": e.dst_cell, "ok": None})
-    elif isinstance(e, HealEnded) and story.heals:
-        story.heals[-1]["ok"] = e.ok
-    elif isinstance(e, UpdateBegan):
-        update = {
-            "update": e.update_id,
-            "version": e.version,
-            "updater": e.updater,
-            "engines": list(e.engines),
-            "outcome": "running" if e.publishes else "sync",
-        }
-        updates[e.update_id] = update
-        story.updates.append(update)
-    elif isinstance(e, VersionPublished) and e.update_id in updates:
-        updates[e.update_id]["outcome"] = "published"
-    elif isinstance(e, UpdateAborted) and e.update_id in updates:
-        updates[e.update_id] |= {
-            "outcome": "aborted",
-            "cause": e.cause.value,
-            "component": e.component,
-            "reason": e.reason,
-        }
-    elif isinstance(e, FaultInjected):
-        story.faults.append(
-            {"t": e.t, "fault": e.fault.value, "target": _target(e), "detail": e.detail}
-        )
-    elif isinstance(e, EngineStateChanged):
-        story.engines.append(
-            {"engine": e.engine, "old": e.old.value, "new": e.new.value, "reason": e.reason}
-        )
+            self.stories[-1].quorum = list(attempt.item["cells"])
+
+    def update(self, e: _UpdateEvent, index: int) -> None:
+        """An update begins, publishes, aborts, or (a sync) resumes its engines."""
+        if isinstance(e, UpdateBegan):
+            update = {
+                "update": e.update_id,
+                "version": e.version,
+                "updater": e.updater,
+                "engines": list(e.engines),
+                "publishes": e.publishes,
+                "outcome": "running" if e.publishes else "sync",
+            }
+            self.updates[e.update_id] = self.place("updates", update, e, index)
+            return
+        placed = self.updates.get(e.update_id)
+        if placed is None:
+            return
+        if isinstance(e, VersionPublished):
+            placed.item["outcome"] = "published"
+        elif isinstance(e, UpdateAborted):
+            placed.item |= {
+                "outcome": "aborted",
+                "cause": e.cause.value,
+                "component": e.component,
+                "reason": e.reason,
+            }
+        elif placed.item["outcome"] != "sync":  # a sync is settled when its engines resume
+            return
+        placed.settle(e, index)
 
 
 def step_stories(history: History) -> list[StepStory]:
     """One story per step begun (and one for what came before the first)."""
-    stories = [StepStory(None)]
-    updates: dict[int, dict[str, Any]] = {}
-    for e in history:
-        if isinstance(e, StepBegan):
-            stories.append(StepStory(e.step))
-        elif not isinstance(e, StepCommitted):
-            _record(stories[-1], e, updates)
-    if not any((stories[0].faults, stories[0].engines, stories[0].updates, stories[0].heals)):
+    teller = _Teller()
+    for index, e in enumerate(history):
+        teller.add(e, index)
+    stories = teller.stories
+    if not stories[0].timeline:
         stories = stories[1:]
     return stories
 
@@ -125,16 +203,32 @@ def _attempt_words(a: dict[str, Any]) -> str:
 
 
 def _update_words(u: dict[str, Any]) -> str:
-    head = f"update v{u['version']} by cell {u['updater']}"
+    sync = not u["publishes"]
+    head = f"{update_name(u['update'], u['version'], u['publishes'])} by cell {u['updater']}"
+    if sync:
+        head += f" for {u['engines']}"
     if u["outcome"] == "aborted":
         return f"{head} aborted: {u['component']} failed ({u['reason']})"
-    if u["outcome"] == "sync":
-        return f"sync of {u['engines']} to v{u['version']} by cell {u['updater']}"
-    return f"{head}: {u['outcome']}"
+    return head if sync else f"{head}: {u['outcome']}"
+
+
+def _line(placed: Placed) -> str:
+    """The text of one story line."""
+    item = placed.item
+    if placed.kind == "faults":
+        return f"fault {item['fault']} {item['target']} at t={item['t']:.2f} ({item['detail']})"
+    if placed.kind == "heals":
+        result = "ok" if item["ok"] else ("failed" if item["ok"] is False else "unfinished")
+        return f"heal cell {item['src']} -> cell {item['dst']}: {result}"
+    if placed.kind == "attempts":
+        return _attempt_words(item)
+    if placed.kind == "updates":
+        return _update_words(item)
+    return f"{item['engine']}: {item['old']} -> {item['new']} ({item['reason']})"
 
 
 def story_lines(stories: list[StepStory]) -> list[str]:
-    """The text form: eventful steps in full, plain ones folded into ranges."""
+    """The text form: eventful steps in full, in time order, plain ones folded into ranges."""
     lines: list[str] = []
     plain: list[int] = []
 
@@ -154,19 +248,7 @@ def story_lines(stories: list[StepStory]) -> list[str]:
             plain.append(story.step)
             continue
         flush()
-        title = "before step 0" if story.step is None else f"step {story.step}"
-        lines.append(f"  {title}:")
-        for fault in story.faults:
-            lines.append(
-                f"    fault {fault['fault']} {fault['target']} at t={fault['t']:.2f} "
-                f"({fault['detail']})"
-            )
-        for heal in story.heals:
-            result = "ok" if heal["ok"] else "failed"
-            lines.append(f"    heal cell {heal['src']} -> cell {heal['dst']}: {result}")
-        lines += [f"    {_attempt_words(a)}" for a in story.attempts]
-        lines += [f"    {_update_words(u)}" for u in story.updates]
-        for eng in story.engines:
-            lines.append(f"    {eng['engine']}: {eng['old']} -> {eng['new']} ({eng['reason']})")
+        lines.append(f"  {'before step 0' if story.step is None else f'step {story.step}'}:")
+        lines += [f"    {_line(placed)}" for placed in story.in_time_order()]
     flush()
     return lines

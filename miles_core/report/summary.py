@@ -5,7 +5,7 @@ the same for a person."""
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Any, Literal
 
 from miles_core.events import (
     FaultInjected,
@@ -26,6 +26,9 @@ from miles_core.loop.config import FLAGS, MILES_BUGS
 from miles_core.oracles import Violation, idle_faults, unfired_reason, verdict_lines
 from miles_core.report.story import step_stories, story_lines
 from miles_core.scenario import Scenario
+
+Clock = Literal["simulated", "wall"]
+"""What a run's seconds are: the simulator's virtual time, or a real run's wall time."""
 
 
 def world_and_flags(scenario: Scenario, history: History | None = None) -> dict[str, Any]:
@@ -84,17 +87,33 @@ def faults_report(history: History) -> list[dict[str, Any]]:
     return out
 
 
+UNVERSIONED = "none"
+"""The staleness histogram's bucket for groups the trainer took before any version was
+published: they have no staleness (the filter is off), which is not staleness 0."""
+
+
+def staleness_histogram(history: History) -> dict[str, int]:
+    """The staleness of each trained group, as the buffer judged it when the trainer took it:
+    ``{"none": n, "0": n, "1": n, ...}`` (``none`` first, only when there are such groups);
+    its counts add up to the groups trained."""
+    taken = {e.group_id: e.staleness for e in history if isinstance(e, GroupGot)}
+    ages = Counter(taken.get(e.group_id) for e in history if isinstance(e, GroupTrained))
+    unversioned = ages.pop(None, 0)
+    return ({UNVERSIONED: unversioned} if unversioned else {}) | {
+        str(k): v for k, v in sorted(ages.items())
+    }
+
+
 def summary(
     scenario: Scenario,
     seed: int,
     history: History,
     report: RunReport,
     verdicts: dict[str, Violation | None],
+    clock: Clock = "simulated",
 ) -> dict[str, Any]:
-    """The --json object of a run."""
-    ages = Counter(
-        e.staleness for e in history if isinstance(e, GroupGot) and e.staleness is not None
-    )
+    """The --json object of a run; ``clock`` says what its seconds are: the simulator's
+    virtual time, or the wall time of a real run."""
     recycled = Counter(e.reason for e in history if isinstance(e, GroupRecycled))
     dropped = Counter(e.reason for e in history if isinstance(e, GroupDropped))
     end = next((e for e in history if isinstance(e, RunEnded)), None)
@@ -110,12 +129,13 @@ def summary(
         "final_version": report.versions[-1] if report.versions else None,
         "versions": report.versions,
         "seconds": history[len(history) - 1].t if len(history) else 0.0,
+        "clock": clock,
         "groups_trained": sum(isinstance(e, GroupTrained) for e in history),
         "groups_recycled": dict(sorted(recycled.items())),
         "groups_dropped": dict(sorted(dropped.items())),
         "requests_retried": sum(isinstance(e, RequestRetried) for e in history),
         "flushes_refused": sum(isinstance(e, FlushRefused) for e in history),
-        "staleness_histogram": {str(k): v for k, v in sorted(ages.items())},
+        "staleness_histogram": staleness_histogram(history),
         "faults": faults_report(history),
         "story": [s.to_dict() for s in step_stories(history)],
         "metrics": step_metrics(history),
@@ -139,7 +159,8 @@ def text_lines(
     )
     lines = [
         f"{info['scenario']} seed={info['seed']}: {steps}, "
-        f"{info['status']} (expected: {w['expect']}), {info['seconds']:.1f} s",
+        f"{info['status']} (expected: {w['expect']}), "
+        f"{info['seconds']:.1f} s {info['clock']} time",
         f"  world: {w['cells']} cells x {w['ranks_per_cell']} rank(s), {w['engines']} engine(s) "
         f"x {w['gpus_per_engine']} GPU(s) (preset {w['preset']})",
         f"  flags: {w['mode']}, batch {w['rollout_batch_size']} x {w['n_samples_per_prompt']} "

@@ -35,6 +35,7 @@ from miles_core.events import (
     VersionPublished,
 )
 from miles_core.kinds import PutFate
+from miles_core.report.story import update_name
 
 _CELLS, _ENGINES, _CONTROL = 1, 2, 3
 _US = 1e6  # trace timestamps are microseconds
@@ -105,12 +106,15 @@ class _Trace:
                 quorum=begin.quorum_id,
             )
 
-    def update_ended(self, e: VersionPublished | UpdateAborted) -> None:
-        begin = self.updates.pop(e.update_id, None)
-        if begin is None:
+    def update_ended(self, e: VersionPublished | UpdateAborted | EnginesResumed) -> None:
+        """An update's span on its updater's track, named as the story names it; a sync
+        (which publishes nothing) ends when its engines resume."""
+        begin = self.updates.get(e.update_id)
+        if begin is None or (isinstance(e, EnginesResumed) and begin.publishes):
             return
-        aborted = " (aborted)" if isinstance(e, UpdateAborted) else ""
-        name = f"update v{begin.version}{aborted}"
+        del self.updates[e.update_id]
+        aborted = " aborted" if isinstance(e, UpdateAborted) else ""
+        name = update_name(begin.update_id, begin.version, begin.publishes) + aborted
         self.span(_CELLS, begin.updater, begin.t, e.t, name, buckets=begin.n_buckets)
         if isinstance(e, VersionPublished):
             self.counter(e.t, "weight version", version=e.version)
@@ -122,6 +126,7 @@ class _Trace:
             self.span(_CELLS, e.dst_cell, begin.t, e.t, name, ok=e.ok)
 
     def resumed(self, e: EnginesResumed) -> None:
+        self.update_ended(e)
         for engine in e.engines:
             if engine in self.paused:
                 start = self.paused.pop(engine)

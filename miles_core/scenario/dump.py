@@ -14,6 +14,7 @@ from enum import Enum
 from typing import Any
 
 from miles_core.errors import ConfigError
+from miles_core.scenario.limits import Limits
 from miles_core.scenario.model import Expect, Scenario
 from miles_core.scenario.presets import DEFAULT_LOOP, PRESETS
 
@@ -66,6 +67,7 @@ def scenario_to_toml(scenario: Scenario) -> str:
         lines.append(f"max_seconds = {_value(scenario.max_seconds)}")
     if scenario.until_witnessed is not None:
         lines.append(f"until_witnessed = {scenario.until_witnessed}")
+    lines += _table("[limits]", _changed(scenario.limits, Limits()))
     sim = _changed(scenario.world, preset.world) | _changed(scenario.timing, preset.timing)
     lines += _table("[sim]", sim)
     loop = _changed(scenario.loop, DEFAULT_LOOP, skip=_RUN_FIELDS)

@@ -20,8 +20,9 @@ heals, say). Each point takes exactly the keys above: a key a point
 would ignore is an error, not a silent no-op. A cell fault at a point fires
 only at that cell's moment (the updater's bucket, a healing cell).
 
-Which kinds take which triggers: kills, restarts and hangs (kill_cell,
-stop_cell, kill_engine, restart_engine, hang_engine) any; start_cell and the timed impairments
+Which kinds take which triggers: kills and restarts (kill_cell, stop_cell,
+kill_engine, restart_engine) any; hang_engine any but ``mid_generation`` (an exit
+halfway through a request); start_cell and the timed impairments
 (slow_cell, slow_link, delay_router, fail_router, drop_heartbeat) ``at`` or
 ``step_begin``, since they start a window of time rather than strike inside a call.
 """
@@ -231,10 +232,16 @@ class RestartEngine(FaultSpec):
 
 @dataclass(frozen=True, kw_only=True)
 class HangEngine(FaultSpec):
-    """The engine's process stays alive but stops answering anything, until it is killed."""
+    """The engine's process stays alive but stops answering anything, until it is killed.
+
+    Not at ``mid_generation``: that point is a process exiting halfway through a request,
+    which the Ray worlds arrange as the request is sent (a kill marks the engine doomed and
+    the request carries the exit); a hang has no such path, so it would strike as the
+    request is sent there and halfway through it in the simulator."""
 
     engine: str
     kind: ClassVar[FaultKind] = FaultKind.HANG_ENGINE
+    points: ClassVar[frozenset[FaultPoint | None]] = ANY_POINT - {FaultPoint.MID_GENERATION}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,6 +7,8 @@
     progress_window = 600.0       # optional: seconds within which steps must resume
     until_witnessed = 100         # optional: past [loop].steps, more steps while a fault
                                   # has not fired or had its effect yet, up to 100 in all
+    [limits]                      # optional: raise a bound on the world, the run or the
+    cells = 4096                  # faults where a larger run is meant (scenario/limits.py)
     [sim]                         # optional: the world's shape (num_cells, gpus_per_cell,
     num_cells = 3                 # num_engines, ...) and the simulator's time models
     [loop]                        # optional: LoopConfig fields
@@ -19,7 +21,9 @@
 
 Nothing is coerced and nothing is guessed: an unknown key, section or value is
 an error that names the key (``[loop].steps``, ``faults[0] (kill_cell).at``)
-and says how to fix it.
+and says how to fix it. A file that sets no key at all is an error too (an empty
+file would otherwise run the defaults and pass), and so is one nested deeper than
+any scenario (``limits.MAX_DEPTH``).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from miles_core.errors import ConfigError
 from miles_core.loop.config import FIELD_OF_FLAG, FIELD_OF_KEY, LoopConfig, field_name
 from miles_core.scenario.faults import faults_from_list
 from miles_core.scenario.fields import build, check_value, require_table, unknown_keys_fix
+from miles_core.scenario.limits import LIMIT_KEYS, Limits, check_depth, depth_error, over
 from miles_core.scenario.model import Expect, Scenario
 from miles_core.scenario.presets import DEFAULT_LOOP, PRESETS
 from miles_core.scenario.world import SHAPE_KEYS, TIME_KEYS, TimeModel, WorldShape
@@ -44,6 +49,7 @@ TOP_KEYS = (
     "progress_window",
     "max_seconds",
     "until_witnessed",
+    "limits",
     "sim",
     "loop",
     "faults",
@@ -58,6 +64,8 @@ def scenario_from_toml(text: str, source: str, default_name: str = "custom") -> 
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(source, f"is not valid TOML ({error})", "fix the syntax") from None
+    except RecursionError:  # brackets nested hundreds deep: tomllib recurses per level
+        raise depth_error(source) from None
     return scenario_from_mapping(data, source, default_name)
 
 
@@ -66,9 +74,11 @@ def scenario_from_mapping(
 ) -> Scenario:
     """A scenario from the tables of a file (or a dict written the same way)."""
     data = require_table(data, source, "a scenario is a TOML document of keys and tables")
+    _check_shape(data, source)
     unknown = sorted(set(data) - set(TOP_KEYS), key=str)
     if unknown:
-        sections = dict.fromkeys([*LOOP_FIELDS, *FIELD_OF_KEY], "[loop]")
+        sections = dict.fromkeys(LIMIT_KEYS, "[limits]")
+        sections |= dict.fromkeys([*LOOP_FIELDS, *FIELD_OF_KEY], "[loop]")
         sections |= dict.fromkeys(SHAPE_KEYS | TIME_KEYS, "[sim]")
         fix = unknown_keys_fix(unknown, TOP_KEYS, sections)
         raise ConfigError(source, f"unknown top-level keys {unknown}", fix)
@@ -80,6 +90,7 @@ def scenario_from_mapping(
             "preset", f"unknown preset {preset_name!r}", f"use one of {list(PRESETS)}"
         )
     preset = PRESETS[preset_name]
+    limits, faults = _limits(data)
     world, timing = _sim_section(data.get("sim", {}), preset.world, preset.timing)
     loop_data = require_table(data.get("loop", {}), "[loop]", "write the loop's flags as [loop]")
     loop = build(LoopConfig, _loop_keys(loop_data), "[loop]", base=DEFAULT_LOOP, rename=field_name)
@@ -101,11 +112,37 @@ def scenario_from_mapping(
         world=world,
         timing=timing,
         loop=loop,
-        faults=faults_from_list(data.get("faults", [])),
+        faults=faults_from_list(faults),
         expect=expect,
         preset=preset_name,
+        limits=limits,
         **optional,
     )
+
+
+def _check_shape(data: Mapping[str, Any], source: str) -> None:
+    """Not empty (an empty file, or only comments, would run the defaults and pass), and no
+    deeper than any scenario nests."""
+    if not data:
+        raise ConfigError(
+            source,
+            "is empty: it sets no key, so it would run the defaults and pass",
+            "write the scenario's keys (python -m sim run --save-scenario FILE writes a "
+            "complete one), or run a named scenario (python -m sim list)",
+        )
+    check_depth(data, source)
+
+
+def _limits(data: Mapping[str, Any]) -> tuple[Limits, Any]:
+    """[limits], read first: the faults are counted against it before any is read."""
+    table = require_table(
+        data.get("limits", {}), "[limits]", "write the raised bounds as a [limits] section"
+    )
+    limits = build(Limits, table, "[limits]")
+    faults = data.get("faults", [])
+    if isinstance(faults, list) and len(faults) > limits.faults:
+        raise over("faults", "faults", len(faults), limits, "faults")
+    return limits, faults
 
 
 LOOP_FIELDS = frozenset(f.name for f in dataclasses.fields(LoopConfig))

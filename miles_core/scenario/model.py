@@ -24,6 +24,7 @@ from miles_core.scenario.faults import (
     target_cell,
     target_engine,
 )
+from miles_core.scenario.limits import Limits, check_steps, check_world, over
 from miles_core.scenario.world import TimeModel, WorldShape
 from miles_core.transfer import lora_unit, plan_buckets
 
@@ -97,6 +98,9 @@ class Scenario:
     effect yet, up to this many steps in all (None: exactly ``loop.steps``). For real
     worlds, where a restarted engine takes seconds to come back and steps take what the
     machine takes."""
+    limits: Limits = field(default_factory=Limits)
+    """The bounds on the world's size, the run's length and the faults (a file's [limits]):
+    checked first, so that a typo such as 10**8 cells is an error, not a machine's memory."""
 
     def __post_init__(self) -> None:
         for name in ("progress_window", "max_seconds"):
@@ -105,10 +109,22 @@ class Scenario:
                 isinstance(value, int | float) and not isinstance(value, bool) and value > 0
             ):
                 raise ConfigError(name, f"got {value!r}", "pass seconds > 0")
-        check_until_witnessed(self.until_witnessed, self.loop.steps)
         if not isinstance(self.faults, tuple):
             object.__setattr__(self, "faults", tuple(self.faults))
+        self._check_bounds()
+        check_until_witnessed(self.until_witnessed, self.loop.steps)
         check_faults(self)
+
+    def _check_bounds(self) -> None:
+        """The world, the steps and the faults within ``limits``, before anything is built
+        from them (a bucket fault's check plans the model's tensors)."""
+        check_world(self.world, self.limits)
+        check_steps(self.loop.steps, self.limits)
+        until = self.until_witnessed
+        if isinstance(until, int) and not isinstance(until, bool):
+            check_steps(until, self.limits, "until_witnessed")
+        if len(self.faults) > self.limits.faults:
+            raise over("faults", "faults", len(self.faults), self.limits, "faults")
 
     @property
     def n_buckets(self) -> int:
@@ -122,6 +138,8 @@ class Scenario:
     def with_run(self, steps: int | None = None, seed: int | None = None) -> Scenario:
         """The scenario as one run of it sees it (``--steps`` and the seed applied, rechecked)."""
         until = self.until_witnessed
+        if steps is not None:
+            check_steps(steps, self.limits, "--steps")
         if steps is not None and until is not None and steps > until:
             raise ConfigError(
                 "--steps",
@@ -147,8 +165,20 @@ def check_faults(scenario: Scenario) -> None:
     """Every fault names a target this world has and a moment this run reaches."""
     world, loop = scenario.world, scenario.loop
     steps = loop.steps
+    seen: dict[AnyFault, str] = {}
     for where, fault in indexed(scenario):
         cell, engine = target_cell(fault), target_engine(fault)
+        if fault in seen:
+            first, this = seen[fault], where.split(" ")[0]
+            target = f"cell {cell} " if cell is not None else f"{engine} " if engine else ""
+            raise ConfigError(
+                where,
+                f"is the same fault as {first} ({fault.kind.value} {target}{fault.detail}): "
+                "the second would strike nothing new, yet be reported as fired and pass its "
+                "witness",
+                f"remove one of {first} and {this}, or give them different moments",
+            )
+        seen[fault] = where.split(" ")[0]
         if cell is not None and not 0 <= cell < world.num_cells:
             raise ConfigError(
                 f"{where}.cell",
