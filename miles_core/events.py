@@ -205,6 +205,43 @@ class FaultInjected(Event):
     """How long a slow_*, *_router or drop_heartbeat fault lasts."""
 
 
+@frozen_value(kw_only=True)
+class FaultsHealed(Event):
+    """Liveness mode's heal (miles_core.scenario.liveness): the injector disarmed the faults
+    that had not fired and asked the world to repair itself; what the world then did
+    (engines restarted, cells started) it reports as it always does."""
+
+    step: int | None
+    """The step whose beginning brought the heal; None: no step had committed for the
+    liveness bound, so the heal came then (the faults had stopped the run before)."""
+    disarmed: tuple[int, ...]
+    """The faults (their indices) that had not fired: they never will."""
+
+
+@frozen_value(kw_only=True)
+class LivenessArmed(Event):
+    """After the heal, the run must commit ``steps`` steps and stamp every engine with the
+    newest version by ``deadline`` (the liveness oracle judges it)."""
+
+    deadline: float
+    steps: int
+    engines: tuple[str, ...]
+    bound: str
+    """How the bound was computed, term by term."""
+
+
+@frozen_value(kw_only=True)
+class TasksWaiting(Event):
+    """The wait-for graph of the control plane's tasks when a run stalled or missed its
+    liveness bound: each task, what it awaits and since when, and the root of the wait."""
+
+    reason: str
+    waits: tuple[str, ...]
+    """One line per waiting task: ``task -> what it awaits (since t=...)``."""
+    root: str
+    """The cycle, or the party no one else waits for, at the bottom of the graph."""
+
+
 # -- training steps and cells -------------------------------------------------
 
 

@@ -32,18 +32,29 @@ class Notifier:
 class Lock:
     """Mutual exclusion between coroutines (weight updates and engine syncs)."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, name: str = "a lock") -> None:
+        self._rt = rt
+        self.name = name
         self._held = False
+        self._holder = ""
+        self._since = 0.0
         self._released = Notifier(rt)
 
-    async def acquire(self) -> None:
+    async def acquire(self, holder: str = "") -> None:
+        """``holder``: who takes it, for the wait-for graph of a run that stalls on it."""
         while self._held:
             await self._released.wait()
-        self._held = True
+        self._held, self._holder, self._since = True, holder, self._rt.now()
 
     def release(self) -> None:
         self._held = False
         self._released.notify()
+
+    def wait_party(self) -> str:
+        """How the wait-for graph names what a task blocked in ``acquire`` waits on."""
+        if not self._held:
+            return f"{self.name} (free)"
+        return f"{self.name}, held by {self._holder or '?'} since t={self._since:.6g}"
 
 
 async def join_all(rt: Runtime, tasks: Sequence[Task[Any]], reason: str) -> list[Any]:

@@ -32,7 +32,7 @@ from miles_core.events import (
 from miles_core.kinds import FaultKind, FaultPoint, PutFate, RunStatus
 from miles_core.loop.producer import Producer
 from miles_core.oracles import idle_faults
-from miles_core.oracles.witnesses import WITNESSES
+from miles_core.oracles.witnesses import WITNESSES, fault_witness
 from miles_core.scenario import SCENARIOS, Expect, TimeModel, make_fault
 from miles_core.scenario.schedule import FaultSchedule
 from sim.__main__ import main
@@ -395,3 +395,24 @@ def test_the_window_is_reached_at_other_buckets_and_after_later_steps() -> None:
             result = run_scenario(scenario, 1)
             assert result.ok, f"bucket {bucket} after {after}: {result.failures()}"
             assert _events(result, UpdateAborted)
+
+
+def _router_window(*sent: float) -> History:
+    """A fail_router window opening at t=5 and requests sent at ``sent`` that all went through."""
+    history = History([FaultInjected(t=5.0, index=0, fault=FaultKind.FAIL_ROUTER, duration=3.0)])
+    for i, at in enumerate(sent):
+        history.append(
+            SampleGenerated(
+                t=at + 1.0, group_id=i, prompt_id=i, sample=0, turn=0, engine="engine-0",
+                incarnation=1, version=None, sent=at, engine_seconds=1.0,
+            )
+        )  # fmt: skip
+    return history
+
+
+def test_a_router_window_passes_requests_sent_at_its_opening_instant() -> None:
+    """Sent at the very instant the window opened, a request may have left before the fault
+    fired (history order at one instant): as for delay_router, only later ones must fail."""
+    assert fault_witness(_router_window(5.0, 5.0)) is None
+    witness = fault_witness(_router_window(5.0, 6.0))
+    assert witness is not None and "none of the 1 request(s) sent during the window" in str(witness)

@@ -75,13 +75,24 @@ def _scenario(args: argparse.Namespace) -> Scenario:
         steps = args.steps if args.steps is not None else 12
         check_steps(steps, Limits(), "--steps")  # before the draw, which spreads faults on them
         total_loss = args.scenario == SWARM_TOTAL_LOSS
-        scenario = swarm_scenario(args.seed, steps, total_loss=total_loss, aim=args.aim)
+        live = True if args.liveness else None
+        scenario = swarm_scenario(
+            args.seed, steps, total_loss=total_loss, aim=args.aim, liveness=live
+        )
     else:
         if args.aim is not None:
             raise ConfigError("--aim", f"{args.scenario} is no swarm", "aim a swarm's seeds only")
         scenario = find_scenario(args.scenario, args.seed)
     loop = with_flags(scenario.loop, given_flags(args, OWN_FLAGS))
     return dataclasses.replace(scenario, loop=loop)
+
+
+def _run_scenario(args: argparse.Namespace) -> Scenario:
+    """The scenario as the run sees it: --steps and the seed applied, and --liveness."""
+    scenario = _scenario(args).with_run(steps=args.steps, seed=args.seed)
+    if args.liveness and scenario.liveness is None:
+        scenario = scenario.with_liveness()
+    return scenario
 
 
 def _scenario_file(name: str) -> str | None:
@@ -93,6 +104,7 @@ def _scenario_file(name: str) -> str | None:
 
 def _replay(args: argparse.Namespace, steps: int) -> str:
     extra = [] if args.check_every is None else ["--check-every", str(args.check_every)]
+    extra += ["--liveness"] if args.liveness else []
     return replay_command(
         args.scenario,
         args.seed,
@@ -115,7 +127,7 @@ def _run(args: argparse.Namespace) -> int:
     metrics = check_writable(args.metrics, "--metrics") if args.metrics else None
     outputs = {"--trace": trace, "--metrics": metrics, "--save-scenario": save}
     check_distinct_paths(outputs, {"the scenario file": _scenario_file(args.scenario)})
-    scenario = _scenario(args).with_run(steps=args.steps, seed=args.seed)
+    scenario = _run_scenario(args)
     if save is not None:
         save_scenario_file(save, scenario)
     bar = tqdm(
@@ -250,6 +262,12 @@ def _parser() -> argparse.ArgumentParser:
         help="a swarm seed that puts one fault in this cell of the coverage map (sim/aim.py)",
     )
     run.add_argument("--plant", metavar="NAME", help="run with a planted bug (sim/plants.py)")
+    run.add_argument(
+        "--liveness",
+        action="store_true",
+        help="liveness mode: heal every fault after the scenario's steps (a swarm: at the step "
+        "its seed draws), then the run must make progress within a bound (the liveness oracle)",
+    )
     add_loop_flags(run, skip=OWN_FLAGS)
     for name, text in (
         ("sweep", "many seeds on Ray: verdicts, failing seeds, fault coverage"),

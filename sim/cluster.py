@@ -288,6 +288,17 @@ class SimCluster:
         impairments = self._impairments
         return bool(impairments) and self.rt.env._now < impairments.get(what, (1.0, 0.0))[1]
 
+    def heal(self, engines: bool) -> tuple[int, ...]:
+        """Liveness mode's heal: every impairment ends now and (``engines``) every engine
+        process dead or hung is restarted (one already starting is left to start); the
+        dead cells are given back for the fault schedule to start."""
+        now = self.rt.now()
+        self._impairments = {what: (1.0, now) for what in self._impairments}
+        for engine_id, engine in self.engines.items() if engines else ():
+            if (engine.dead or engine.hung) and engine_id not in self._starting:
+                self.restart_engine(engine_id)
+        return tuple(i for i, cell in enumerate(self.cells) if cell.dead)
+
     def kill_cell(self, index: int) -> None:
         """Kill at once: in virtual time a named point is now."""
         self.cells[index].kill()

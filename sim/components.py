@@ -34,6 +34,11 @@ class _Mortal:
         self.incarnation = 0
         self._death: SimSignal = rt.signal()
 
+    def wait_party(self) -> str:
+        """How the wait-for graph names this component when a task waits on it."""
+        state = "dead" if self.dead else "hung" if getattr(self, "hung", False) else "alive"
+        return f"{self.name} process {self.incarnation} ({state})"
+
     def kill(self) -> None:
         if not self.dead:
             self.dead = True

@@ -45,6 +45,9 @@ class SimFaultActions:
     def hang_engine(self, engine: str) -> None:
         self.cluster.hang_engine(engine)
 
+    def heal(self, engines: bool) -> tuple[int, ...]:
+        return self.cluster.heal(engines)
+
     def impair(self, fault: Impairment) -> None:
         part, factor = impaired_part(fault)
         self.cluster.impair(part, factor, fault.duration)

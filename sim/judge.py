@@ -35,19 +35,31 @@ class SeedTask:
     steps: int | None = None
     aim: CoverageCell | None = None
     plant: str | None = None
+    liveness: bool = False
+    """Liveness mode for every seed (``--liveness``); without it a swarm seed draws it."""
 
     def drawn(self) -> Scenario:
         if self.source in (SWARM, SWARM_TOTAL_LOSS):
             steps = self.steps if self.steps is not None else DEFAULT_SWARM_STEPS
             total_loss = self.source == SWARM_TOTAL_LOSS
-            return swarm_scenario(self.seed, steps, total_loss=total_loss, aim=self.aim)
+            live = True if self.liveness and not total_loss else None
+            return swarm_scenario(
+                self.seed, steps, total_loss=total_loss, aim=self.aim, liveness=live
+            )
         assert self.scenario is not None, "a named or file scenario is loaded by the driver"
-        return self.scenario
+        scenario = self.scenario
+        if self.liveness and scenario.liveness is None:
+            steps = scenario.loop.steps if self.steps is None else self.steps
+            return scenario.with_run(steps=steps).with_liveness()
+        return scenario
 
     def replay(self) -> str:
         """The command that replays this seed's run exactly."""
         aim = None if self.aim is None else self.aim.key()
-        return replay_command(self.source, self.seed, self.steps, aim=aim, plant=self.plant)
+        extra = ["--liveness"] if self.liveness else []
+        return replay_command(
+            self.source, self.seed, self.steps, aim=aim, plant=self.plant, extra=extra
+        )
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from miles_core import engines
+from miles_core.backend import EngineFailure, SessionAlreadyOpen
 from miles_core.buffer import DataBuffer, Fate, Group, Reason, SampleStatus, UnusedHandler, Verdict
 from miles_core.cells import CellGroup, Decision, Outcome
 from miles_core.errors import ConfigError
@@ -251,6 +252,47 @@ def lora_loaded_per_updater(mp: Patcher) -> None:
     mp.setattr(Updater, "_adapter_holders", by_flag)
 
 
+def lock_kept_when_nothing_to_sync(mp: Patcher) -> None:
+    """A sync that finds its engine synced already (an update got there first) returns
+    without releasing the weights lock, an early return that skips the ``finally``: every
+    later update waits on the lock for ever. A hang and nothing else: no safety oracle sees
+    it, only liveness does."""
+    sync = Updater.sync
+
+    async def leaky(self: Updater, engine: str) -> None:
+        ctx = self.ctx
+        await ctx.update_lock.acquire(f"the sync of {engine}")
+        if ctx.stopping or not self.engines.unsynced(engine):
+            return  # the bug: this path never releases the lock
+        ctx.update_lock.release()
+        await sync(self, engine)
+
+    mp.setattr(Updater, "sync", leaky)
+
+
+def update_call_without_deadline(mp: Patcher) -> None:
+    """With fault tolerance, the update's control calls wait for an answer with no deadline
+    (miles PRs #2983 / #3036: an engine that never answers an abort holds the update). The
+    health monitor is paused through the update, so a hung engine holds it for ever."""
+
+    async def patient(
+        self: Updater, engine: str, incarnation: int, method: str, args: Any, answered: Any
+    ) -> Any:
+        ctx = self.ctx
+        if not ctx.engines.current(engine, incarnation):
+            return EngineFailure(engine, "its process was replaced during the update")
+        try:
+            await getattr(ctx.cluster.engine(engine, incarnation), method)(*args)
+        except EngineFailure as failure:
+            return failure
+        except SessionAlreadyOpen:
+            pass
+        answered(engine)
+        return None
+
+    mp.setattr(Updater, "_call", patient)
+
+
 PLANTS: dict[str, tuple[Plant, str]] = {
     "publish_after_resume": (publish_after_resume, "update_order"),
     "discarded_attempt_commits": (discarded_attempt_commits, "step_attempts"),
@@ -266,6 +308,8 @@ PLANTS: dict[str, tuple[Plant, str]] = {
     "unused_handler_inverted": (unused_handler_inverted, "recycled_regenerated"),
     "recovered_engine_serves_unsynced": (recovered_engine_serves_unsynced, "published_weights"),
     "lora_loaded_per_updater": (lora_loaded_per_updater, "end_state"),
+    "lock_kept_when_nothing_to_sync": (lock_kept_when_nothing_to_sync, "liveness"),
+    "update_call_without_deadline": (update_call_without_deadline, "liveness"),
 }
 
 

@@ -159,7 +159,14 @@ def _run(
     interruptible: bool,
 ) -> SimResult:
     rt = SimRuntime(seed)
-    schedule = FaultSchedule(scenario.faults)
+    live = scenario.liveness
+    plan = scenario.liveness_plan()
+    schedule = FaultSchedule(
+        scenario.faults,
+        plan.heal_step if plan is not None else None,
+        plan.seconds if plan is not None else None,
+        heal_engines=not scenario.loop.use_fault_tolerance,
+    )
     timeout = scenario.loop.update_weight_collective_timeout
     cluster = SimCluster(rt, scenario.world, scenario.timing, schedule, timeout)
     history = History()
@@ -176,8 +183,11 @@ def _run(
         expected_status=scenario.expect.status,
         expected_error=scenario.expect.error,
         until_witnessed=scenario.until_witnessed,
+        liveness=plan,
     )
     most_steps = scenario.until_witnessed or scenario.loop.steps
+    if live is not None:  # the run goes on past its steps until liveness is met
+        most_steps = max(most_steps, live.heal_step) + live.steps + 1
     horizon = scenario.max_seconds or 50.0 * most_steps * scenario.timing.train_step_seconds
     stops = (RunInterrupted, KeyboardInterrupt) if interruptible else RunInterrupted
     try:
@@ -190,6 +200,7 @@ def _run(
         reason = f"stopped at the first violation ({stop.violation.oracle}), as --check-every asks"
         report = control.end(RunStatus.FAILED, reason)
     except (Deadlock, Livelock, TimeoutError) as stuck:  # past the horizon, or nothing can move
+        control.record_waits(str(stuck))
         report = control.end(RunStatus.STALLED, str(stuck))
     except Exception as error:  # a world's or an injector's own failure: a crash, kept whole
         report = control.end_with(error, "raised in the simulated world")

@@ -27,6 +27,7 @@ independent of each other and of PYTHONHASHSEED.
 
 from __future__ import annotations
 
+import gc
 import random
 from collections.abc import Coroutine, Generator, Sequence
 from heapq import heappop, heappush
@@ -41,6 +42,7 @@ from simpy.exceptions import Interrupt
 from miles_core.runtime import Cancelled
 from miles_core.scenario.seeds import derive_seed
 from miles_core.sync import join_all
+from miles_core.waits import TaskWait, WaitGraph, await_frames, describe_frames, graph_of, party_of
 
 T = TypeVar("T")
 
@@ -223,7 +225,7 @@ class SimTask:
     fails with its exception, scheduled as a ``simpy.Process`` schedules itself.
     """
 
-    __slots__ = ("_coro", "_env", "_in_spawn", "_started", "_target", "event", "name")
+    __slots__ = ("_coro", "_env", "_in_spawn", "_since", "_started", "_target", "event", "name")
 
     def __init__(
         self, env: SeededEnvironment, coro: Coroutine[Any, Any, Any], name: str, eager: bool
@@ -232,6 +234,8 @@ class SimTask:
         self._coro = coro
         self._env = env
         self._started = False
+        self._since = env._now
+        """When it began its current wait (the wait-for graph's "since")."""
         self.event = done = Event.__new__(Event)  # Event(env), without the call
         done.env, done.callbacks = env, []
         self._in_spawn = eager
@@ -278,6 +282,7 @@ class SimTask:
             if callbacks is not None:  # not processed yet: wait for it
                 callbacks.append(self._step)
                 self._target = target
+                self._since = env._now
                 break
             event = target  # already processed: go on with its outcome at once
         env._active_task = outer
@@ -582,6 +587,36 @@ class _TimerOr(Event):
         return (yield self)
 
 
+def _awaited(event: Event, ends: dict[int, str], now: float) -> tuple[str, tuple[str, ...]]:
+    """What a task's target event is, and the tasks whose ends it is."""
+    name = ends.get(id(event))
+    if name is not None:
+        return f"task '{name}'", (name,)
+    if isinstance(event, _Sleep):
+        return f"a timer until t={now + event._delay:.6g}", ()
+    if isinstance(event, _Condition | _TimerOr):
+        parts = [_awaited(sub, ends, now) for sub in event._events]
+        tasks = tuple(t for _, ts in parts for t in ts)
+        kind = "all" if isinstance(event, _Condition) and not event._any else "the first"
+        return f"{kind} of ({', '.join(text for text, _ in parts)})", tasks
+    return "a signal", ()
+
+
+def _task_wait(task: SimTask, ends: dict[int, str]) -> TaskWait:
+    frames = await_frames(task._coro)
+    target = task._target
+    delay_from = getattr(target, "_delay", None)
+    awaits, on = _awaited(target, ends, task._since if delay_from is not None else 0.0)
+    return TaskWait(
+        task=task.name,
+        where=describe_frames(frames),
+        awaits=awaits,
+        on_tasks=on,
+        party=party_of(frames),
+        since=float(task._since),
+    )
+
+
 class SimRuntime:
     """Runtime over a SeededEnvironment; ``run`` drives a root coroutine to completion."""
 
@@ -648,6 +683,18 @@ class SimRuntime:
             for i, value in zip(at, await join_all(self, waiting, reason), strict=True):
                 results[i] = value
         return results
+
+    def waits(self) -> WaitGraph:
+        """Every task of this run that has not finished, what it awaits and since when (the
+        wait-for graph of a stalled run). Found through the collector, not a registry: a
+        run spawns hundreds of thousands of tasks and asks this at most once."""
+        tasks = [
+            o
+            for o in gc.get_objects()
+            if type(o) is SimTask and o._env is self.env and not o.done() and o._started
+        ]
+        ends = {id(task.event): task.name for task in tasks}
+        return graph_of(_task_wait(task, ends) for task in tasks)
 
     def interrupt_soon(self) -> None:
         """Make ``run`` raise RunInterrupted before the next event: what a Ctrl-C handler calls.

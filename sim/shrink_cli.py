@@ -22,7 +22,7 @@ import sys
 from miles_core.errors import ConfigError
 from miles_core.outputs import check_distinct_paths
 from miles_core.report import check_writable
-from miles_core.scenario import save_scenario_file
+from miles_core.scenario import save_scenario_file, scenario_from_toml, scenario_to_toml
 from sim.aim import parse_aim
 from sim.plants import check_plant, planted
 from sim.run import replay_command, run_scenario
@@ -48,7 +48,7 @@ def _run_argv(rest: list[str]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    from sim.__main__ import _parser, _scenario, _scenario_file  # the run command's parsing
+    from sim.__main__ import _parser, _run_scenario, _scenario_file  # the run command's parsing
 
     own, rest = _own_flags().parse_known_args(argv)
     if own.help:
@@ -60,7 +60,7 @@ def main(argv: list[str]) -> int:
         if args.plant is not None:
             check_plant(args.plant)
         args.aim = parse_aim(args.aim) if args.aim is not None else None
-        scenario = _scenario(args).with_run(steps=args.steps, seed=args.seed)
+        scenario = _run_scenario(args)
         out = check_writable(own.out or f"shrunk-seed{args.seed}.toml", "--out")
         check_distinct_paths({"--out": out}, {"the scenario file": _scenario_file(args.scenario)})
     except ConfigError as error:
@@ -78,7 +78,16 @@ def main(argv: list[str]) -> int:
     name = f"shrunk from seed {args.seed}: fails {shrinker.oracle}"
     origin = shlex.join(["python", "-m", "sim", "run", *_run_argv(rest)])
     small = dataclasses.replace(small, name="shrunk", description=f"{name} (from: {origin})")
-    save_scenario_file(out, small.with_run(seed=args.seed))
+    small = small.with_run(seed=args.seed)
+    written = scenario_from_toml(scenario_to_toml(small), str(out))
+    if not shrinker.fails(written):  # what the file replays, run once more, as a user would
+        print(
+            f"the shrunk scenario no longer fails {shrinker.oracle} the same way when run from "
+            f"its file: nothing written (report this; the original run: {origin})",
+            file=sys.stderr,
+        )
+        return 1
+    save_scenario_file(out, small)
     replay = replay_command(str(out), args.seed, plant=args.plant)
     print(
         f"{name} after {shrinker.runs} runs: faults {len(scenario.faults)} -> "

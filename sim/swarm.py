@@ -37,6 +37,7 @@ from miles_core.kinds import PauseMode, RunStatus, SubmissionGranularity
 from miles_core.loop import LoopConfig
 from miles_core.scenario import Expect, Scenario, TimeModel, WorldShape, derive_seed
 from miles_core.scenario.faults import AnyFault, make_fault, target_engine
+from miles_core.scenario.liveness import Liveness
 from miles_core.transfer import TransferMode
 from sim.aim import CELL, ENGINE, IMPAIRMENT, adjust, aimed_faults, family, probe_with
 
@@ -298,14 +299,57 @@ def _checkpoint_rate(world: WorldShape, aim: CoverageCell | None) -> float:
     return 3 * world.param_bytes / AIMED_HEAL_SECONDS
 
 
+def _miles_health_checks(seed: int, loop: LoopConfig) -> LoopConfig:
+    """With fault tolerance, miles' own health-check settings (30 s interval and timeout) in
+    a third of the seeds, from a stream of their own: against 5 s steps an update then often
+    reaches a hung engine before the monitor's next check, and only the update's deadline
+    on each control call (the monitor is paused through it) gets past it."""
+    stream = random.Random(derive_seed(seed, "swarm.health"))
+    if not loop.use_fault_tolerance or stream.random() >= 1 / 3:
+        return loop
+    return dataclasses.replace(
+        loop, rollout_health_check_interval=30.0, rollout_health_check_timeout=30.0
+    )
+
+
+def _detection(loop: LoopConfig) -> float:
+    """How long a hung engine may hold a step with fault tolerance: an update's call waits
+    out the health check's timeout, then the monitor's next check and its timeout."""
+    if not loop.use_fault_tolerance:
+        return 0.0
+    return 2 * (loop.rollout_health_check_interval + loop.rollout_health_check_timeout)
+
+
+LIVENESS_SHARE = 0.25
+"""The share of seeds the swarm runs in liveness mode (``--liveness``: all of them)."""
+
+
+def _liveness(seed: int, steps: int, forced: bool | None) -> Liveness | None:
+    """Liveness mode, from a stream of its own (the rest of the drawing is the same either
+    way): in a quarter of the seeds, or in all with ``forced``; the heal as a step from a
+    third of the run to its end begins, so the faults last a drawn span."""
+    stream = random.Random(derive_seed(seed, "swarm.liveness"))
+    drawn = stream.random() < LIVENESS_SHARE
+    heal_step = stream.randint(max(1, steps // 3), steps)
+    if not (drawn if forced is None else forced):
+        return None
+    return Liveness(heal_step=heal_step, steps=3)
+
+
 def swarm_scenario(
-    seed: int, steps: int = 12, total_loss: bool = False, aim: CoverageCell | None = None
+    seed: int,
+    steps: int = 12,
+    total_loss: bool = False,
+    aim: CoverageCell | None = None,
+    liveness: bool | None = None,
 ) -> Scenario:
     """The scenario that ``seed`` draws (the run itself then uses the same seed); ``aim``
-    puts one fault in that cell of the coverage map (sim/aim.py)."""
+    puts one fault in that cell of the coverage map (sim/aim.py); ``liveness``: in
+    liveness mode or not (None: as the seed draws)."""
     rng = random.Random(derive_seed(seed, "swarm"))
     world, loop = _world_and_loop(rng, steps)
     loop = dataclasses.replace(loop, rollout_submission_granularity=_granularity(seed, loop))
+    loop = _miles_health_checks(seed, loop)
     if aim is not None:
         world, loop = adjust(aim, world, loop)
     # 0/1 rewards give the filter work: a group of 2 is all equal half the time, so a step
@@ -358,5 +402,6 @@ def swarm_scenario(
         timing,
         loop,
         _ordered(d.faults),
-        progress_window=(24 if filtered else 8) * step_seconds,
+        progress_window=(24 if filtered else 8) * step_seconds + _detection(loop),
+        liveness=_liveness(seed, steps, liveness),
     )

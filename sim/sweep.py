@@ -118,11 +118,12 @@ def tasks_for(
     steps: int | None,
     plant: str | None,
     aimer: _Aimer | None,
+    liveness: bool = False,
 ) -> Iterator[SeedTask]:
     """Every seed of every source, aimed (or not) as it is handed out."""
     for index, (seed, source) in enumerate(itertools.product(seeds, sources)):
         aim = aimer.aim(source, index) if aimer is not None else None
-        yield SeedTask(source.text, seed, source.scenario, steps, aim, plant)
+        yield SeedTask(source.text, seed, source.scenario, steps, aim, plant, liveness)
 
 
 def chunks(tasks: Iterator[SeedTask], size: int = CHUNK) -> Iterator[list[SeedTask]]:
@@ -185,6 +186,7 @@ def sweep(
     plant: str | None = None,
     recheck: int = 20,
     aim: bool = True,
+    liveness: bool = False,
     on_outcome: Callable[[SeedOutcome], None] = lambda outcome: None,
 ) -> SweepRun:
     """Judge every seed of every source on Ray (a session must be open), then run a sample
@@ -196,7 +198,7 @@ def sweep(
 
     def handed_out() -> Iterator[SeedTask]:
         aimer = _Aimer(run.tally) if aim else None
-        for i, task in enumerate(tasks_for(sources, seeds, steps, plant, aimer)):
+        for i, task in enumerate(tasks_for(sources, seeds, steps, plant, aimer, liveness)):
             if stride and i % stride == 0 and len(sample) < recheck:
                 sample.append(task)
             yield task

@@ -50,6 +50,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--plant", metavar="NAME", help="a planted bug in every worker (sim/plants)")
     p.add_argument("--recheck", type=int, default=20, metavar="N", help="seeds run twice")
     p.add_argument("--no-aim", action="store_true", help="never aim seeds at empty map cells")
+    p.add_argument(
+        "--liveness",
+        action="store_true",
+        help="every seed in liveness mode: faults, a heal, then progress within a bound",
+    )
     return p
 
 
@@ -168,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                 plant=args.plant,
                 recheck=args.recheck,
                 aim=not args.no_aim,
+                liveness=args.liveness,
                 on_outcome=lambda outcome: bar.update(1),
             )
             bar.close()

@@ -10,6 +10,7 @@ oracle named for it, and passes without the bug.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -268,3 +269,24 @@ def test_check_every_stops_at_the_first_violation_of_a_planted_bug() -> None:
         result = run_scenario(swarm_scenario(8), 8, check_every=1)
     assert "update_order" in result.report.reason
     assert result.verdicts["update_order"] is not None
+
+
+def test_a_shrink_whose_result_no_longer_fails_writes_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The shrunk scenario is run once more from the text it would write; a shrinker that
+    skipped a check (here: one that drops every fault) is refused, not printed."""
+    import sim.shrink_cli
+
+    monkeypatch.setattr(
+        sim.shrink_cli,
+        "shrink",
+        lambda scenario, shrinker: dataclasses.replace(scenario, faults=()),
+    )
+    out = tmp_path / "small.toml"
+    replay = (
+        "python -m sim run scenarios/files/heal_twice.toml --seed 3 --plant dead_cell_in_exchange"
+    )
+    assert shrink_main([replay, "--out", str(out)]) == 1
+    assert "no longer fails end_state" in capsys.readouterr().err
+    assert not out.exists()

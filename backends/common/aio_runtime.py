@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from miles_core.runtime import Cancelled
 from miles_core.scenario.seeds import derive_seed
 from miles_core.sync import join_all
+from miles_core.waits import TaskWait, WaitGraph, await_frames, describe_frames, graph_of, party_of
 
 T = TypeVar("T")
 
@@ -129,3 +130,42 @@ class AsyncioRuntime:
         if stream not in self._streams:
             self._streams[stream] = random.Random(derive_seed(self.seed, stream))
         return self._streams[stream]
+
+    def waits(self) -> WaitGraph:
+        """Every task of the control plane on this loop that has not finished and what it
+        awaits (the wait-for graph of a stalled or interrupted run). asyncio keeps no time
+        of when a task began its wait, so ``since`` is left unknown here."""
+        tasks = [t for t in asyncio.all_tasks(self._loop) if not t.done()]
+        names = {id(t): t.get_name() for t in tasks}
+        out = []
+        for task in tasks:
+            frames = await_frames(task.get_coro())
+            where = describe_frames(frames)
+            if not where:
+                continue  # not the control plane's (aiohttp's, Ray's)
+            on = _awaited_tasks(frames, names)
+            awaits = ", ".join(f"task '{n}'" for n in on) or _innermost(task)
+            out.append(TaskWait(task.get_name(), where, awaits, on, party_of(frames)))
+        return graph_of(out)
+
+
+def _awaited_tasks(frames: Sequence[Any], names: dict[int, str]) -> tuple[str, ...]:
+    """The tasks the innermost frames hold to await (a task, or a list of them)."""
+    found: list[str] = []
+    for frame in reversed(frames[-3:]):
+        for value in frame.f_locals.values():
+            items = value if isinstance(value, list | tuple) else (value,)
+            for item in items:
+                inner = getattr(item, "task", item)  # an AioTask holds its asyncio task
+                name = names.get(id(inner))
+                if name is not None and name not in found:
+                    found.append(name)
+        if found:
+            break
+    return tuple(found)
+
+
+def _innermost(task: asyncio.Task[Any]) -> str:
+    """What asyncio says the task is blocked on (a future, a Ray call's, an HTTP reply's)."""
+    waiter = getattr(task, "_fut_waiter", None)
+    return "a future" if waiter is None else type(waiter).__name__

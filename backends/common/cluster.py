@@ -320,6 +320,10 @@ class RayWorld:
     def impair(self, what: str, factor: float, seconds: float) -> None:
         self._impaired[what] = (factor, self.rt.now() + seconds)
 
+    def end_impairments(self) -> None:
+        now = self.rt.now()
+        self._impaired = {what: (factor, now) for what, (factor, _) in self._impaired.items()}
+
     def impaired(self, what: str) -> bool:
         entry = self._impaired.get(what)
         return entry is not None and self.rt.now() < entry[1]

@@ -37,6 +37,10 @@ class RayEngine:
         self.url: str | None = None
         self.incarnation = -1
         self.doomed = False
+        self.hung = False
+        """This world made its current process hang (the hang_engine fault)."""
+        self.gone = False
+        """Ray reported its current process dead."""
 
     async def start(self, recovery: bool = False) -> int | None:
         """A new process (the old one killed first); its incarnation once its HTTP server
@@ -44,6 +48,7 @@ class RayEngine:
         ``recovery``: the control plane's own restart (the during_recovery fault point)."""
         self.kill()
         self.incarnation += 1
+        self.hung = self.gone = False
         incarnation = self.incarnation
         bundle = self.world.placement.engine_bundles(self.position)[0]
         stack = self.world.stack
@@ -79,6 +84,7 @@ class RayEngine:
     def hang(self) -> None:
         """The process stops answering and stays alive (the hang_engine fault)."""
         if self.actor is not None:
+            self.hung = True
             self.actor.hang.remote()
 
     async def die_midway(self, incarnation: int, rid: str) -> None:
@@ -93,12 +99,23 @@ class RayEngine:
         try:
             await actor.wait_forever.remote()
         except ACTOR_DIED:
+            if incarnation == self.incarnation:
+                self.gone = True
             self.world.engine_exited(self.id, incarnation, "its actor died")
 
     def kill(self) -> None:
         if self.actor is not None:
             ray.kill(self.actor, no_restart=True)
         self.actor, self.url = None, None
+
+    def needs_restart(self) -> bool:
+        """Dead, killed or hung: what liveness mode's heal restarts."""
+        return self.actor is None or self.hung or self.gone
+
+    def wait_party(self) -> str:
+        """How the wait-for graph names this engine when a task waits on it."""
+        state = "hung" if self.hung else "dead" if self.gone or self.actor is None else "alive"
+        return f"{self.id} process {self.incarnation} ({state})"
 
     async def request(
         self,

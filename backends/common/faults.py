@@ -61,6 +61,15 @@ class RayFaultActions:
     def hang_engine(self, engine: str) -> None:
         self.world.engines[engine].hang()
 
+    def heal(self, engines: bool) -> tuple[int, ...]:
+        """Liveness mode's heal: impairments end; dead or hung engines get a new process."""
+        self.world.end_impairments()
+        if engines:
+            for engine in self.world.engines.values():
+                if engine.needs_restart():
+                    self.restart_engine(engine.id)
+        return tuple(cell.index for cell in self.world.cells if not cell.ranks)
+
     def impair(self, fault: Impairment) -> None:
         part, factor = impaired_part(fault)
         self.world.impair(part, factor, fault.duration)

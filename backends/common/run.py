@@ -306,10 +306,12 @@ async def _drive(
     if world.failed in done:
         return control.end_with(world.failed.result(), "raised in the Ray world")
     if ctrl_c in done:
-        return control.end(
-            RunStatus.INTERRUPTED, f"interrupted (Ctrl-C) at t={control.rt.now():.2f}"
-        )
-    return control.end(RunStatus.STALLED, f"no end within {timeout:g} s")
+        why = f"interrupted (Ctrl-C) at t={control.rt.now():.2f}"
+        control.record_waits(why)
+        return control.end(RunStatus.INTERRUPTED, why)
+    why = f"no end within {timeout:g} s"
+    control.record_waits(why)
+    return control.end(RunStatus.STALLED, why)
 
 
 class _StartInterrupted(Exception):
@@ -403,7 +405,13 @@ async def _run(
     scenario: Scenario, seed: int, pg: Any, placement: Any, options: _Options
 ) -> RealResult:
     rt = AsyncioRuntime(seed)
-    schedule = FaultSchedule(scenario.faults)
+    plan = scenario.liveness_plan()
+    schedule = FaultSchedule(
+        scenario.faults,
+        plan.heal_step if plan is not None else None,
+        plan.seconds if plan is not None else None,
+        heal_engines=not scenario.loop.use_fault_tolerance,
+    )
     world = _world(rt, schedule, scenario, pg, placement, options)
     history = History()
     metrics = _StepMetrics(world, options.on_line)
@@ -426,6 +434,7 @@ async def _run(
                 expected_status=scenario.expect.status,
                 expected_error=scenario.expect.error,
                 until_witnessed=scenario.until_witnessed,
+                liveness=plan,
             )
             schedule.install(rt, history, RayFaultActions(world, options.announce))
             started = rt.now()

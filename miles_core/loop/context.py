@@ -52,7 +52,7 @@ class RunContext:
         self.buffer = DataBuffer(
             config.buffer_config(), dynamic_filter(config.dynamic_sampling_filter, config)
         )
-        self.update_lock = Lock(rt)
+        self.update_lock = Lock(rt, "the weights lock")
         """Held from a step's training to the end of its update, and by each sync: a sync
         sends the trainer's current weights, right only while they are the published ones."""
         self.engines_changed = Notifier(rt)

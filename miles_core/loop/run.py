@@ -33,12 +33,16 @@ from miles_core.backend import Cluster
 from miles_core.buffer import METRIC_PREFIX
 from miles_core.errors import MilesCoreError, format_traceback
 from miles_core.events import (
+    Event,
+    FaultsHealed,
     History,
     LedgerRestored,
+    LivenessArmed,
     RunEnded,
     RunStarted,
     StepCommitted,
     StepMetrics,
+    TasksWaiting,
     WeightsChecked,
 )
 from miles_core.kinds import RunStatus
@@ -51,6 +55,7 @@ from miles_core.loop.supervision import EngineSupervisor
 from miles_core.loop.train import Trainer
 from miles_core.loop.update import Updater
 from miles_core.oracles.base import select
+from miles_core.oracles.liveness import LivenessPlan, liveness_missing
 from miles_core.oracles.witnesses import awaited
 from miles_core.runtime import Runtime
 from miles_core.versions import VersionLedger
@@ -79,12 +84,17 @@ class Orchestrator:
         expected_status: RunStatus = RunStatus.COMPLETED,
         expected_error: str | None = None,
         until_witnessed: int | None = None,
+        liveness: LivenessPlan | None = None,
     ) -> None:
         """``ledger``: a ledger restored from a checkpoint, to resume its version sequence;
         ``expected_*``: how the scenario says the run must end (recorded in RunStarted);
         ``until_witnessed``: run past ``config.steps`` while a fault has not fired or not
-        taken effect yet, up to this many steps in all (at least ``config.steps``)."""
+        taken effect yet, up to this many steps in all (at least ``config.steps``);
+        ``liveness``: liveness mode (the heal comes from the fault schedule): run past
+        ``config.steps`` until liveness is met, and end the run STALLED, with its
+        wait-for graph, when the bound passes first."""
         check_until_witnessed(until_witnessed, config.steps)
+        self.liveness = liveness
         self.until_witnessed = until_witnessed
         self.extra_steps = 0
         """Steps run past ``config.steps`` for a witness (0 without ``until_witnessed``)."""
@@ -103,6 +113,9 @@ class Orchestrator:
         self.monitor = HeartbeatMonitor(self.ctx, self.trainer)
         self.health = EngineHealthMonitor(self.ctx, self.engines)
         self.report: RunReport | None = None
+        self.missed = ""
+        """Why the run missed its liveness bound (liveness mode)."""
+        self.missed_signal = self.ctx.rt.signal()
 
     # -- what drivers and tests read ---------------------------------------------------
 
@@ -175,6 +188,12 @@ class Orchestrator:
         (judged on the history so far), up to ``until_witnessed`` steps in all."""
         if step < self.ctx.config.steps:
             return True
+        plan = self.liveness
+        if plan is not None and (
+            step <= plan.heal_step or liveness_missing(self.ctx.history) is not None
+        ):
+            self.extra_steps += 1
+            return True  # the liveness deadline ends a run that never meets it
         limit = self.until_witnessed
         more = limit is not None and step < limit and awaited(self.ctx.history)
         self.extra_steps += more
@@ -249,6 +268,29 @@ class Orchestrator:
             ctx.spawn(monitor, "heartbeat-monitor")
         if c.use_fault_tolerance:
             ctx.spawn(self.health.run(), "engine-health-monitor")
+        if self.liveness is not None:
+            healed = ctx.rt.signal()
+            ctx.history.observe(lambda e: _on_heal(e, healed))
+            ctx.spawn(self._liveness_deadline(self.liveness, healed), "liveness-deadline")
+
+    async def _liveness_deadline(self, plan: LivenessPlan, healed: Any) -> None:
+        """Liveness mode's clock (the testbed's, not miles'): from the heal, the bound; past
+        it, the run is stopped as stalled unless liveness was met (a run that meets it is
+        over before the deadline comes)."""
+        ctx = self.ctx
+        await healed
+        ctx.emit(
+            LivenessArmed,
+            deadline=ctx.rt.now() + plan.seconds,
+            steps=plan.steps,
+            engines=ctx.engines.ids,
+            bound=plan.bound,
+        )
+        await ctx.rt.sleep(plan.seconds)
+        missing = liveness_missing(ctx.history)
+        if missing is not None:
+            self.missed = f"missed the liveness bound ({plan.bound}): {missing}"
+            self.missed_signal.set()
 
     async def run(self) -> RunReport:
         """Run every step; the report (and RunEnded) says how the run ended."""
@@ -257,11 +299,16 @@ class Orchestrator:
         body = self._one_step_off() if ctx.config.mode == "one_step_off" else self._fully_async()
         main = ctx.rt.spawn(body, "loop")
         try:  # a failed task may fail the wait itself (the simulator's conditions do)
-            crashed = await ctx.rt.wait_any([main, ctx.crashed]) == 1
-            if not crashed:
+            which = await ctx.rt.wait_any([main, ctx.crashed, self.missed_signal])
+            crashed = which == 1
+            if which == 0:
                 await main
         except Exception as error:
             return self.end_with(error)
+        if which == 2:
+            self.record_waits(self.missed)
+            main.cancel("the liveness bound passed")
+            return self.end(RunStatus.STALLED, self.missed)
         if crashed:
             main.cancel("the run cannot go on")
             assert ctx.crash is not None
@@ -276,6 +323,15 @@ class Orchestrator:
         return (
             f"{asked + extra} steps ({asked} asked, {extra} more until every fault was witnessed)"
         )
+
+    def record_waits(self, reason: str) -> None:
+        """The wait-for graph of the run's tasks now (TasksWaiting), when its runtime gives
+        one: drivers call it for a stall they detect, the run for a missed liveness bound."""
+        waits = getattr(self.ctx.rt, "waits", None)
+        if waits is None or self.report is not None:
+            return
+        graph = waits()
+        self.ctx.emit(TasksWaiting, reason=reason, waits=graph.lines(), root=graph.root())
 
     def end_with(self, error: BaseException, where: str = "") -> RunReport:
         """End the run because ``error`` was raised: failed if it is a miles_core error the
@@ -303,3 +359,8 @@ class Orchestrator:
         )
         self.report = RunReport(status, reason, self.steps_done(), list(ctx.versions), error, trace)
         return self.report
+
+
+def _on_heal(event: Event, healed: Any) -> None:
+    if isinstance(event, FaultsHealed):
+        healed.set()

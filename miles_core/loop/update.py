@@ -491,7 +491,7 @@ class Updater:
     ) -> None:
         """Train a step, then update the weights, holding the weights lock throughout."""
         ctx = self.ctx
-        await ctx.update_lock.acquire()
+        await ctx.update_lock.acquire(f"step {step}'s train and update")
         try:
             await self.trainer.train(step, batch)
             trained(step)
@@ -506,7 +506,7 @@ class Updater:
     async def sync(self, engine: str) -> None:
         """Bring a new (or outdated) engine process to the published weights before it serves."""
         ctx = self.ctx
-        await ctx.update_lock.acquire()
+        await ctx.update_lock.acquire(f"the sync of {engine}")
         try:
             if ctx.stopping or not self.engines.unsynced(engine):
                 return  # an update synced it meanwhile, or it is down again

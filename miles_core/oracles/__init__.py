@@ -24,6 +24,8 @@ first violation with the events that prove it, or None.
                           in_place none is aborted, under retract none keeps old KV
     step_attempts         a step commits once, on its quorum, from an attempt no cell discarded
     progress              after the last fault steps commit and engines catch up
+    liveness              once every fault is healed (liveness mode), K steps commit and every
+                          engine reaches the newest version within the configured bound
     fault_witness         every fault that fired took effect (one witness per fault kind)
 """
 
@@ -39,6 +41,7 @@ from miles_core.oracles.delivery import exactly_once, recycled_regenerated
 from miles_core.oracles.end_state import end_state
 from miles_core.oracles.groups import whole_groups
 from miles_core.oracles.idle_windows import idle_faults
+from miles_core.oracles.liveness import liveness
 from miles_core.oracles.progress import progress
 from miles_core.oracles.requests import requests_kept
 from miles_core.oracles.staleness import bounded_staleness
@@ -61,9 +64,9 @@ SAFETY: dict[str, Callable[[History], Violation | None]] = {
 }
 """The oracles that can judge a history before it ends (``--check-every``)."""
 
-ORACLES = ("end_state", *SAFETY, "progress", "fault_witness")
+ORACLES = ("end_state", *SAFETY, "progress", "liveness", "fault_witness")
 
-WHOLE_RUN = ("end_state", "progress", "fault_witness")
+WHOLE_RUN = ("end_state", "progress", "liveness", "fault_witness")
 """The oracles that judge how a run ended. A run interrupted from outside (Ctrl-C) has no
 ending of its own: only the SAFETY oracles judge it, on what it did before the interrupt."""
 
@@ -74,6 +77,7 @@ def check_all(history: History, progress_window: float) -> dict[str, Violation |
         verdicts: dict[str, Violation | None] = {"end_state": end_state(history)}
         verdicts |= {name: oracle(history) for name, oracle in SAFETY.items()}
         verdicts["progress"] = progress(history, progress_window)
+        verdicts["liveness"] = liveness(history)
         verdicts["fault_witness"] = fault_witness(history)
     forget(history)
     return verdicts
@@ -120,6 +124,7 @@ __all__ = [
     "exactly_once",
     "fault_witness",
     "idle_faults",
+    "liveness",
     "monotonic_versions",
     "progress",
     "published_weights",

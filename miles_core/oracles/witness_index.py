@@ -16,6 +16,7 @@ from miles_core.events import (
     EngineStateChanged,
     FaultInjected,
     FaultScheduled,
+    FaultsHealed,
     HealEnded,
     HeartbeatMissed,
     History,
@@ -51,6 +52,7 @@ _PICKED = (
     StepCommitted,
     RunStarted,
     RequestRetried,
+    FaultsHealed,
 )
 """The other events the index keeps (RunEnded is followed)."""
 
@@ -71,6 +73,8 @@ class WitnessIndex:
     misses: list[HeartbeatMissed] = field(default_factory=list)
     started: RunStarted | None = None
     ended: Indexed | None = None
+    healed: FaultsHealed | None = None
+    """Liveness mode's heal: the faults it disarmed never fire, and it ends every window."""
     steps: int = 0
 
     @classmethod
@@ -96,6 +100,8 @@ class WitnessIndex:
                 index.misses.append(e)
             elif isinstance(e, RequestRetried):
                 index.retries.append(e)
+            elif isinstance(e, FaultsHealed):
+                index.healed = index.healed or e
             elif isinstance(e, StepCommitted):
                 index.steps += 1
             elif isinstance(e, RunStarted):
@@ -107,6 +113,15 @@ class WitnessIndex:
     def after(self, seq: int) -> list[Indexed]:
         """The events a witness follows (``_FOLLOWED``) recorded after position ``seq``."""
         return self.events[bisect_left(self.events, seq + 1, key=lambda x: x[0]) :]
+
+    @property
+    def disarmed(self) -> frozenset[int]:
+        return frozenset(self.healed.disarmed) if self.healed is not None else frozenset()
+
+    def cut_by_heal(self, fault: FaultInjected) -> bool:
+        """The heal ended the fault's window before it would have closed by itself."""
+        healed = self.healed
+        return healed is not None and fault.t <= healed.t < window(fault)[1]
 
     def windows(self, kind: FaultKind, cell: int | None = None) -> list[tuple[float, float]]:
         return [

@@ -75,7 +75,7 @@ def fault_witness(history: History) -> Violation | None:
     if index.ended is not None and index.ended[1].status is RunStatus.INTERRUPTED:  # type: ignore[union-attr]
         return None  # cut from outside: a fault's effect may have been on its way
     if index.ended is not None and index.ended[1].status is RunStatus.COMPLETED:  # type: ignore[union-attr]
-        fired = {e.index for _, e in index.fired}  # type: ignore[union-attr]
+        fired = {e.index for _, e in index.fired} | index.disarmed  # type: ignore[union-attr]
         for seq, e in index.scheduled:
             if e.index not in fired:  # type: ignore[union-attr]
                 return Violation(
@@ -103,7 +103,7 @@ def awaited(history: History) -> bool:
     for real, is what such a run is there to show). What a run with until_witnessed goes
     on for."""
     index = WitnessIndex.of(history)
-    fired = {e.index for _, e in index.fired}  # type: ignore[union-attr]
+    fired = {e.index for _, e in index.fired} | index.disarmed  # type: ignore[union-attr]
     if any(e.index not in fired for _, e in index.scheduled):  # type: ignore[union-attr]
         return True
     if recovering(history):
@@ -120,7 +120,10 @@ def _unwitnessed(
     may still meet something: a run with until_witnessed waits for it)."""
     if idle_reason(fault, index) is not None and (now is None or window(fault)[1] <= now):
         return None
-    return WITNESSES[fault.fault](fault, seq, index)
+    missing = WITNESSES[fault.fault](fault, seq, index)
+    if missing is not None and index.cut_by_heal(fault):
+        return None  # liveness mode's heal closed its window early: its effect had no time
+    return missing
 
 
 def recovering(history: History) -> set[str]:
@@ -327,7 +330,12 @@ def _router_failed(fault: FaultInjected, seq: int, index: WitnessIndex) -> str |
     sent = requests_in(fault, index)
     if any(s.outcome is SampleOutcome.ROUTER_FAILED for s in sent):
         return None
-    return f"none of the {len(sent)} request(s) sent during the window failed at the router"
+    # as for a delay: a request sent at the very instant the window opened may have left
+    # just before the fault fired (the history's order at one instant); any later must fail
+    later = [s for s in sent if s.sent > fault.t]
+    if not later:
+        return None
+    return f"none of the {len(later)} request(s) sent during the window failed at the router"
 
 
 def _heartbeat_dropped(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None:

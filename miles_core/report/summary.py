@@ -10,15 +10,18 @@ from typing import Any, Literal
 from miles_core.events import (
     FaultInjected,
     FaultScheduled,
+    FaultsHealed,
     FlushRefused,
     GroupDropped,
     GroupGot,
     GroupRecycled,
     GroupTrained,
     History,
+    LivenessArmed,
     RequestRetried,
     RunEnded,
     StepMetrics,
+    TasksWaiting,
     UpdateBegan,
 )
 from miles_core.loop import RunReport
@@ -70,6 +73,8 @@ def step_metrics(history: History) -> list[dict[str, Any]]:
 def faults_report(history: History) -> list[dict[str, Any]]:
     """Every scheduled fault: when it fired, or why it never did."""
     fired = {e.index: e for e in history if isinstance(e, FaultInjected)}
+    healed = next((e for e in history if isinstance(e, FaultsHealed)), None)
+    disarmed = set(healed.disarmed) if healed is not None else set()
     idle = idle_faults(history)
     out = []
     for e in history:
@@ -81,10 +86,42 @@ def faults_report(history: History) -> list[dict[str, Any]]:
             row["fired_at"] = fired[e.index].t
             if e.index in idle:
                 row["idle"] = idle[e.index]
+        elif e.index in disarmed:
+            assert healed is not None
+            row["never_fired"] = f"disarmed by the heal at t={healed.t:.6g}"
         else:
             row["never_fired"] = unfired_reason(e, history)
         out.append(row)
     return out
+
+
+def liveness_report(history: History) -> dict[str, Any] | None:
+    """Liveness mode: when the heal came and why, the deadline and how its bound was made."""
+    healed = next((e for e in history if isinstance(e, FaultsHealed)), None)
+    if healed is None:
+        return None
+    armed = next((e for e in history if isinstance(e, LivenessArmed)), None)
+    why = (
+        f"as step {healed.step} began"
+        if healed.step is not None
+        else "when no step had committed for the bound"
+    )
+    return {
+        "healed_at": healed.t,
+        "why": why,
+        "deadline": armed.deadline if armed is not None else None,
+        "steps": armed.steps if armed is not None else None,
+        "bound": armed.bound if armed is not None else None,
+    }
+
+
+def waits_report(history: History) -> dict[str, Any] | None:
+    """The wait-for graph recorded when the run stalled (None: it did not)."""
+    waits = [e for e in history if isinstance(e, TasksWaiting)]
+    if not waits:
+        return None
+    last = waits[-1]
+    return {"reason": last.reason, "root": last.root, "waits": list(last.waits)}
 
 
 UNVERSIONED = "none"
@@ -137,6 +174,8 @@ def summary(
         "flushes_refused": sum(isinstance(e, FlushRefused) for e in history),
         "staleness_histogram": staleness_histogram(history),
         "faults": faults_report(history),
+        "liveness": liveness_report(history),
+        "waits": waits_report(history),
         "story": [s.to_dict() for s in step_stories(history)],
         "metrics": step_metrics(history),
         "oracles": {k: "pass" if v is None else "fail" for k, v in verdicts.items()},
@@ -191,6 +230,19 @@ def text_lines(
         if "idle" in fault:
             when += f"; its window met nothing to act on: {fault['idle']}"
         lines.append(f"  fault {fault['fault']} {fault['target']} ({fault['detail']}): {when}")
+    live = info.get("liveness")
+    if live is not None:
+        lines.append(
+            f"  liveness: every fault healed at t={live['healed_at']:.2f} ({live['why']}); "
+            f"{live['steps']} steps and every engine current by t={live['deadline']:.2f} "
+            f"(bound {live['bound']})"
+            if live["deadline"] is not None
+            else f"  liveness: every fault healed at t={live['healed_at']:.2f} ({live['why']})"
+        )
+    waits = info.get("waits")
+    if waits is not None:
+        lines.append(f"  wait-for graph when the run stopped: root {waits['root']}")
+        lines += [f"    {line}" for line in waits["waits"]]
     lines.append(f"  version sequence: {info['versions']}")
     lines.append(
         f"  groups: {info['groups_trained']} trained, recycled {info['groups_recycled']}, "

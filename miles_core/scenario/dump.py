@@ -67,6 +67,12 @@ def scenario_to_toml(scenario: Scenario) -> str:
         lines.append(f"max_seconds = {_value(scenario.max_seconds)}")
     if scenario.until_witnessed is not None:
         lines.append(f"until_witnessed = {scenario.until_witnessed}")
+    if scenario.liveness is not None:
+        inner = ", ".join(
+            f"{f.name} = {_value(getattr(scenario.liveness, f.name))}"
+            for f in dataclasses.fields(scenario.liveness)
+        )
+        lines.append(f"liveness = {{ {inner} }}")
     lines += _table("[limits]", _changed(scenario.limits, Limits()))
     sim = _changed(scenario.world, preset.world) | _changed(scenario.timing, preset.timing)
     lines += _table("[sim]", sim)

@@ -14,6 +14,7 @@ from miles_core.buffer import UnusedHandler
 from miles_core.kinds import PauseMode, RunStatus
 from miles_core.scenario.faults import AnyFault
 from miles_core.scenario.faults import make_fault as F
+from miles_core.scenario.liveness import Liveness
 from miles_core.scenario.model import Expect, Scenario
 from miles_core.scenario.presets import DEFAULT_LOOP as _LOOP
 from miles_core.scenario.world import TimeModel, WorldShape
@@ -28,6 +29,7 @@ def _scenario(
     expect: Expect | None = None,
     timing: TimeModel | None = None,
     until_witnessed: int | None = None,
+    liveness: Liveness | None = None,
     **loop: Any,
 ) -> Scenario:
     return Scenario(
@@ -39,6 +41,7 @@ def _scenario(
         faults=faults,
         expect=expect or Expect(),
         until_witnessed=until_witnessed,
+        liveness=liveness,
     )
 
 
@@ -397,6 +400,21 @@ SCENARIOS: Mapping[str, Scenario] = {
             ),
             max_route_attempts=1,
             **_FT,
+        ),
+        _scenario(
+            "ft_update_meets_a_hung_engine",
+            "liveness mode, fault tolerance at miles' 30 s health checks: engine-1 hangs as step "
+            "2 begins and the update after it reaches the hung engine before the monitor's next "
+            "check (the monitor is paused through updates); the update's own deadline on each "
+            "control call gets it past the engine. Every fault is healed as step 5 begins, and "
+            "3 steps must then commit within the liveness bound",
+            (F("hang_engine", engine="engine-1", point="step_begin", step=2),),
+            world=WorldShape(num_engines=3),
+            liveness=Liveness(heal_step=5, steps=3),
+            steps=6,
+            use_fault_tolerance=True,
+            rollout_health_check_interval=30.0,
+            rollout_health_check_timeout=30.0,
         ),
     )
 }

@@ -37,6 +37,7 @@ from miles_core.loop.config import FIELD_OF_FLAG, FIELD_OF_KEY, LoopConfig, fiel
 from miles_core.scenario.faults import faults_from_list
 from miles_core.scenario.fields import build, check_value, require_table, unknown_keys_fix
 from miles_core.scenario.limits import LIMIT_KEYS, Limits, check_depth, depth_error, over
+from miles_core.scenario.liveness import Liveness
 from miles_core.scenario.model import Expect, Scenario
 from miles_core.scenario.presets import DEFAULT_LOOP, PRESETS
 from miles_core.scenario.world import SHAPE_KEYS, TIME_KEYS, TimeModel, WorldShape
@@ -49,6 +50,7 @@ TOP_KEYS = (
     "progress_window",
     "max_seconds",
     "until_witnessed",
+    "liveness",
     "limits",
     "sim",
     "loop",
@@ -106,6 +108,13 @@ def scenario_from_mapping(
             optional[key] = check_value(float, data[key], key)
     if "until_witnessed" in data:
         optional["until_witnessed"] = check_value(int, data["until_witnessed"], "until_witnessed")
+    if "liveness" in data:
+        table = require_table(
+            data["liveness"], "liveness", "write it as liveness = { heal_step = 6, steps = 3 }"
+        )
+        optional["liveness"] = build(
+            Liveness, table, "liveness", rename=lambda f: f.removeprefix("liveness.")
+        )
     return Scenario(
         name=name,
         description=description,

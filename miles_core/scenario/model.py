@@ -17,6 +17,7 @@ from miles_core import errors
 from miles_core.errors import ConfigError, MilesCoreError
 from miles_core.kinds import RunStatus
 from miles_core.loop.config import LoopConfig, check_until_witnessed
+from miles_core.oracles.liveness import LivenessPlan
 from miles_core.scenario.faults import (
     AfterBucket,
     AnyFault,
@@ -25,6 +26,7 @@ from miles_core.scenario.faults import (
     target_engine,
 )
 from miles_core.scenario.limits import Limits, check_steps, check_world, over
+from miles_core.scenario.liveness import Liveness, liveness_bound
 from miles_core.scenario.world import TimeModel, WorldShape
 from miles_core.transfer import lora_unit, plan_buckets
 
@@ -101,6 +103,9 @@ class Scenario:
     limits: Limits = field(default_factory=Limits)
     """The bounds on the world's size, the run's length and the faults (a file's [limits]):
     checked first, so that a typo such as 10**8 cells is an error, not a machine's memory."""
+    liveness: Liveness | None = None
+    """Liveness mode: every fault healed as step ``heal_step`` begins, and then progress
+    within a bound (miles_core.scenario.liveness; the liveness oracle judges it)."""
 
     def __post_init__(self) -> None:
         for name in ("progress_window", "max_seconds"):
@@ -114,6 +119,40 @@ class Scenario:
         self._check_bounds()
         check_until_witnessed(self.until_witnessed, self.loop.steps)
         check_faults(self)
+        self._check_liveness()
+
+    def _check_liveness(self) -> None:
+        live = self.liveness
+        if live is None:
+            return
+        if not isinstance(live, Liveness):
+            raise ConfigError("liveness", f"got {live!r}", "write liveness = { heal_step = N }")
+        if live.heal_step > self.loop.steps:
+            raise ConfigError(
+                "liveness.heal_step",
+                f"step {live.heal_step} is beyond the run's {self.loop.steps} steps",
+                f"pass heal_step <= {self.loop.steps} (the heal comes as that step begins)",
+            )
+        if self.expect.status is not RunStatus.COMPLETED:
+            raise ConfigError(
+                "liveness",
+                f"is set, but the run is expected to {self.expect.describe()}",
+                "liveness asks a run that fails on purpose for nothing: remove one of them",
+            )
+
+    def liveness_plan(self) -> LivenessPlan | None:
+        """What the Orchestrator is told of liveness mode (None without it)."""
+        live = self.liveness
+        if live is None:
+            return None
+        bound = liveness_bound(self.world, self.timing, self.loop, live)
+        return LivenessPlan(live.heal_step, live.steps, bound.seconds, bound.describe())
+
+    def with_liveness(self, heal_step: int | None = None, steps: int = 3) -> Scenario:
+        """This scenario in liveness mode: healed as step ``heal_step`` begins (default: after
+        its last step, so every fault has had its chance), then ``steps`` more steps."""
+        heal = self.loop.steps if heal_step is None else heal_step
+        return dataclasses.replace(self, liveness=Liveness(heal_step=heal, steps=steps))
 
     def _check_bounds(self) -> None:
         """The world, the steps and the faults within ``limits``, before anything is built

@@ -25,6 +25,7 @@ from miles_core.events import (
     Event,
     FaultInjected,
     FaultScheduled,
+    FaultsHealed,
     History,
     StepBegan,
     StepCommitted,
@@ -87,6 +88,12 @@ class FaultActions(Protocol):
         """Slow or fail part of the world from now for ``fault.duration`` seconds."""
         ...
 
+    def heal(self, engines: bool) -> tuple[int, ...]:
+        """Liveness mode's heal: end every impairment and (``engines``) restart every engine
+        process that is dead or hung; give the cells whose processes are dead (the schedule
+        starts them once the control plane has stopped them, as it starts any cell)."""
+        ...
+
 
 class FaultPoints(Protocol):
     """What a world's code calls at a named point: fire whatever strikes there."""
@@ -119,8 +126,24 @@ _OBSERVED = (StepCommitted, StepBegan, CellStateChanged)
 class FaultSchedule:
     """The faults of one run, fired at their moments through a world's FaultActions."""
 
-    def __init__(self, faults: Sequence[AnyFault]) -> None:
+    def __init__(
+        self,
+        faults: Sequence[AnyFault],
+        heal_step: int | None = None,
+        heal_after_stall: float | None = None,
+        heal_engines: bool = True,
+    ) -> None:
+        """Liveness mode: the heal comes as step ``heal_step`` begins, or once no step has
+        committed for ``heal_after_stall`` seconds (a run the faults stopped before that
+        step must still be healed and judged); ``heal_engines``: the heal restarts dead and
+        hung engine processes (off with fault tolerance, whose job that is)."""
         self.faults = tuple(faults)
+        self.heal_step = heal_step
+        self.heal_after_stall = heal_after_stall
+        self.heal_engines = heal_engines
+        self._last_commit = 0.0
+        self._disarmed: set[int] = set()
+        self._healed = False
         self._points = frozenset(f.point for f in self.faults)
         self._fired: set[int] = set()
         self._committed = -1
@@ -153,6 +176,8 @@ class FaultSchedule:
             if isinstance(fault.when, AtTime)
         )
         rt.spawn(self._clock(timed), "fault-clock", eager=True)
+        if self.heal_step is not None and self.heal_after_stall is not None:
+            rt.spawn(self._stall_watch(self.heal_after_stall), "heal-on-stall", eager=True)
 
     @property
     def fired(self) -> frozenset[int]:
@@ -172,6 +197,17 @@ class FaultSchedule:
         for at, index in timed:
             await rt.sleep(max(0.0, at - rt.now()))
             self._apply(index)
+
+    async def _stall_watch(self, seconds: float) -> None:
+        """Heal once no step has committed for ``seconds`` (if the heal has not come yet)."""
+        rt = self._rt
+        assert rt is not None
+        while not self._healed:
+            left = self._last_commit + seconds - rt.now()
+            if left <= 0:
+                self._heal(None)
+                return
+            await rt.sleep(left)
 
     def _matches(
         self, fault: AnyFault, point: FaultPoint, where: dict[str, Any], by: float | None = None
@@ -202,7 +238,9 @@ class FaultSchedule:
         if point not in self._points:  # asked for every request: most runs have none there
             return False
         return any(
-            index not in self._fired and self._matches(fault, point, where, by)
+            index not in self._fired
+            and index not in self._disarmed
+            and self._matches(fault, point, where, by)
             for index, fault in enumerate(self.faults)
         )
 
@@ -210,7 +248,9 @@ class FaultSchedule:
         """Fire every fault that strikes here, now."""
         fired = False
         for index, fault in enumerate(self.faults):
-            if index in self._fired or not self._matches(fault, point, where):
+            if index in self._fired or index in self._disarmed:
+                continue
+            if not self._matches(fault, point, where):
                 continue
             fired = True
             self._apply(index)
@@ -221,7 +261,10 @@ class FaultSchedule:
             return
         if isinstance(event, StepCommitted):
             self._committed = max(self._committed, event.step)
+            self._last_commit = event.t
         elif isinstance(event, StepBegan):
+            if event.step == self.heal_step and not self._healed:
+                self._heal(event.step)
             self.fire(FaultPoint.STEP_BEGIN, step=event.step)
         elif isinstance(event, CellStateChanged):
             self._cell_states[event.cell] = event.new
@@ -231,8 +274,23 @@ class FaultSchedule:
 
     # -- what ----------------------------------------------------------------------------
 
+    def _heal(self, step: int | None) -> None:
+        """Liveness mode: every fault not fired yet is disarmed (it never fires), the world
+        repairs itself, and each dead cell is started (once the control plane has stopped
+        it, as a start_cell fault does). From here the run must make progress unaided."""
+        assert self._rt is not None and self._history is not None and self._actions is not None
+        self._healed = True
+        disarmed = [i for i in range(len(self.faults)) if i not in self._fired]
+        self._disarmed.update(disarmed)
+        self._history.append(FaultsHealed(t=self._rt.now(), step=step, disarmed=tuple(disarmed)))
+        for cell in self._actions.heal(self.heal_engines):
+            if self._cell_states.get(cell, CellState.ALIVE) is CellState.STOPPED:
+                self._start(cell)
+            elif cell not in self._pending_starts:
+                self._pending_starts.append(cell)
+
     def _apply(self, index: int) -> None:
-        if index in self._fired:
+        if index in self._fired or index in self._disarmed:
             return
         self._fired.add(index)
         fault = self.faults[index]

@@ -1,0 +1,111 @@
+"""Liveness mode: faults for a span, then everything healed; the run must then make progress.
+
+TigerBeetle's simulator asks this of every cluster it breaks: once the faults stop and the
+broken parts are repaired, does the system recover by itself, within a bound? Here the
+heal comes as step ``heal_step`` begins (a step, not a time: the real worlds' clocks
+include start-up, so a step means the same moment in every world). The fault schedule
+then disarms every fault that has not fired, and the world restarts every engine process
+that is dead or hung, ends every impairment and starts every dead cell. From that moment
+the run must commit ``steps`` more steps and bring every engine to the newest version
+within the bound below, which is computed from the configuration alone (so it is the same
+in every world that runs the scenario, and printed with the verdict).
+
+The bound is generous on purpose (``slack`` times the nominal time): a liveness failure
+must mean a hang, never a slow seed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from miles_core.errors import ConfigError
+from miles_core.loop.config import LoopConfig
+from miles_core.scenario.world import TimeModel, WorldShape
+
+P99_Z = 2.33
+"""A lognormal response's 99th percentile is exp(mu + 2.33 sigma)."""
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """``liveness = { heal_step = 6, steps = 3 }`` in a scenario file."""
+
+    heal_step: int
+    """Every fault is healed as this step (counted from 0) begins."""
+    steps: int = 3
+    """Steps that must commit after the heal, within the bound."""
+    slack: float = 3.0
+    """The bound is this many times the nominal time of what must happen after the heal."""
+
+    def __post_init__(self) -> None:
+        for name, low in (("heal_step", 0), ("steps", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ConfigError(f"liveness.{name}", f"got {value!r}", f"pass an integer >= {low}")
+        slack = self.slack
+        if not (isinstance(slack, int | float) and not isinstance(slack, bool)) or not (
+            math.isfinite(slack) and slack >= 1
+        ):
+            raise ConfigError("liveness.slack", f"got {slack!r}", "pass a finite number >= 1")
+
+
+@dataclass(frozen=True)
+class LivenessBound:
+    """The bound and the terms it is made of (seconds), to print beside the verdict."""
+
+    terms: tuple[tuple[str, float], ...]
+    slack: float
+
+    @property
+    def seconds(self) -> float:
+        return self.slack * sum(seconds for _, seconds in self.terms)
+
+    def describe(self) -> str:
+        terms = " + ".join(f"{name} {seconds:.3g} s" for name, seconds in self.terms)
+        return f"{self.seconds:.1f} s = {self.slack:g} x ({terms})"
+
+
+def _step_seconds(world: WorldShape, timing: TimeModel, loop: LoopConfig) -> dict[str, float]:
+    """One step's nominal parts: its batch generated (p99 lengths, the engines' concurrency,
+    the dynamic filter's refills), trained, exchanged, and the weights sent and stamped."""
+    sigma = timing.response_tokens_sigma
+    p99_tokens = timing.response_tokens_mean * math.exp(P99_Z * sigma - sigma**2 / 2)
+    samples = loop.rollout_batch_size * loop.n_samples_per_prompt
+    per_engine = math.ceil(samples / world.num_engines)
+    decode = p99_tokens * timing.decode_seconds_per_token
+    rollout = decode * (1 + timing.concurrency_slowdown * per_engine)
+    if loop.dynamic_sampling_filter is not None:
+        rollout *= 4  # 0/1 rewards: a group is kept about half the time, often less
+    prefill = (timing.prompt_tokens + p99_tokens) * timing.prefill_seconds_per_token
+    wire = world.param_bytes / min(timing.link_bytes_per_second, timing.nvlink_bytes_per_second)
+    calls = 8 * timing.control_reply_seconds + 16 * timing.link_latency_seconds
+    return {
+        "rollout": rollout + prefill,
+        "train": timing.train_step_seconds * (1 + timing.train_jitter) + timing.allreduce_seconds,
+        "update": wire * max(1, world.num_engines) + calls,
+    }
+
+
+def liveness_bound(
+    world: WorldShape, timing: TimeModel, loop: LoopConfig, liveness: Liveness
+) -> LivenessBound:
+    """How long the healed run may take to commit ``liveness.steps`` steps and bring every
+    engine to the newest version: detection (a heartbeat's misses, a health check's
+    interval and timeout), an engine's start, a heal's checkpoint per cell, the first sync
+    of each restarted engine, and the steps themselves (plus one, for the step in flight)."""
+    terms: list[tuple[str, float]] = []
+    if loop.heartbeat_interval is not None:
+        detect = loop.heartbeat_interval * loop.heartbeat_failure_threshold
+        terms.append(("heartbeat detection", detect + loop.heartbeat_timeout))
+    if loop.use_fault_tolerance:
+        health = loop.rollout_health_check_interval + loop.rollout_health_check_timeout
+        terms.append(("health detection", health))
+    terms.append(("engine start", timing.engine_start_seconds))
+    checkpoint = 3 * world.param_bytes / timing.checkpoint_bytes_per_second
+    terms.append((f"heal {max(0, world.num_cells - 1)} cell(s)", checkpoint * world.num_cells))
+    step = _step_seconds(world, timing, loop)
+    terms.append(("sync restarted engines", step["update"]))
+    for part, seconds in step.items():
+        terms.append((f"{liveness.steps + 1} x {part}", (liveness.steps + 1) * seconds))
+    return LivenessBound(tuple(terms), liveness.slack)
