@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import weakref
 from collections.abc import Coroutine, Generator, Sequence
 from typing import Any, TypeVar
 
@@ -35,7 +36,9 @@ class AioTask:
         self.task.cancel(reason)
 
     def __await__(self) -> Generator[Any, None, Any]:
-        return _result(self.task).__await__()
+        # a generator of its own (not the coroutine's wrapper, which hides its frames): the
+        # wait-for graph finds the awaited task in this frame
+        return (yield from _result(self.task).__await__())
 
 
 class AioSignal:
@@ -80,6 +83,8 @@ class AsyncioRuntime:
         self._loop = asyncio.get_running_loop()
         self._started = self._loop.time()
         self._streams: dict[str, random.Random] = {}
+        self._spawned: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+        """The tasks of this run (the wait-for graph's), not the loop's others."""
 
     def now(self) -> float:
         return self._loop.time() - self._started
@@ -92,7 +97,9 @@ class AsyncioRuntime:
     def spawn(self, coro: Coroutine[Any, Any, T], name: str, eager: bool = False) -> AioTask:
         """``eager`` is allowed, not required (asyncio's eager tasks came in Python 3.12):
         the task starts at the loop's next turn either way."""
-        return AioTask(self._loop.create_task(coro, name=name), name)
+        task = self._loop.create_task(coro, name=name)
+        self._spawned.add(task)
+        return AioTask(task, name)
 
     def signal(self) -> AioSignal:
         return AioSignal(self._loop.create_future())
@@ -135,14 +142,12 @@ class AsyncioRuntime:
         """Every task of the control plane on this loop that has not finished and what it
         awaits (the wait-for graph of a stalled or interrupted run). asyncio keeps no time
         of when a task began its wait, so ``since`` is left unknown here."""
-        tasks = [t for t in asyncio.all_tasks(self._loop) if not t.done()]
+        tasks = [t for t in self._spawned if not t.done()]
         names = {id(t): t.get_name() for t in tasks}
         out = []
         for task in tasks:
             frames = await_frames(task.get_coro())
             where = describe_frames(frames)
-            if not where:
-                continue  # not the control plane's (aiohttp's, Ray's)
             on = _awaited_tasks(frames, names)
             awaits = ", ".join(f"task '{n}'" for n in on) or _innermost(task)
             out.append(TaskWait(task.get_name(), where, awaits, on, party_of(frames)))
