@@ -16,7 +16,7 @@ from miles_core.oracles import SAFETY, WHOLE_RUN, Violation, check_all
 from miles_core.oracles.base import forget
 from miles_core.report.interrupt import CUT, ctrl_c_calls, judge_prefix
 from miles_core.scenario import Scenario
-from miles_core.scenario.schedule import FaultSchedule
+from miles_core.scenario.schedule import schedule_for
 from miles_core.versions import VersionLedger
 from sim.cluster import SimCluster
 from sim.faults import SimFaultActions
@@ -161,12 +161,7 @@ def _run(
     rt = SimRuntime(seed)
     live = scenario.liveness
     plan = scenario.liveness_plan()
-    schedule = FaultSchedule(
-        scenario.faults,
-        plan.heal_step if plan is not None else None,
-        plan.seconds if plan is not None else None,
-        heal_engines=not scenario.loop.use_fault_tolerance,
-    )
+    schedule = schedule_for(scenario)
     timeout = scenario.loop.update_weight_collective_timeout
     cluster = SimCluster(rt, scenario.world, scenario.timing, schedule, timeout)
     history = History()

@@ -57,7 +57,7 @@ from miles_core.placement import LayoutConfig, compute_layout
 from miles_core.report import summary
 from miles_core.report.interrupt import CUT, judge_prefix
 from miles_core.scenario import Scenario, WorldShape
-from miles_core.scenario.schedule import FaultSchedule
+from miles_core.scenario.schedule import FaultSchedule, schedule_for
 from miles_core.transfer import TransferMode
 
 REAL_HEARTBEAT_TIMEOUT = 5.0
@@ -406,12 +406,7 @@ async def _run(
 ) -> RealResult:
     rt = AsyncioRuntime(seed)
     plan = scenario.liveness_plan()
-    schedule = FaultSchedule(
-        scenario.faults,
-        plan.heal_step if plan is not None else None,
-        plan.seconds if plan is not None else None,
-        heal_engines=not scenario.loop.use_fault_tolerance,
-    )
+    schedule = schedule_for(scenario)
     world = _world(rt, schedule, scenario, pg, placement, options)
     history = History()
     metrics = _StepMetrics(world, options.on_line)

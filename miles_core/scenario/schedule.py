@@ -17,7 +17,7 @@ alive).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from miles_core.cells import CellState
 from miles_core.events import (
@@ -43,6 +43,9 @@ from miles_core.scenario.faults import (
     target_cell,
     target_engine,
 )
+
+if TYPE_CHECKING:
+    from miles_core.scenario.model import Scenario
 
 Impairment = SlowCell | SlowLink | DelayRouter | FailRouter | DropHeartbeat
 """A fault that changes how the world behaves for ``duration`` seconds."""
@@ -336,3 +339,15 @@ class FaultSchedule:
     def _start(self, cell: int) -> None:
         assert self._actions is not None
         self._actions.start_cell(cell)
+
+
+def schedule_for(scenario: Scenario) -> FaultSchedule:
+    """The fault schedule of a run of ``scenario``: its faults and, in liveness mode, its
+    heal (as the heal step begins, or after the bound without a commit)."""
+    plan = scenario.liveness_plan()
+    return FaultSchedule(
+        scenario.faults,
+        plan.heal_step if plan is not None else None,
+        plan.seconds if plan is not None else None,
+        heal_engines=not scenario.loop.use_fault_tolerance,
+    )
