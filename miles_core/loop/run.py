@@ -320,9 +320,8 @@ class Orchestrator:
         asked, extra = self.ctx.config.steps, self.extra_steps
         if not extra:
             return f"{asked} steps"
-        return (
-            f"{asked + extra} steps ({asked} asked, {extra} more until every fault was witnessed)"
-        )
+        why = "liveness was met" if self.liveness is not None else "every fault was witnessed"
+        return f"{asked + extra} steps ({asked} asked, {extra} more until {why})"
 
     def record_waits(self, reason: str) -> None:
         """The wait-for graph of the run's tasks now (TasksWaiting), when its runtime gives
