@@ -37,10 +37,12 @@ def test_its_optional_keys_load_switched_on_and_name_every_preset() -> None:
         "progress_window",
         "max_seconds",
         "until_witnessed",
+        "liveness",
     ]
     scenario = scenario_from_toml("\n".join(on), "docs/scenarios.md")
     assert scenario.preset == "small" and scenario.progress_window == 600.0
     assert scenario.max_seconds == 4000.0 and scenario.until_witnessed == 200
+    assert scenario.liveness is not None and scenario.liveness.heal_step == 6
     named = " ".join(lines[lines.index(switched[0]) : lines.index(switched[1])])
     assert all(name in named for name in PRESETS)
 
