@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Coroutine, Sequence
 from typing import Any, Protocol, TypeVar
 
+from miles_core.waits import WaitGraph
+
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 
@@ -103,4 +105,9 @@ class Runtime(Protocol):
 
     def rng(self, stream: str) -> Rng:
         """The named random stream; the same name always gives the same stream object."""
+        ...
+
+    def waits(self) -> WaitGraph:
+        """Every unfinished task of the run and what it awaits (the wait-for graph of a run
+        that stalled; miles_core.waits)."""
         ...

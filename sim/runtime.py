@@ -587,15 +587,16 @@ class _TimerOr(Event):
         return (yield self)
 
 
-def _awaited(event: Event, ends: dict[int, str], now: float) -> tuple[str, tuple[str, ...]]:
-    """What a task's target event is, and the tasks whose ends it is."""
+def _awaited(event: Event, ends: dict[int, str], since: float) -> tuple[str, tuple[str, ...]]:
+    """What a task's target event is, and the tasks whose ends it is (``since``: when the
+    task began the wait, which is when a timer it awaits was started)."""
     name = ends.get(id(event))
     if name is not None:
         return f"task '{name}'", (name,)
     if isinstance(event, _Sleep):
-        return f"a timer until t={now + event._delay:.6g}", ()
+        return f"a timer until t={since + event._delay:.6g}", ()
     if isinstance(event, _Condition | _TimerOr):
-        parts = [_awaited(sub, ends, now) for sub in event._events]
+        parts = [_awaited(sub, ends, since) for sub in event._events]
         tasks = tuple(t for _, ts in parts for t in ts)
         kind = "all" if isinstance(event, _Condition) and not event._any else "the first"
         return f"{kind} of ({', '.join(text for text, _ in parts)})", tasks
@@ -604,9 +605,7 @@ def _awaited(event: Event, ends: dict[int, str], now: float) -> tuple[str, tuple
 
 def _task_wait(task: SimTask, ends: dict[int, str]) -> TaskWait:
     frames = await_frames(task._coro)
-    target = task._target
-    delay_from = getattr(target, "_delay", None)
-    awaits, on = _awaited(target, ends, task._since if delay_from is not None else 0.0)
+    awaits, on = _awaited(task._target, ends, task._since)  # a timer was made as it waited
     return TaskWait(
         task=task.name,
         where=describe_frames(frames),

@@ -42,6 +42,23 @@ def leftovers(marker: str) -> list[str]:
     return [pid for pid in found.split() if int(pid) != os.getpid()]
 
 
+def session_processes(tmp: Path) -> list[int]:
+    """Processes of a run started with RAY_TMPDIR=tmp: Ray's daemons and workers inherit
+    the variable (their titles, like ``ray::DashboardAgent``, may not name the path)."""
+    marker = f"RAY_TMPDIR={tmp}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile, or not ours
+            continue
+        if marker in environ:
+            found.append(int(entry.name))
+    return found
+
+
 def _alive_nodes(address: str, env: dict[str, str]) -> int:
     probe = f"import ray; ray.init(address={address!r}, log_to_driver=False); "
     probe += "print(sum(n['Alive'] for n in ray.nodes()))"

@@ -67,6 +67,7 @@ from miles_core.scenario.faults import make_fault
 from miles_core.transfer import TransferMode
 from sim.run import Scenario, run_scenario
 from sim.scenarios import SCENARIOS, load_scenario_file
+from tests.ray_cluster import session_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -470,7 +471,7 @@ def ray_tmpdir():
     """A short per-run RAY_TMPDIR (Ray's socket paths must fit in 107 bytes)."""
     path = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
     yield path
-    for pid in _session_processes(path):  # only after a failed test: do not leak them
+    for pid in session_processes(path):  # only after a failed test: do not leak them
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
     shutil.rmtree(path, ignore_errors=True)
@@ -488,7 +489,7 @@ def test_cli_json_and_no_process_outlives_the_run(ray_tmpdir: Path) -> None:
     assert info["oracles"]["published_weights"] == "pass"  # p2p delivered bitwise weights
     assert set(info["oracles"].values()) == {"pass"}
     assert info["mean_reward_first"] is not None and info["transfer"]["median_gbps"] > 0
-    assert _session_processes(tmp_path) == []
+    assert session_processes(tmp_path) == []
     assert list(tmp_path.iterdir()) == []  # the session directory was removed
 
 
@@ -500,9 +501,9 @@ def test_sigterm_mid_run_leaves_no_ray_process(ray_tmpdir: Path) -> None:
     try:
         deadline = time.monotonic() + 120
         # the driver, Ray's daemons and agents, and the run's actors (2 cells, 2 engines)
-        while len(_session_processes(ray_tmpdir)) < 8 and time.monotonic() < deadline:
+        while len(session_processes(ray_tmpdir)) < 8 and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert len(_session_processes(ray_tmpdir)) >= 8, "the run never started its actors"
+        assert len(session_processes(ray_tmpdir)) >= 8, "the run never started its actors"
         time.sleep(3)
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=120)
@@ -510,23 +511,6 @@ def test_sigterm_mid_run_leaves_no_ray_process(ray_tmpdir: Path) -> None:
         if process.poll() is None:
             process.kill()
     deadline = time.monotonic() + 30
-    while _session_processes(ray_tmpdir) and time.monotonic() < deadline:
+    while session_processes(ray_tmpdir) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _session_processes(ray_tmpdir) == []
-
-
-def _session_processes(tmp: Path) -> list[int]:
-    """Processes of a run started with RAY_TMPDIR=tmp: Ray's daemons and workers inherit
-    the variable (their titles, like ``ray::DashboardAgent``, may not name the path)."""
-    marker = f"RAY_TMPDIR={tmp}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:  # gone meanwhile, or not ours
-            continue
-        if marker in environ:
-            found.append(int(entry.name))
-    return found
+    assert session_processes(ray_tmpdir) == []

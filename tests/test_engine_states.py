@@ -99,24 +99,37 @@ def test_the_states_refuse_what_would_serve_or_change_half_loaded_weights() -> N
     with_engine(body)
 
 
+JOIN_TIMEOUT = datetime.timedelta(seconds=30)
+
+
+async def joined(engine: Engine, store: Any, name: str = "g") -> Any:
+    """A two-member gloo group ``name``: the engine joins it as rank 1 over HTTP, and the
+    trainer's side (rank 0, made here) is returned."""
+    trainer = asyncio.get_running_loop().run_in_executor(
+        None, lambda: dist.ProcessGroupGloo(dist.PrefixStore(name, store), 0, 2, JOIN_TIMEOUT)
+    )
+    join = {"master_address": "127.0.0.1", "master_port": store.port, "rank_offset": 1}
+    join |= {"world_size": 2, "group_name": name, "backend": "gloo"}
+    assert (await engine.post("/init_weights_update_group", join))[0] == 200
+    return await trainer
+
+
+async def session_open(engine: Engine) -> None:
+    """Paused (retract) and inside an update session: where a load is taken."""
+    await engine.post("/pause_generation", {"mode": "retract"})
+    await engine.post("/begin_weight_update")
+
+
 def test_a_load_in_progress_cannot_be_resumed_stamped_ended_or_unjoined_under_it() -> None:
     """A per-tensor receive waits for the trainer's broadcast: meanwhile a second load, a
     continue, a version stamp, an end of the session and a destroy of its group are 409,
     /health answers, and the load then lands whole."""
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    timeout = datetime.timedelta(seconds=30)
 
     async def body(engine: Engine) -> None:
         loop = asyncio.get_running_loop()
-        trainer = loop.run_in_executor(
-            None, lambda: dist.ProcessGroupGloo(dist.PrefixStore("g", store), 0, 2, timeout)
-        )
-        join = {"master_address": "127.0.0.1", "master_port": store.port, "rank_offset": 1}
-        join |= {"world_size": 2, "group_name": "g", "backend": "gloo"}
-        assert (await engine.post("/init_weights_update_group", join))[0] == 200
-        group = await trainer
-        await engine.post("/pause_generation", {"mode": "retract"})
-        await engine.post("/begin_weight_update")
+        group = await joined(engine, store)
+        await session_open(engine)
         load = asyncio.ensure_future(engine.post("/update_weights_from_distributed", BUCKET))
         while engine.server.state is not EngineState.RECEIVING:
             await asyncio.sleep(0.01)
@@ -285,21 +298,13 @@ def test_two_receives_at_once_on_one_group_cannot_abort_the_engine() -> None:
     engine process (gloo: "Received data size doesn't match expected size"). The second is
     now refused (409: one load at a time) before it enters the group, and the first lands."""
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    timeout = datetime.timedelta(seconds=30)
     k_proj = "model.layers.0.self_attn.k_proj.weight"
     small, large = BUCKET, {**BUCKET, "names": [k_proj], "shapes": [[32, 64]]}
 
     async def body(engine: Engine) -> None:
         loop = asyncio.get_running_loop()
-        trainer = loop.run_in_executor(
-            None, lambda: dist.ProcessGroupGloo(dist.PrefixStore("g", store), 0, 2, timeout)
-        )
-        join = {"master_address": "127.0.0.1", "master_port": store.port, "rank_offset": 1}
-        join |= {"world_size": 2, "group_name": "g", "backend": "gloo"}
-        assert (await engine.post("/init_weights_update_group", join))[0] == 200
-        group = await trainer
-        await engine.post("/pause_generation", {"mode": "retract"})
-        await engine.post("/begin_weight_update")
+        group = await joined(engine, store)
+        await session_open(engine)
         first = asyncio.ensure_future(engine.post("/update_weights_from_distributed", small))
         second = asyncio.ensure_future(engine.post("/update_weights_from_distributed", large))
         done, _ = await asyncio.wait([second], timeout=10)
@@ -347,29 +352,17 @@ def test_a_receive_left_behind_on_an_older_group_does_not_hold_the_engine() -> N
     once the client joined a newer group, that receive no longer holds the engine: the new
     group's load, the stamp and the session's end go through."""
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    timeout = datetime.timedelta(seconds=30)
 
     async def body(engine: Engine) -> None:
         loop = asyncio.get_running_loop()
-
-        async def joined(name: str) -> Any:
-            trainer = loop.run_in_executor(
-                None, lambda: dist.ProcessGroupGloo(dist.PrefixStore(name, store), 0, 2, timeout)
-            )
-            join = {"master_address": "127.0.0.1", "master_port": store.port, "rank_offset": 1}
-            join |= {"world_size": 2, "group_name": name, "backend": "gloo"}
-            assert (await engine.post("/init_weights_update_group", join))[0] == 200
-            return await trainer
-
-        old = await joined("old")
-        await engine.post("/pause_generation", {"mode": "retract"})
-        await engine.post("/begin_weight_update")
+        old = await joined(engine, store, "old")
+        await session_open(engine)
         stuck = asyncio.ensure_future(
             engine.post("/update_weights_from_distributed", {**BUCKET, "group_name": "old"})
         )
         while engine.server.state is not EngineState.RECEIVING:
             await asyncio.sleep(0.01)
-        new = await joined("new")
+        new = await joined(engine, store, "new")
         load = asyncio.ensure_future(
             engine.post("/update_weights_from_distributed", {**BUCKET, "group_name": "new"})
         )

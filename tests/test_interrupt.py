@@ -33,6 +33,7 @@ from sim.__main__ import main as sim_main
 from sim.run import run_scenario
 from sim.runtime import RunInterrupted, SimRuntime
 from sim.scenarios import find_scenario
+from tests.ray_cluster import session_processes
 
 STOP_SECONDS = 2.0
 """What the issue allows from Ctrl-C to the process's end."""
@@ -236,29 +237,13 @@ def test_ctrl_c_ends_the_simulator_process_with_130(index: int, tmp_path: Path) 
 # -- the CPU backend, at random points ----------------------------------------------------
 
 
-def _session_processes(tmp: Path) -> list[int]:
-    """Processes of a run started with RAY_TMPDIR=tmp (Ray's daemons and workers inherit it)."""
-    marker = f"RAY_TMPDIR={tmp}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:  # gone meanwhile, or not ours
-            continue
-        if marker in environ:
-            found.append(int(entry.name))
-    return found
-
-
 @pytest.fixture
 def ray_tmp() -> Iterator[Path]:
     """A short per-run RAY_TMPDIR (Ray's socket paths must fit in 107 bytes); whatever is
     left in it after a failed test is killed."""
     path = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
     yield path
-    for pid in _session_processes(path):
+    for pid in session_processes(path):
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
     shutil.rmtree(path, ignore_errors=True)
@@ -318,9 +303,9 @@ def test_ctrl_c_stops_a_cpu_run_within_2_s_and_leaves_no_process(
     else:  # the actors were importing torch: the start was cancelled, nothing ran
         assert "interrupted (Ctrl-C) while the world started: no step ran" in out, replay
     deadline = time.monotonic() + 5  # Ray's shutdown waited for its daemons; workers follow
-    while _session_processes(ray_tmp) and time.monotonic() < deadline:
+    while session_processes(ray_tmp) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _session_processes(ray_tmp) == [], replay
+    assert session_processes(ray_tmp) == [], replay
 
 
 # -- what a command says while it waits, and what Ray says when a fault kills ---------------

@@ -324,12 +324,11 @@ class Orchestrator:
         return f"{asked + extra} steps ({asked} asked, {extra} more until {why})"
 
     def record_waits(self, reason: str) -> None:
-        """The wait-for graph of the run's tasks now (TasksWaiting), when its runtime gives
-        one: drivers call it for a stall they detect, the run for a missed liveness bound."""
-        waits = getattr(self.ctx.rt, "waits", None)
-        if waits is None or self.report is not None:
+        """The wait-for graph of the run's tasks now (TasksWaiting): drivers call it for a
+        stall they detect, the run for a missed liveness bound."""
+        if self.report is not None:
             return
-        graph = waits()
+        graph = self.ctx.rt.waits()
         self.ctx.emit(TasksWaiting, reason=reason, waits=graph.lines(), root=graph.root())
 
     def end_with(self, error: BaseException, where: str = "") -> RunReport:

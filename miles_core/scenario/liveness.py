@@ -103,7 +103,7 @@ def liveness_bound(
         terms.append(("health detection", health))
     terms.append(("engine start", timing.engine_start_seconds))
     checkpoint = 3 * world.param_bytes / timing.checkpoint_bytes_per_second
-    terms.append((f"heal {max(0, world.num_cells - 1)} cell(s)", checkpoint * world.num_cells))
+    terms.append((f"heal {world.num_cells} cell(s)", checkpoint * world.num_cells))
     step = _step_seconds(world, timing, loop)
     terms.append(("sync restarted engines", step["update"]))
     for part, seconds in step.items():
