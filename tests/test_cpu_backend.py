@@ -48,6 +48,7 @@ from miles_core.events import (
     EngineStarted,
     EngineStateChanged,
     FaultInjected,
+    FaultsHealed,
     GroupDropped,
     GroupRecycled,
     HealEnded,
@@ -349,6 +350,25 @@ def test_a_generation_error_ends_the_real_run_with_its_cause(ray_cluster, monkey
     assert type(result.report.error) is ZeroDivisionError
     assert "planted: a reward function divided by zero" in result.report.reason
     assert "the run crashed: ZeroDivisionError" in str(result.verdicts["end_state"])
+
+
+def test_liveness_mode_heals_a_killed_engine_for_real(ray_cluster) -> None:
+    """Liveness mode on Ray: engine-1 is killed and nothing restarts it (no fault
+    tolerance); as step 4 begins the heal gives it a new process, which is synced and
+    serves, and the run commits its 3 steps after the heal within the bound."""
+    kill = make_fault("kill_engine", engine="engine-1", point="step_begin", step=2)
+    base = dataclasses.replace(SCENARIOS["no_failure"], name="killed_then_healed", faults=(kill,))
+    scenario = base.with_run(steps=4).with_liveness(heal_step=4, steps=3)
+    result = run_in_ray(scenario, seed=0, timeout=300)
+    assert result.ok, _failed(result)
+    (healed,) = [e for e in result.history if isinstance(e, FaultsHealed)]
+    assert healed.step == 4
+    assert any(  # the heal's new process, reported by the world as any other
+        isinstance(e, EngineStarted) and e.engine == "engine-1" and e.t >= healed.t
+        for e in result.history
+    )
+    after = [e for e in result.history if isinstance(e, StepCommitted) and e.t > healed.t]
+    assert len(after) >= 3
 
 
 def test_a_router_that_fails_at_once_is_retried_once_an_interval_for_real(ray_cluster) -> None:

@@ -68,7 +68,7 @@ class RayFaultActions:
             for engine in self.world.engines.values():
                 if engine.needs_restart():
                     self.restart_engine(engine.id)
-        return tuple(cell.index for cell in self.world.cells if not cell.ranks)
+        return tuple(i for i, cell in self.world.cells.items() if not cell.ranks)
 
     def impair(self, fault: Impairment) -> None:
         part, factor = impaired_part(fault)

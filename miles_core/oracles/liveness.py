@@ -47,15 +47,15 @@ def armed(history: History) -> Indexed | None:
     return found[0] if found else None
 
 
-def liveness_missing(history: History, until: float | None = None) -> str | None:
-    """What liveness still misses in the history so far (None: met). ``until``: judge only
-    what happened by then (the deadline)."""
+def liveness_missing(history: History) -> str | None:
+    """What liveness still misses in the history so far, judging only what happened by the
+    deadline (None: met)."""
     start = armed(history)
     if start is None:
         return "the heal has not come yet"
     seq0, arm = start
     assert isinstance(arm, LivenessArmed)
-    until = arm.deadline if until is None else min(until, arm.deadline)
+    until = arm.deadline
     commits = [(s, e) for s, e in select(history, StepCommitted) if s > seq0 and e.t <= until]
     if len(commits) < arm.steps:
         return f"{len(commits)} of {arm.steps} step(s) committed after the heal by t={until:.6g}"

@@ -191,8 +191,9 @@ def text_lines(
     w = info["world"]
     bound = w["max_weight_staleness"]
     done, asked = info["steps"], w["steps"]
+    until = "liveness was met" if info.get("liveness") else "every fault was witnessed"
     steps = (
-        f"{done} steps ({asked} asked, then until every fault was witnessed)"
+        f"{done} steps ({asked} asked, then until {until})"
         if done > asked
         else f"{done}/{asked} steps"
     )
