@@ -19,10 +19,15 @@ SEEDS = range(200)
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_swarm_seed(seed: int) -> None:
-    result = run_scenario(swarm_scenario(seed), seed)
+    scenario = swarm_scenario(seed)
+    result = run_scenario(scenario, seed)
     replay = f"python -m sim run swarm --seed {seed}"
     assert result.ok, f"{result.failures()}\nreplay: {replay}"
-    assert result.report.status is RunStatus.COMPLETED, f"{result.report.reason}\nreplay: {replay}"
+    # completed, but for the seeds that draw an SGLang whose flush miles cannot get past
+    expected = scenario.expect.status
+    assert result.report.status is expected, f"{result.report.reason}\nreplay: {replay}"
+    if expected is not RunStatus.COMPLETED:
+        assert scenario.world.flush_refuses_while_queued and not scenario.faults
 
 
 def test_the_swarm_really_injects_a_mix_of_faults() -> None:

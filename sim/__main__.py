@@ -6,6 +6,7 @@
                       [miles' loop flags: --pause-generation-mode retract, ...]
     python -m sim sweep [--seeds N] ...     (many seeds on Ray; see sim/sweep.py)
     python -m sim shrink REPLAY_OR_SCENARIO (a failing run made small; see sim/shrink.py)
+    python -m sim findability [--seeds N]   (seeds that catch each planted bug; on Ray)
     python -m sim bench                     (simulator speed; see sim/bench.py)
     python -m sim calibrate bench.json      (fit the transfer model; see sim/calibrate.py)
     python -m sim predict PRESET            (a weight update's time by that model)
@@ -272,6 +273,7 @@ def _parser() -> argparse.ArgumentParser:
     for name, text in (
         ("sweep", "many seeds on Ray: verdicts, failing seeds, fault coverage"),
         ("shrink", "make a failing run small: a TOML scenario that still fails"),
+        ("findability", "sweep once per planted bug: the seeds that catch each"),
         ("bench", "simulator speed"),
         ("calibrate", "fit the transfer model to a transfer-bench JSON"),
         ("predict", "a preset's weight-update time by the model"),
@@ -295,6 +297,10 @@ def main(argv: list[str] | None = None) -> int:
         from sim.shrink_cli import main as shrink
 
         return shrink(argv[1:])
+    if argv[:1] == ["findability"]:
+        from sim.findability_cli import main as findability
+
+        return findability(argv[1:])
     if argv[:1] == ["bench"]:
         from sim.bench import main as bench
 

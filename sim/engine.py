@@ -13,7 +13,8 @@ plane.
 - ``/update_weight_version`` aborts every request in flight unless told
   ``abort_all_requests: false`` (SGLang's default is true).
 - ``/flush_cache`` refuses while a request holds KV pages (a running or frozen
-  one); retracted and queued ones hold none.
+  one); retracted and queued ones hold none. An SGLang before #31962
+  (``[sim] flush_refuses_while_queued``) also refuses while any request waits.
 - A hung engine (a fault) answers nothing until it is killed.
 """
 
@@ -271,6 +272,10 @@ class SimEngine(_Mortal):
         holding = sum(job.holds_pages for job in self.jobs)
         if holding:
             raise RequestRefused(self.id, f"Cache not flushed: {holding} requests hold KV pages")
+        if self.jobs and self.cluster.world.flush_refuses_while_queued:
+            raise RequestRefused(
+                self.id, f"Cache not flushed: {len(self.jobs)} requests wait in the queue"
+            )
 
     async def begin_update(self) -> None:
         """SGLang refuses a second begin while a session is open."""

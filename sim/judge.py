@@ -2,8 +2,8 @@
 
 A sweep's worker keeps a history only while it judges it: what travels back to
 the driver is the verdict per oracle, the history's hash, the coverage cells the
-faults hit and, for a failing seed only, what is needed to replay and read it
-(the scenario as TOML, the violations, the replay line).
+faults hit, the rare-state probes it reached and, for a failing seed only, what is
+needed to replay and read it (the scenario as TOML, the violations, the replay line).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from miles_core.coverage import CoverageCell, coverage_cells
 from miles_core.events import FaultInjected
 from miles_core.oracles import idle_faults
+from miles_core.probes import probes_hit
 from miles_core.scenario import Scenario
 from miles_core.scenario.dump import scenario_to_toml
 from sim.plants import planted
@@ -82,6 +83,8 @@ class SeedOutcome:
     idle: tuple[str, ...] = ()
     """The kinds of the faults whose window met nothing to act on (one entry per fault):
     passed, not witnessed, so the sweep counts them."""
+    probes: tuple[str, ...] = ()
+    """The rare-state probes the history hit (miles_core.probes)."""
 
     @property
     def ok(self) -> bool:
@@ -135,6 +138,7 @@ def _judged(task: SeedTask, started: float) -> SeedOutcome:
         failure=result.failures() if failed else "",
         scenario_toml=scenario_to_toml(result.scenario) if failed else "",
         idle=tuple(sorted(kinds[i] for i in idle_faults(result.history))),
+        probes=tuple(sorted(probes_hit(result.history))),
     )
 
 

@@ -22,6 +22,14 @@ spaced further apart than detection plus healing takes, and every killed
 component is restarted (by a fault, or by fault tolerance's recovery). A seed
 may also draw miles' dynamic filter with 0/1 rewards. ``total_loss=True``
 instead kills every cell and expects the run to end with NoAliveCellError.
+
+Streams of their own (so the rest of a seed's drawing is the same either way)
+draw: liveness mode (a quarter of the seeds; the heal at a step's beginning or,
+a third of those, as that step's update brings a bucket), a LoRA run (a fifth;
+half of them with an adapter larger than the update buffer), miles' 30 s health
+checks, the control calls' round trip, the submission granularity, and an SGLang
+before #31962 (a third of in_place seeds, which must pass as any; 5% of
+fully-async retract seeds, which draw no faults and must end FlushTimeoutError).
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from dataclasses import dataclass
 from miles_core.buffer import UnusedHandler
 from miles_core.coverage import CoverageCell
 from miles_core.filters import FILTERS
-from miles_core.kinds import PauseMode, RunStatus, SubmissionGranularity
+from miles_core.kinds import FaultPoint, PauseMode, RunStatus, SubmissionGranularity
 from miles_core.loop import LoopConfig
 from miles_core.scenario import Expect, Scenario, TimeModel, WorldShape, derive_seed
 from miles_core.scenario.faults import AnyFault, make_fault, target_engine
@@ -68,6 +76,10 @@ class _Draw:
         return sorted(free[:count])
 
 
+HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, HEARTBEAT_THRESHOLD = 2.0, 1.0, 3
+"""The trainer heartbeat monitor of every swarm seed."""
+
+
 def _world_and_loop(rng: random.Random, steps: int) -> tuple[WorldShape, LoopConfig]:
     world = WorldShape(
         num_cells=rng.choice([2, 3, 4]),
@@ -91,9 +103,9 @@ def _world_and_loop(rng: random.Random, steps: int) -> tuple[WorldShape, LoopCon
         pause_generation_mode=rng.choice(pauses if mode == "fully_async" else list(PauseMode)),
         update_weight_buffer_size=rng.choice([8, 16, 64]) * 1024**2,
         transfer_mode=rng.choice([TransferMode.BROADCAST, TransferMode.P2P]),
-        heartbeat_interval=2.0,
-        heartbeat_timeout=1.0,
-        heartbeat_failure_threshold=3,
+        heartbeat_interval=HEARTBEAT_INTERVAL,
+        heartbeat_timeout=HEARTBEAT_TIMEOUT,
+        heartbeat_failure_threshold=HEARTBEAT_THRESHOLD,
         use_fault_tolerance=rng.random() < 0.5,
         rollout_health_check_interval=rng.choice([2.0, 5.0]),
         rollout_health_check_timeout=rng.choice([1.0, 3.0]),
@@ -187,8 +199,9 @@ def _times(d: _Draw, kind_rate: float, rate: float, spacing: float = 0.0) -> lis
 def _cells_at_times(d: _Draw, rate: float) -> None:
     for t in _times(d, 1.0, rate, spacing=4 * d.step_seconds):
         cell = d.rng.randrange(d.world.num_cells)
+        kind = "stop_cell" if d.rng.random() < 0.25 else "kill_cell"
         d.faults += [
-            make_fault("kill_cell", cell=cell, at=t),
+            make_fault(kind, cell=cell, at=t),
             make_fault("start_cell", cell=cell, at=t + d.rng.uniform(0.5, d.step_seconds)),
         ]
         d.killed_cells.add(cell)
@@ -312,6 +325,44 @@ def _miles_health_checks(seed: int, loop: LoopConfig) -> LoopConfig:
     )
 
 
+LORA_SHARE = 0.2
+"""The share of seeds that train and push only a LoRA adapter."""
+
+
+def _lora(seed: int, loop: LoopConfig) -> LoopConfig:
+    """A LoRA run (--lora-adapter), from a stream of its own: the adapter is one atomic
+    update unit, unloaded then loaded; in half of them the update buffer is 64 KiB, smaller
+    than the adapter (1 MiB), so the unit is larger than a bucket and goes alone."""
+    stream = random.Random(derive_seed(seed, "swarm.lora"))
+    if stream.random() >= LORA_SHARE:
+        return loop
+    small = stream.random() < 0.5
+    buffer = 64 * 1024 if small else loop.update_weight_buffer_size
+    return dataclasses.replace(loop, lora_adapter="policy", update_weight_buffer_size=buffer)
+
+
+OLD_SGLANG_SHARE = 0.05
+"""The share of fully-async retract seeds whose engines run an SGLang before #31962."""
+
+
+def _old_sglang(seed: int, world: WorldShape, loop: LoopConfig) -> tuple[WorldShape, bool]:
+    """SGLang before #31962 (a flush refused while any request waits), from a stream of its
+    own. Under fully-async retract, miles flushes after a pause that put every request in
+    flight back in the queue: each flush is refused until --flush-cache-max-retries run
+    out, and the run must end with FlushTimeoutError at its first update (miles #1497,
+    #1750), refusals paced and recorded; such a seed draws no faults and is judged on that
+    ending (True). Under in_place, where miles never flushes, a third of the seeds run it
+    and must pass as any other."""
+    stream = random.Random(derive_seed(seed, "swarm.sglang"))
+    draw = stream.random()
+    if loop.pause_generation_mode is PauseMode.IN_PLACE and draw < 1 / 3:
+        return dataclasses.replace(world, flush_refuses_while_queued=True), False
+    retract = loop.mode == "fully_async" and loop.pause_generation_mode is PauseMode.RETRACT
+    if retract and draw < OLD_SGLANG_SHARE:
+        return dataclasses.replace(world, flush_refuses_while_queued=True), True
+    return world, False
+
+
 def _detection(loop: LoopConfig) -> float:
     """How long a hung engine may hold a step with fault tolerance: an update's call waits
     out the health check's timeout, then the monitor's next check and its timeout."""
@@ -322,18 +373,24 @@ def _detection(loop: LoopConfig) -> float:
 
 LIVENESS_SHARE = 0.25
 """The share of seeds the swarm runs in liveness mode (``--liveness``: all of them)."""
+HEAL_MID_UPDATE_SHARE = 1 / 3
+"""The share of liveness seeds whose heal strikes mid-update (after_bucket)."""
 
 
 def _liveness(seed: int, steps: int, forced: bool | None) -> Liveness | None:
     """Liveness mode, from a stream of its own (the rest of the drawing is the same either
     way): in a quarter of the seeds, or in all with ``forced``; the heal as a step from a
-    third of the run to its end begins, so the faults last a drawn span."""
+    third of the run to its end begins, so the faults last a drawn span; in a third of
+    them the heal strikes as that step's update brings its first bucket instead (a heal
+    while an update is in flight)."""
     stream = random.Random(derive_seed(seed, "swarm.liveness"))
     drawn = stream.random() < LIVENESS_SHARE
     heal_step = stream.randint(max(1, steps // 3), steps)
+    mid_update = stream.random() < HEAL_MID_UPDATE_SHARE
     if not (drawn if forced is None else forced):
         return None
-    return Liveness(heal_step=heal_step, steps=3)
+    point = FaultPoint.AFTER_BUCKET if mid_update else FaultPoint.STEP_BEGIN
+    return Liveness(heal_step=heal_step, steps=3, heal_point=point)
 
 
 def swarm_scenario(
@@ -349,7 +406,7 @@ def swarm_scenario(
     rng = random.Random(derive_seed(seed, "swarm"))
     world, loop = _world_and_loop(rng, steps)
     loop = dataclasses.replace(loop, rollout_submission_granularity=_granularity(seed, loop))
-    loop = _miles_health_checks(seed, loop)
+    loop = _miles_health_checks(seed, _lora(seed, loop))
     if aim is not None:
         world, loop = adjust(aim, world, loop)
     # 0/1 rewards give the filter work: a group of 2 is all equal half the time, so a step
@@ -375,6 +432,12 @@ def swarm_scenario(
         loop.use_fault_tolerance,
         loop.rollout_batch_size * loop.n_samples_per_prompt,
     )
+    drawn = aim is None and not total_loss
+    world, refused = _old_sglang(seed, world, loop) if drawn else (world, False)
+    if refused:
+        expect = Expect(RunStatus.FAILED, "FlushTimeoutError")
+        why = "SGLang before #31962 under fully-async retract: the first update's flush is refused"
+        return Scenario(SWARM, why, world, timing, loop, (), expect)
     if total_loss:
         t = rng.uniform(0.1, 0.5) * d.fault_phase
         faults = [make_fault("kill_cell", cell=c, at=t + c * 0.1) for c in range(world.num_cells)]

@@ -62,9 +62,15 @@ class Tally:
     """cell -> aimed seeds that missed it."""
     idle: dict[str, int] = field(default_factory=dict)
     """fault kind -> windows that met nothing to act on (passed, but witnessed nothing)."""
+    probes: dict[str, int] = field(default_factory=dict)
+    """probe -> seeds that hit it."""
+    lowest_seed: int | None = None
+    """The lowest seed judged: where a findability count starts."""
 
     def add(self, outcome: SeedOutcome, node: str) -> None:
         self.seeds += 1
+        if self.lowest_seed is None or outcome.seed < self.lowest_seed:
+            self.lowest_seed = outcome.seed
         self.per_node[node] = self.per_node.get(node, 0) + 1
         for oracle in outcome.oracles:
             self.oracles.setdefault(oracle, [0, 0])[oracle in outcome.failed] += 1
@@ -72,6 +78,8 @@ class Tally:
             self.coverage[cell] = self.coverage.get(cell, 0) + 1
         for kind in outcome.idle:
             self.idle[kind] = self.idle.get(kind, 0) + 1
+        for probe in outcome.probes:
+            self.probes[probe] = self.probes.get(probe, 0) + 1
         if outcome.aim is not None:
             self.aimed += 1
             hit = outcome.aim in outcome.cells

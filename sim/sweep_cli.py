@@ -1,7 +1,8 @@
 """``python -m sim sweep``: many seeds on Ray, judged by every oracle (see sim/sweep.py).
 
 Exit codes: 0 when every seed passed and the re-checked seeds gave the same
-hashes; 1 when a seed failed or a hash differed; 2 when the command is wrong
+hashes; 1 when a seed failed, a hash differed, or (``--require-probes``) a core
+rare-state probe was reached by no seed; 2 when the command is wrong
 (nothing ran); 130 after Ctrl-C (what finished is still reported).
 """
 
@@ -54,6 +55,11 @@ def _parser() -> argparse.ArgumentParser:
         "--liveness",
         action="store_true",
         help="every seed in liveness mode: faults, a heal, then progress within a bound",
+    )
+    p.add_argument(
+        "--require-probes",
+        action="store_true",
+        help="fail (exit 1) when a core rare-state probe was reached by no seed",
     )
     return p
 
@@ -187,7 +193,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(text_lines(info, run.tally) + written))
     if run.interrupted:
         return 130
-    return 0 if run.ok else 1
+    missed = info["probes"]["core_missed"] if args.require_probes else []
+    if missed:
+        print(f"--require-probes: no seed reached {', '.join(missed)}", file=sys.stderr)
+    return 0 if run.ok and not missed else 1
 
 
 if __name__ == "__main__":

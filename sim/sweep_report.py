@@ -1,4 +1,5 @@
-"""What a sweep prints and writes: the verdict table, failing seeds, the coverage map.
+"""What a sweep prints and writes: the verdict table, failing seeds, the probes, the coverage
+map, and for a planted bug how findable it is.
 
 The JSON holds everything the text shows; ``--out DIR`` writes it as
 ``sweep.json``, the map as ``coverage.png`` and, for each failing seed only, a
@@ -9,11 +10,13 @@ violations with the replay line.
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
 
 from miles_core.coverage import PHASES, CoverageCell, reachable
+from miles_core.probes import CORE, PROBES
 from sim.aim import AIMABLE
 from sim.judge import SeedOutcome
 from sim.run import replay_command
@@ -50,6 +53,44 @@ def coverage_json(tally: Tally) -> dict[str, Any]:
     }
 
 
+def probes_json(tally: Tally) -> dict[str, Any]:
+    """Seeds per probe (every probe, 0 for those none hit) and the core ones none hit."""
+    seeds = {p.name: tally.probes.get(p.name, 0) for p in PROBES}
+    missed = [name for name, n in seeds.items() if n == 0]
+    return {
+        "seeds": seeds,
+        "core": sorted(CORE),
+        "missed": missed,
+        "core_missed": [name for name in missed if name in CORE],
+    }
+
+
+CONFIDENCE = 0.99
+
+
+def findability(tally: Tally) -> dict[str, Any]:
+    """How findable the planted bug is: the share of seeds that caught it, the seeds a sweep
+    from the lowest one needed to first catch it, and the seeds that catch it at least once
+    with 99% confidence at that rate (each seed an independent draw)."""
+    caught = len({(o.source, o.seed) for o in tally.failures})
+    rate = caught / tally.seeds if tally.seeds else 0.0
+    first = None
+    if tally.failures and tally.lowest_seed is not None:
+        first = min(o.seed for o in tally.failures) - tally.lowest_seed + 1
+    if rate >= 1.0:
+        needed: int | None = 1
+    elif rate > 0.0:
+        needed = math.ceil(math.log(1 - CONFIDENCE) / math.log(1 - rate))
+    else:
+        needed = None
+    return {
+        "caught": caught,
+        "rate": rate,
+        "seeds_to_first_catch": first,
+        "seeds_for_99_percent": needed,
+    }
+
+
 def _failure(outcome: SeedOutcome) -> dict[str, Any]:
     aim = None if outcome.aim is None else outcome.aim.key()
     return {
@@ -82,6 +123,8 @@ def summary(run: SweepRun, workers: int, nodes: int, plant: str | None) -> dict[
         "failures": [_failure(o) for o in sorted(tally.failures, key=_order)],
         "determinism": {"rechecked": run.rechecked, "differed": run.nondeterministic},
         "idle_windows": dict(sorted(tally.idle.items())),
+        "probes": probes_json(tally),
+        "findability": findability(tally) if plant is not None else None,
         "coverage": coverage_json(tally),
     }
 
@@ -112,7 +155,32 @@ def text_lines(info: dict[str, Any], tally: Tally) -> list[str]:
     lines += [f"  {line}" for line in d["differed"]]
     idle = ", ".join(f"{kind} {n}" for kind, n in info["idle_windows"].items()) or "none"
     lines.append(f"idle windows (met nothing to act on; passed, witnessed nothing): {idle}")
-    return [*lines, "", *map_lines(info["coverage"], tally)]
+    if info["findability"] is not None:
+        lines += ["", *findability_lines(info["plant"], info["findability"], info["seeds"])]
+    return [*lines, "", *probe_lines(info["probes"]), "", *map_lines(info["coverage"], tally)]
+
+
+def findability_lines(plant: str, found: dict[str, Any], seeds: int) -> list[str]:
+    if not found["caught"]:
+        return [f"planted {plant}: not caught in {seeds} seeds"]
+    return [
+        f"planted {plant}: caught by {found['caught']} of {seeds} seeds "
+        f"({100 * found['rate']:.1f}%); the first catch came at seed "
+        f"{found['seeds_to_first_catch']} of the range; {found['seeds_for_99_percent']} seeds "
+        f"catch it with {CONFIDENCE:.0%} confidence"
+    ]
+
+
+def probe_lines(probes: dict[str, Any]) -> list[str]:
+    """Seeds per rare-state probe, core ones marked; the ones none hit said at the end."""
+    width = max(map(len, probes["seeds"]))
+    lines = [f"rare-state probes (seeds that reached each; * core): {len(probes['missed'])} missed"]
+    for name, n in probes["seeds"].items():
+        mark = "*" if name in probes["core"] else " "
+        lines.append(f"  {mark} {name:{width}s} {n:8d}")
+    if probes["core_missed"]:
+        lines.append(f"core probes no seed reached: {', '.join(probes['core_missed'])}")
+    return lines
 
 
 def map_lines(coverage: dict[str, Any], tally: Tally) -> list[str]:
@@ -192,4 +260,13 @@ def heat_map(path: Path, tally: Tally) -> str:
     return f"wrote {path}"
 
 
-__all__ = ["heat_map", "map_lines", "summary", "text_lines", "write_out"]
+__all__ = [
+    "findability",
+    "heat_map",
+    "map_lines",
+    "probe_lines",
+    "probes_json",
+    "summary",
+    "text_lines",
+    "write_out",
+]

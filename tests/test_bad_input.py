@@ -43,11 +43,12 @@ from miles_core.scenario import (
 from miles_core.scenario.faults import FAULT_TYPES, TRIGGERS, trigger_keys
 from miles_core.scenario.limits import LIMIT_KEYS, MAX_FILE_BYTES, Limits
 from miles_core.scenario.load import TOP_KEYS
-from miles_core.scenario.world import SHAPE_KEYS, TIME_KEYS
+from miles_core.scenario.world import SHAPE_COUNTS, SHAPE_SWITCHES, TIME_KEYS
 
 SOURCE = "bad.toml"
 LOOP_KEYS = tuple(f.name for f in dataclasses.fields(LoopConfig))
-SIM_KEYS = tuple(sorted(SHAPE_KEYS | TIME_KEYS))
+SIM_KEYS = tuple(sorted(SHAPE_COUNTS | TIME_KEYS))
+"""The [sim] keys that take numbers (SHAPE_SWITCHES take true or false)."""
 LIMITS = tuple(sorted(LIMIT_KEYS))
 PARAM_KEYS = ("cell", "engine", "duration", "factor", "seconds")
 TRIGGER_KEYS = ("at", "step", "bucket", "after_step", "after_time")
@@ -703,9 +704,14 @@ def test_every_sim_field_rejects_wrong_types_and_negatives(key: str, value: Any)
     assert_names(mapping_error({"sim": {key: value}}), f"[sim].{key}", repr(value))
 
 
-@pytest.mark.parametrize(("key", "value"), [(k, 2.0) for k in sorted(SHAPE_KEYS)])
+@pytest.mark.parametrize(("key", "value"), [(k, 2.0) for k in sorted(SHAPE_COUNTS)])
 def test_world_counts_take_no_floats(key: str, value: Any) -> None:
     assert_names(mapping_error({"sim": {key: value}}), f"[sim].{key}", "integer")
+
+
+@pytest.mark.parametrize(("key", "value"), [(k, v) for k in SHAPE_SWITCHES for v in ("1", 1, 0.0)])
+def test_world_switches_take_only_true_or_false(key: str, value: Any) -> None:
+    assert_names(mapping_error({"sim": {key: value}}), f"[sim].{key}", "true or false")
 
 
 # -- every fault kind at every point it takes, and a key that point would ignore -----------
@@ -1210,7 +1216,8 @@ PLAUSIBLE = {
     "update_weight_buffer_size": st.integers(-1, 2**27),
     "heartbeat_interval": st.floats(-1.0, 10.0),
     "heartbeat_timeout": st.floats(-1.0, 10.0),
-    **{k: st.integers(-1, 8) for k in SHAPE_KEYS},
+    **{k: st.integers(-1, 8) for k in SHAPE_COUNTS},
+    **{k: st.booleans() for k in SHAPE_SWITCHES},
     **{k: st.integers(getattr(Limits(), k) - 1, getattr(Limits(), k) + 2) for k in LIMIT_KEYS},
     **{k: st.floats(-1.0, 20.0) for k in TIME_KEYS},
 }

@@ -116,6 +116,11 @@ def _conformance_cases() -> list[tuple[Scenario, int | None]]:
     heal_twice = load_scenario_file(ROOT / "scenarios" / "files" / "heal_twice.toml")
     # cells of two FSDP2 ranks: the crash, the shrink and the rank-by-rank heal
     sharded = load_scenario_file(ROOT / "scenarios" / "files" / "sharded_cells.toml")
+    # SGLang before #31962 under retract: the first update's flushes are refused until the
+    # retries run out, and the run fails with FlushTimeoutError in both worlds
+    old_sglang = load_scenario_file(
+        ROOT / "scenarios" / "files" / "sglang_flush_refused_while_queued.toml"
+    )
     return [
         (SCENARIOS["no_failure"], None),
         (SCENARIOS["cell_crash_before_allreduce"], None),
@@ -124,6 +129,7 @@ def _conformance_cases() -> list[tuple[Scenario, int | None]]:
         (SCENARIOS["engine_crash_mid_generation"], None),
         (heal_twice, None),
         (sharded, None),
+        (old_sglang, None),
         # the restart lands between the last bucket and the stamp (instant in the simulator,
         # seconds for real): in both worlds the update is retried and the engine synced. The
         # new process takes seconds to start here (importing torch and transformers), tens

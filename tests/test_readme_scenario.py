@@ -66,4 +66,5 @@ def test_the_readme_lists_every_sim_key_with_its_default() -> None:
     small = PRESETS["small"]
     for key, written in listed.items():
         value = getattr(small.world if key in SHAPE_KEYS else small.timing, key)
-        assert (None if written == "none" else float(written)) == value, key
+        words = {"none": None, "false": False, "true": True}
+        assert (words[written] if written in words else float(written)) == value, key

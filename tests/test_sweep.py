@@ -1,8 +1,9 @@
 """`python -m sim sweep` on a local Ray, and `python -m sim shrink` on what it finds.
 
-What CI's sweep must show: every oracle passes on 200 swarm seeds over 2
-workers, the re-checked seeds give the same hash, the coverage map's JSON has the
-cells these seeds must hit, and no Ray process is left. A planted control bug is
+What CI's sweep must show: every oracle passes on 1,000 swarm seeds over 2
+workers, every core rare-state probe is reached (--require-probes), the re-checked
+seeds give the same hash, the coverage map's JSON has the cells these seeds must
+hit, and no Ray process is left. A planted control bug is
 found by a sweep and shrunk to a scenario of a few faults that still fails the
 oracle named for it, and passes without the bug.
 """
@@ -27,6 +28,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from miles_core.oracles import ORACLES
+from miles_core.probes import CORE
 from miles_core.scenario import load_scenario_file
 from sim.judge import CRASHED, SeedTask, judge
 from sim.plants import PLANTS, planted
@@ -50,7 +52,7 @@ MUST_HIT = {
     "kill_engine@mid_generation:generating",
     "slow_link@step_begin:generating",
 }
-"""Cells CI's 200 seeds hit (the swarm draws each of them on most seeds' way)."""
+"""Cells CI's seeds hit (the swarm draws each of them on most seeds' way)."""
 
 
 @pytest.fixture
@@ -72,15 +74,20 @@ def _sweep(ray_tmp: Path, *argv: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
 
 
-def test_a_sweep_of_200_seeds_passes_every_oracle_and_covers_the_map(
+def test_a_sweep_of_1000_seeds_passes_every_oracle_reaches_every_probe_and_covers_the_map(
     ray_tmp: Path, tmp_path: Path
 ) -> None:
-    done = _sweep(ray_tmp, "--seeds", "200", "--json", "--out", str(tmp_path))
+    argv = ("--seeds", "1000", "--require-probes", "--json", "--out", str(tmp_path))
+    done = _sweep(ray_tmp, *argv)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     info = json.loads(done.stdout.strip().splitlines()[-1])
     assert info == json.loads((tmp_path / "sweep.json").read_text())
-    assert info["seeds"] == 200 and info["ok"] and info["failures"] == []
-    assert all(c == {"passed": 200, "failed": 0} for c in info["oracles"].values())
+    assert info["seeds"] == 1000 and info["ok"] and info["failures"] == []
+    assert all(c == {"passed": 1000, "failed": 0} for c in info["oracles"].values())
+    probes = info["probes"]
+    assert probes["core_missed"] == [] and set(probes["core"]) == CORE
+    assert all(probes["seeds"][name] > 0 for name in CORE)
+    assert info["findability"] is None  # no plant
     assert sorted(info["oracles"]) == sorted(ORACLES)  # every oracle
     assert info["determinism"] == {"rechecked": 20, "differed": []}
     coverage = info["coverage"]
@@ -100,6 +107,12 @@ def test_a_planted_bug_is_found_and_shrunk_to_a_few_faults(
     assert done.returncode == 1, done.stderr[-3000:]
     info = json.loads(done.stdout.strip().splitlines()[-1])
     assert info["failures"] and all(oracle in f["oracles"] for f in info["failures"])
+    found = info["findability"]
+    caught = len(info["failures"])
+    assert found["caught"] == caught and found["rate"] == caught / 80
+    assert found["seeds_to_first_catch"] == min(f["seed"] for f in info["failures"]) + 1
+    needed = found["seeds_for_99_percent"]  # the fewest seeds that miss it at most 1% of runs
+    assert (1 - found["rate"]) ** needed <= 0.01 < (1 - found["rate"]) ** (needed - 1)
     first = info["failures"][0]
     name = f"swarm-seed{first['seed']}"
     (folder,) = [p for p in (tmp_path / "failures").iterdir() if p.name.split("-aim")[0] == name]
@@ -113,6 +126,17 @@ def test_a_planted_bug_is_found_and_shrunk_to_a_few_faults(
     with planted(bug):
         assert run_scenario(small, first["seed"]).verdicts[oracle] is not None
     assert run_scenario(small, first["seed"]).ok  # without the bug the scenario passes
+
+
+def test_require_probes_fails_a_sweep_that_missed_a_core_probe(ray_tmp: Path) -> None:
+    done = _sweep(ray_tmp, "--seeds", "2", "--require-probes", "--recheck", "0")
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "failing seeds: 0" in done.stdout  # every seed passed: the probes failed it
+    missed = done.stderr.strip().splitlines()[-1]
+    assert missed.startswith("--require-probes: no seed reached ")
+    named = set(missed.removeprefix("--require-probes: no seed reached ").split(", "))
+    assert named and named <= CORE
+    assert "core probes no seed reached: " in done.stdout
 
 
 def _as_in_a_terminal() -> None:

@@ -222,6 +222,7 @@ class RayWorld:
         engine_token_seconds: float = 0.0,
         stack: Stack = CPU_STACK,
         collective_timeout: float = 1800.0,
+        flush_refuses_while_queued: bool = False,
     ) -> None:
         self.rt = rt
         self.stack = stack
@@ -237,6 +238,8 @@ class RayWorld:
         self.collective_timeout = collective_timeout
         """How long a weight-update broadcast waits for every member (the trainer's and the
         engines' groups, and the transport's deadline): --update-weight-collective-timeout."""
+        self.flush_refuses_while_queued = flush_refuses_while_queued
+        """The engines act as an SGLang before #31962 ([sim] flush_refuses_while_queued)."""
         model = build_model(policy)
         self.units: tuple[UpdateUnit, ...] = update_units(model)
         self.model_bytes = sum(u.nbytes for u in self.units)

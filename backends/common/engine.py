@@ -86,11 +86,14 @@ class EngineServer(UpdateRoutes):
         host: str = LOOPBACK,
         api_key: str | None = None,
         collective_timeout: float = GLOO_TIMEOUT.total_seconds(),
+        flush_refuses_while_queued: bool = False,
     ) -> None:
         """``token_seconds``: a floor on each token's time (a real engine's decode time; the
         tiny policy takes about a millisecond), so requests live long enough to be paused.
         ``collective_timeout``: how long a broadcast of an update group waits for a member
-        that never takes part (SGLang's groups take torch's default)."""
+        that never takes part (SGLang's groups take torch's default).
+        ``flush_refuses_while_queued``: /flush_cache as an SGLang before #31962 answers it,
+        refused while any request waits (a retract pause puts them all back in the queue)."""
         if host not in LOOPBACK_NAMES and not api_key:
             raise ValueError(
                 f"host: binding {host!r} (not loopback) needs api_key, as SGLang's --api-key: "
@@ -98,6 +101,7 @@ class EngineServer(UpdateRoutes):
             )
         self.engine_id = engine_id
         self.token_seconds = token_seconds
+        self.flush_refuses_while_queued = flush_refuses_while_queued
         self.host, self.api_key = host, api_key
         prepare_process(device)
         self.model = build_model(policy).to(device)
@@ -300,6 +304,8 @@ class EngineServer(UpdateRoutes):
         holding = sum(job.holds_pages for job in self._jobs.values())
         if holding:
             return refused(f"Cache not flushed: {holding} requests hold KV pages")
+        if self._jobs and self.flush_refuses_while_queued:
+            return refused(f"Cache not flushed: {len(self._jobs)} requests wait in the queue")
         return web.Response(text="Cache flushed.")
 
 
@@ -314,9 +320,15 @@ class EngineActor:
         token_seconds: float = 0.0,
         device: str = "cpu",
         collective_timeout: float = GLOO_TIMEOUT.total_seconds(),
+        flush_refuses_while_queued: bool = False,
     ) -> None:
         self.server = EngineServer(
-            engine_id, policy, token_seconds, device=device, collective_timeout=collective_timeout
+            engine_id,
+            policy,
+            token_seconds,
+            device=device,
+            collective_timeout=collective_timeout,
+            flush_refuses_while_queued=flush_refuses_while_queued,
         )
 
     async def start(self) -> int:

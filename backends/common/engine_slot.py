@@ -64,6 +64,7 @@ class RayEngine:
                 self.world.engine_token_seconds,
                 stack.device,
                 self.world.collective_timeout,
+                self.world.flush_refuses_while_queued,
             )
         )
         self.actor = actor

@@ -383,6 +383,7 @@ def _world(
         engine_token_seconds=options.engine_token_seconds,
         stack=options.stack,
         collective_timeout=scenario.loop.update_weight_collective_timeout,
+        flush_refuses_while_queued=scenario.world.flush_refuses_while_queued,
     )
 
 

@@ -91,9 +91,11 @@ class SGLangEngineActor:
         token_seconds: float = 0.0,
         device: str = "",
         collective_timeout: float = 0.0,
+        flush_refuses_while_queued: bool = False,
     ) -> None:
-        """``token_seconds`` and ``collective_timeout`` are the local engine's: SGLang decodes
-        at its own pace, and its update groups take torch's default timeout."""
+        """``token_seconds``, ``collective_timeout`` and ``flush_refuses_while_queued`` are the
+        local engine's: SGLang decodes at its own pace, its update groups take torch's default
+        timeout, and its /flush_cache answers as its own version does."""
         self.engine_id = engine_id
         self.policy = policy
         self.dir = tempfile.mkdtemp(prefix=f"sglang-{engine_id}-")

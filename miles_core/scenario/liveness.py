@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 
 from miles_core.errors import ConfigError
+from miles_core.kinds import FaultPoint
 from miles_core.loop.config import LoopConfig
 from miles_core.scenario.world import TimeModel, WorldShape
 
@@ -37,6 +38,10 @@ class Liveness:
     """Steps that must commit after the heal, within the bound."""
     slack: float = 3.0
     """The bound is this many times the nominal time of what must happen after the heal."""
+    heal_point: FaultPoint = FaultPoint.STEP_BEGIN
+    """Where the heal strikes once step ``heal_step`` has begun: as it begins, or
+    ``after_bucket``: as the first bucket of an update (or an engine's sync) arrives from
+    then on, so the heal meets an update in flight (restarting a hung engine of it)."""
 
     def __post_init__(self) -> None:
         for name, low in (("heal_step", 0), ("steps", 1)):
@@ -48,6 +53,16 @@ class Liveness:
             math.isfinite(slack) and slack >= 1
         ):
             raise ConfigError("liveness.slack", f"got {slack!r}", "pass a finite number >= 1")
+        if self.heal_point not in HEAL_POINTS:
+            raise ConfigError(
+                "liveness.heal_point",
+                f"got {self.heal_point!r}",
+                f"pass one of {', '.join(p.value for p in HEAL_POINTS)}",
+            )
+
+
+HEAL_POINTS = (FaultPoint.STEP_BEGIN, FaultPoint.AFTER_BUCKET)
+"""Where a heal may strike: points every world fires whatever the scenario's faults."""
 
 
 @dataclass(frozen=True)

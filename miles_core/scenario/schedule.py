@@ -135,13 +135,18 @@ class FaultSchedule:
         heal_step: int | None = None,
         heal_after_stall: float | None = None,
         heal_engines: bool = True,
+        heal_point: FaultPoint = FaultPoint.STEP_BEGIN,
     ) -> None:
-        """Liveness mode: the heal comes as step ``heal_step`` begins, or once no step has
+        """Liveness mode: the heal comes at ``heal_point`` once step ``heal_step`` has begun
+        (as it begins, or as the first bucket from then on arrives), or once no step has
         committed for ``heal_after_stall`` seconds (a run the faults stopped before that
         step must still be healed and judged); ``heal_engines``: the heal restarts dead and
         hung engine processes (off with fault tolerance, whose job that is)."""
         self.faults = tuple(faults)
         self.heal_step = heal_step
+        self.heal_point = heal_point
+        self._heal_due = False
+        """Step heal_step has begun: the heal strikes at the next firing of heal_point."""
         self.heal_after_stall = heal_after_stall
         self.heal_engines = heal_engines
         self._last_commit = 0.0
@@ -248,7 +253,9 @@ class FaultSchedule:
         )
 
     def fire(self, point: FaultPoint, **where: Any) -> bool:
-        """Fire every fault that strikes here, now."""
+        """Fire every fault that strikes here, now (after the heal, if it strikes here)."""
+        if self._heal_due and point is self.heal_point and not self._healed:
+            self._heal(self.heal_step)
         fired = False
         for index, fault in enumerate(self.faults):
             if index in self._fired or index in self._disarmed:
@@ -266,8 +273,8 @@ class FaultSchedule:
             self._committed = max(self._committed, event.step)
             self._last_commit = event.t
         elif isinstance(event, StepBegan):
-            if event.step == self.heal_step and not self._healed:
-                self._heal(event.step)
+            if event.step == self.heal_step:
+                self._heal_due = True
             self.fire(FaultPoint.STEP_BEGIN, step=event.step)
         elif isinstance(event, CellStateChanged):
             self._cell_states[event.cell] = event.new
@@ -350,4 +357,5 @@ def schedule_for(scenario: Scenario) -> FaultSchedule:
         plan.heal_step if plan is not None else None,
         plan.seconds if plan is not None else None,
         heal_engines=not scenario.loop.use_fault_tolerance,
+        heal_point=scenario.liveness.heal_point if scenario.liveness else FaultPoint.STEP_BEGIN,
     )

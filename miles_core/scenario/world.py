@@ -29,11 +29,19 @@ class WorldShape:
     gpus_per_node: int = 8
     param_bytes: int = 64 * 1024**2
     num_tensors: int = 16
+    flush_refuses_while_queued: bool = False
+    """The engines' SGLang is one before sglang#31962: /flush_cache refuses while any request
+    waits in the engine's queue, the ones a retract pause put back there included (not only
+    while requests hold KV pages), so a flush after a retract pause is refused for as long as
+    the pause lasts (miles #1497, #1750)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if not int_at_least(value, 1):
+            if f.name in SHAPE_SWITCHES:
+                if not isinstance(value, bool):
+                    raise ConfigError(f.name, f"got {value!r}", "pass true or false")
+            elif not int_at_least(value, 1):
                 raise ConfigError(f.name, f"got {value!r}", "pass an integer >= 1")
 
     @property
@@ -130,5 +138,8 @@ class TimeModel:
             )
 
 
+SHAPE_SWITCHES = frozenset({"flush_refuses_while_queued"})
+"""The shape's keys that are true or false (SGLang's behaviours); every other one is a count."""
 SHAPE_KEYS = frozenset(f.name for f in fields(WorldShape))
+SHAPE_COUNTS = SHAPE_KEYS - SHAPE_SWITCHES
 TIME_KEYS = frozenset(f.name for f in fields(TimeModel))

@@ -1,0 +1,272 @@
+"""Rare-state probes: named moments that matter, counted from a history alone.
+
+A sweep that passes says little if its runs never reached the states where
+control bugs live (FoundationDB's and Antithesis' "sometimes assertions"). A
+probe names one such state and is hit when a history shows it; any world's
+history is read the same way, so a real run counts too. ``sim sweep`` reports
+how many seeds hit each probe and the ones none hit; ``--require-probes`` fails
+a sweep that missed one of the CORE set (what CI's sweep must reach).
+
+Every probe reads only recorded events, through one walk over the history
+(``_Walk``): what was under way (updates, heals, attempts), which engines were
+alive or hung, which buckets had arrived, which engines were stamped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from miles_core.events import (
+    AttemptBegan,
+    BucketReceived,
+    CellStarted,
+    EngineExited,
+    EngineHealthFailed,
+    EnginesResumed,
+    EngineStamped,
+    EngineStarted,
+    Event,
+    FaultInjected,
+    FaultsHealed,
+    FlushRefused,
+    GroupDropped,
+    GroupRecycled,
+    HealBegan,
+    HealEnded,
+    HeartbeatMissed,
+    RequestRetried,
+    RunStarted,
+    SampleGenerated,
+    StepCommitted,
+    UpdateAborted,
+    UpdateBegan,
+    VersionPublished,
+)
+from miles_core.kinds import AbortCause, FaultKind
+from miles_core.weight_update import UpdateKind
+
+
+@dataclass
+class _Update:
+    """One update under way: its engines, whether its last bucket arrived, who is stamped."""
+
+    engines: frozenset[str]
+    n_buckets: int
+    last_arrived: bool = False
+    stamped: set[str] = field(default_factory=set)
+
+
+@dataclass
+class _Walk:
+    """What was under way at a moment of the history (updated after the probes saw it)."""
+
+    num_cells: int = 0
+    engines: int = 0
+    alive: set[str] = field(default_factory=set)
+    incarnation: dict[str, int] = field(default_factory=dict)
+    hung: set[str] = field(default_factory=set)
+    updates: dict[int, _Update] = field(default_factory=dict)
+    heals: set[int] = field(default_factory=set)
+    versions_begun: dict[int, frozenset[str]] = field(default_factory=dict)
+    """version -> the engines of the last update that began with it."""
+    published: bool = False
+    generated_under_none: bool = False
+    healed: bool = False
+
+    def see(self, e: Event) -> None:
+        if isinstance(e, RunStarted):
+            self.num_cells, self.engines = e.num_cells, len(e.engines)
+            self.alive = set(e.engines)
+            self.incarnation = dict.fromkeys(e.engines, 0)
+        elif isinstance(e, EngineStarted):
+            self.alive.add(e.engine)
+            self.incarnation[e.engine] = e.incarnation
+            self.hung.discard(e.engine)
+        elif isinstance(e, EngineExited):
+            self.alive.discard(e.engine)
+            self.hung.discard(e.engine)
+        elif isinstance(e, FaultInjected) and e.fault is FaultKind.HANG_ENGINE and e.engine:
+            self.hung.add(e.engine)
+        elif isinstance(e, UpdateBegan):
+            self.updates[e.update_id] = _Update(frozenset(e.engines), e.n_buckets)
+            self.versions_begun[e.version] = frozenset(e.engines)
+        elif isinstance(e, BucketReceived) and e.update_id in self.updates:
+            if e.bucket >= e.n_buckets - 1:
+                self.updates[e.update_id].last_arrived = True
+        elif isinstance(e, EngineStamped) and e.update_id in self.updates:
+            self.updates[e.update_id].stamped.add(e.engine)
+        elif isinstance(e, EnginesResumed | UpdateAborted):
+            self.updates.pop(e.update_id, None)
+        elif isinstance(e, VersionPublished):
+            self.published = True
+        elif isinstance(e, HealBegan):
+            self.heals.add(e.dst_cell)
+        elif isinstance(e, HealEnded):
+            self.heals.discard(e.dst_cell)
+        elif isinstance(e, SampleGenerated) and e.version is None:
+            self.generated_under_none = True
+        elif isinstance(e, FaultsHealed):
+            self.healed = True
+
+
+Test = Callable[[Event, _Walk], bool]
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A named state: ``test`` says whether this event, in the state before it, shows it."""
+
+    name: str
+    doc: str
+    test: Test
+    core: bool = False
+
+
+def _lost_between_last_bucket_and_stamp(e: Event, w: _Walk) -> bool:
+    """The process that received the last bucket is gone before its stamp: either it went
+    after the last bucket was recorded, or the record names an incarnation already
+    replaced (a fault that strikes as the bucket arrives is recorded before it)."""
+    if isinstance(e, BucketReceived) and e.bucket >= e.n_buckets - 1:
+        return any(
+            w.incarnation.get(engine) != inc or engine not in w.alive
+            for engine, inc in zip(e.engines, e.incarnations, strict=False)
+        )
+    if not isinstance(e, EngineExited | EngineStarted):
+        return False
+    return any(
+        u.last_arrived and e.engine in u.engines and e.engine not in u.stamped
+        for u in w.updates.values()
+    )
+
+
+def _every_engine_down(e: Event, w: _Walk) -> bool:
+    return isinstance(e, EngineExited) and w.alive == {e.engine}
+
+
+def _heal_during_update(e: Event, w: _Walk) -> bool:
+    """A cell's heal, or liveness mode's heal of every fault, while an update was under way
+    (a step's heal cannot meet a sync of its own loop: both hold the weights lock)."""
+    return isinstance(e, HealBegan | FaultsHealed) and bool(w.updates)
+
+
+def _shrunk_retry(e: Event, w: _Walk) -> bool:
+    return isinstance(e, AttemptBegan) and e.attempt > 0 and len(e.cells) < w.num_cells
+
+
+def _collective_stalled_by_hung(e: Event, w: _Walk) -> bool:
+    return isinstance(e, UpdateAborted) and e.cause is AbortCause.ENGINE and e.component in w.hung
+
+
+def _engine_lost_mid_update(e: Event, w: _Walk) -> bool:
+    return isinstance(e, EngineExited) and any(e.engine in u.engines for u in w.updates.values())
+
+
+def _update_retried(e: Event, w: _Walk) -> bool:
+    return isinstance(e, UpdateBegan) and e.version in w.versions_begun
+
+
+def _update_retried_on_fewer(e: Event, w: _Walk) -> bool:
+    if not isinstance(e, UpdateBegan) or e.version not in w.versions_begun:
+        return False
+    return len(e.engines) < len(w.versions_begun[e.version])
+
+
+def _first_update_from_none(e: Event, w: _Walk) -> bool:
+    return isinstance(e, VersionPublished) and not w.published and w.generated_under_none
+
+
+def _progress_after_heal(e: Event, w: _Walk) -> bool:
+    return isinstance(e, StepCommitted) and w.healed
+
+
+def _kinds(*kinds: type[Event]) -> Test:
+    return lambda e, w: isinstance(e, kinds)
+
+
+def _lora(e: Event, w: _Walk) -> bool:
+    return isinstance(e, UpdateBegan) and e.kind is UpdateKind.LORA
+
+
+def _multi_bucket(e: Event, w: _Walk) -> bool:
+    return isinstance(e, UpdateBegan) and e.n_buckets > 1
+
+
+def _cell_lost_mid_update(e: Event, w: _Walk) -> bool:
+    return isinstance(e, UpdateAborted) and e.cause is AbortCause.CELL
+
+
+def _cell_restarted(e: Event, w: _Walk) -> bool:
+    return isinstance(e, CellStarted) and e.incarnation > 0
+
+
+def _engine_restarted(e: Event, w: _Walk) -> bool:
+    return isinstance(e, EngineStarted) and e.incarnation > 0
+
+
+def _kept_kv(e: Event, w: _Walk) -> bool:
+    return isinstance(e, SampleGenerated) and e.kept_kv
+
+
+_CORE: tuple[tuple[str, str, Test], ...] = (
+    ("restart_between_last_bucket_and_stamp",
+     "an engine of an update exited or restarted after the last bucket, before its stamp",
+     _lost_between_last_bucket_and_stamp),
+    ("every_engine_down", "no engine was alive at once", _every_engine_down),
+    ("heal_during_update", "a heal (a cell's, or liveness mode's) began while an update was "
+     "under way", _heal_during_update),
+    ("retry_on_shrunk_quorum", "a step's retry ran on fewer cells than the run has",
+     _shrunk_retry),
+    ("flush_refused", "an engine refused a cache flush", _kinds(FlushRefused)),
+    ("collective_stalled_by_hung_member",
+     "an update aborted on an engine that was hung (alive, answering nothing)",
+     _collective_stalled_by_hung),
+    ("engine_lost_mid_update", "an engine of an update under way exited",
+     _engine_lost_mid_update),
+    ("cell_lost_mid_update", "an update aborted because its updating cell failed",
+     _cell_lost_mid_update),
+    ("update_retried_same_version", "an update began again with a version begun before",
+     _update_retried),
+    ("update_retried_on_fewer_engines",
+     "an update began again, with its version, on fewer engines (one failed the first try)",
+     _update_retried_on_fewer),
+    ("cell_restarted", "a cell started again (a later incarnation)", _cell_restarted),
+    ("engine_restarted", "an engine started again (a later incarnation)", _engine_restarted),
+    ("heartbeat_missed", "a cell's heartbeat went unanswered", _kinds(HeartbeatMissed)),
+    ("request_retried", "a generate request was sent again", _kinds(RequestRetried)),
+    ("group_recycled", "a group came back to be generated again", _kinds(GroupRecycled)),
+    ("lora_update", "a LoRA update began", _lora),
+    ("multi_bucket_update", "an update of more than one bucket began", _multi_bucket),
+    ("first_update_from_none",
+     "the first version was published over engines that had generated with no version",
+     _first_update_from_none),
+    ("progress_after_heal", "a step committed after the faults were healed",
+     _progress_after_heal),
+)  # fmt: skip
+"""The probes CI's sweep must reach (``--require-probes``), as (name, what, test)."""
+
+_OTHER: tuple[tuple[str, str, Test], ...] = (
+    ("engine_health_failed", "an engine failed a health check", _kinds(EngineHealthFailed)),
+    ("group_dropped", "a group was dropped", _kinds(GroupDropped)),
+    ("kept_kv_across_update", "a sample kept its KV cache across an update", _kept_kv),
+)
+"""Counted and reported, not required."""
+
+PROBES: tuple[Probe, ...] = (
+    *(Probe(name, doc, test, core=True) for name, doc, test in _CORE),
+    *(Probe(name, doc, test) for name, doc, test in _OTHER),
+)
+PROBE_NAMES = tuple(p.name for p in PROBES)
+CORE = frozenset(p.name for p in PROBES if p.core)
+
+
+def probes_hit(history: Iterable[Event]) -> frozenset[str]:
+    """The probes this history hit (each once, however often)."""
+    walk, hit = _Walk(), set[str]()
+    for e in history:
+        hit.update(p.name for p in PROBES if p.name not in hit and p.test(e, walk))
+        walk.see(e)
+    return frozenset(hit)
+
+
+__all__ = ["CORE", "PROBES", "PROBE_NAMES", "Probe", "probes_hit"]
