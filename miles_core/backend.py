@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from miles_core.buffer import Group
 from miles_core.cells import Heal, Outcome
 from miles_core.kinds import PauseMode
+from miles_core.placement import Placement
 from miles_core.transfer import Bucket, ParamSpec, UpdateUnit
 from miles_core.values import frozen_value
 
@@ -277,6 +278,8 @@ class Cluster(Protocol):
     """The LoRA adapter's parameters (lora_A / lora_B), when training one."""
     router: Router
     transport: WeightTransport
+    placement: Placement
+    """Where the world put each cell's ranks and each engine's GPUs (recorded at the start)."""
 
     def cell(self, index: int) -> TrainCell: ...
 

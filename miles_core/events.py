@@ -103,6 +103,21 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def event_type(name: str) -> type[Event] | None:
+    """The event class recorded under ``name`` (its class name), or None."""
+    return _REGISTRY.get(name)
+
+
+def event_names() -> tuple[str, ...]:
+    """Every event class's name, sorted."""
+    return tuple(sorted(_REGISTRY))
+
+
+def plain(value: Any) -> Any:
+    """A field's value as JSON and TOML hold it: an enum as its value, a tuple as a list."""
+    return _plain(value)
+
+
 def event_from_dict(data: Mapping[str, Any]) -> Event:
     """Rebuild an event from ``Event.to_dict`` output (traces, events shipped as JSON)."""
     name = data.get("type")
@@ -156,6 +171,26 @@ class RunStarted(Event):
     """How the scenario says the run must end (end_state judges RunEnded against it)."""
     expected_error: str | None = None
     """The error class a scenario about a clean failure expects, e.g. NoAliveCellError."""
+
+
+@frozen_value(kw_only=True)
+class PlacementMade(Event):
+    """Where the world put each cell's ranks and each engine's GPUs, by position in its
+    bundle order (the world's own report, so the placement oracle judges any world)."""
+
+    nodes: tuple[str, ...]
+    """The node of each position, as Ray reported it."""
+    sort_as: tuple[str, ...]
+    """The address each position's node sorted as (its resolved address, or its name)."""
+    gpus: tuple[int, ...]
+    """The GPU id of each position on its node."""
+    cells: tuple[tuple[int, ...], ...]
+    """The positions of each cell's ranks."""
+    engines: tuple[tuple[int, ...], ...]
+    """The positions of each rollout engine's GPUs."""
+    train_fraction: float
+    engine_fraction: float
+    """The GPU share a train actor and an engine's coordinator reserve in their bundle."""
 
 
 @frozen_value(kw_only=True)

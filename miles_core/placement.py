@@ -369,6 +369,9 @@ class Placement:
     layout: Layout
     bundles: tuple[Bundle, ...]
     """The bundles in placement order."""
+    sort_as: tuple[str, ...] = ()
+    """The address each bundle's node sorted as: what the resolver gave for a hostname, else
+    the node itself (recorded with the placement, for the placement oracle)."""
 
     def train_bundles(self) -> tuple[Bundle, ...]:
         """Bundle of each train rank (rank = position in the actor span)."""
@@ -399,4 +402,12 @@ def place(layout: Layout, bundles: Sequence[Bundle], resolver: Resolver = no_res
             f"{layout.total_gpus}",
             f"create the placement group with {layout.total_gpus} GPU bundles",
         )
-    return Placement(layout=layout, bundles=order_bundles(bundles, resolver))
+    ordered = order_bundles(bundles, resolver)
+    resolved = {b.node: _sort_address(b.node, resolver) for b in ordered}
+    return Placement(layout, ordered, tuple(resolved[b.node] for b in ordered))
+
+
+def _sort_address(node: str, resolver: Resolver) -> str:
+    if _parse_ip(node) is not None:
+        return node
+    return resolver(node) or node

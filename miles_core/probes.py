@@ -35,6 +35,7 @@ from miles_core.events import (
     HealBegan,
     HealEnded,
     HeartbeatMissed,
+    PlacementMade,
     RequestRetried,
     RunStarted,
     SampleGenerated,
@@ -44,6 +45,7 @@ from miles_core.events import (
     VersionPublished,
 )
 from miles_core.kinds import AbortCause, FaultKind
+from miles_core.oracles.placement import order_key
 from miles_core.weight_update import UpdateKind
 
 
@@ -180,6 +182,22 @@ def _progress_after_heal(e: Event, w: _Walk) -> bool:
     return isinstance(e, StepCommitted) and w.healed
 
 
+def _nodes(e: Event, least: int) -> bool:
+    return isinstance(e, PlacementMade) and len(set(e.nodes)) >= least
+
+
+def _address_families(e: Event, w: _Walk) -> bool:
+    if not isinstance(e, PlacementMade):
+        return False
+    return len({order_key(address)[0] for address in e.sort_as}) >= 2
+
+
+def _engine_across_nodes(e: Event, w: _Walk) -> bool:
+    if not isinstance(e, PlacementMade):
+        return False
+    return any(len({e.nodes[p] for p in positions}) > 1 for positions in e.engines)
+
+
 def _kinds(*kinds: type[Event]) -> Test:
     return lambda e, w: isinstance(e, kinds)
 
@@ -242,6 +260,10 @@ _CORE: tuple[tuple[str, str, Test], ...] = (
      _first_update_from_none),
     ("progress_after_heal", "a step committed after the faults were healed",
      _progress_after_heal),
+    ("placed_on_many_nodes", "the world placed its GPUs on 3 nodes or more",
+     lambda e, w: _nodes(e, 3)),
+    ("nodes_of_two_address_families",
+     "the nodes were named two ways or more (IPv4, IPv6, unresolved names)", _address_families),
 )  # fmt: skip
 """The probes CI's sweep must reach (``--require-probes``), as (name, what, test)."""
 
@@ -249,7 +271,9 @@ _OTHER: tuple[tuple[str, str, Test], ...] = (
     ("engine_health_failed", "an engine failed a health check", _kinds(EngineHealthFailed)),
     ("group_dropped", "a group was dropped", _kinds(GroupDropped)),
     ("kept_kv_across_update", "a sample kept its KV cache across an update", _kept_kv),
-)
+    ("engine_across_nodes", "an engine's GPUs were placed on more than one node",
+     _engine_across_nodes),
+)  # fmt: skip
 """Counted and reported, not required."""
 
 PROBES: tuple[Probe, ...] = (

@@ -154,7 +154,7 @@ def _check_receivers(cluster: SimCluster, engines: Mapping[str, int]) -> None:
             process.check(incarnation)
 
 
-def _place(world: WorldShape, rng: random.Random) -> Placement:
+def _place(world: WorldShape, rng: random.Random, style: str = "ipv4") -> Placement:
     """The cluster's GPUs as Ray would hand them out, placed by miles_core.placement."""
     layout = compute_layout(
         LayoutConfig(
@@ -167,16 +167,30 @@ def _place(world: WorldShape, rng: random.Random) -> Placement:
         )
     )
     per_node = world.gpus_per_node
+    nodes = node_names(-(-layout.total_gpus // per_node), style, rng)
     bundles = [
-        Bundle(
-            index=i,
-            node=f"10.0.{i // per_node // 256}.{i // per_node % 256 + 1}",
-            gpu_id=i % per_node,
-        )
+        Bundle(index=i, node=nodes[i // per_node], gpu_id=i % per_node)
         for i in range(layout.total_gpus)
     ]
     rng.shuffle(bundles)  # Ray's bundle order carries no meaning; the ordering restores one
     return place(layout, bundles)
+
+
+def node_names(count: int, style: str, rng: random.Random) -> list[str]:
+    """``count`` distinct node names drawn in ``style`` (TimeModel.node_addresses), random so
+    that their text order and their numeric order differ (10.2.x.x before 10.10.x.x)."""
+    names: list[str] = []
+    while len(names) < count:
+        way = style if style != "mixed" else ("ipv4", "ipv6", "hostnames")[len(names) % 3]
+        if way == "ipv4":
+            name = f"10.{rng.randrange(256)}.{rng.randrange(256)}.{rng.randrange(1, 255)}"
+        elif way == "ipv6":
+            name = f"fd00::{rng.randrange(1, 2 ** rng.choice([4, 8, 12, 16])):x}"
+        else:
+            name = f"node-{rng.randrange(1, 1000)}"
+        if name not in names:
+            names.append(name)
+    return names
 
 
 class SimCluster:
@@ -202,7 +216,7 @@ class SimCluster:
         self.engine_ids = world.engine_ids
         self.units = world.units()
         self.lora_params = world.lora_params()
-        self.placement = _place(world, rt.rng("placement"))
+        self.placement = _place(world, rt.rng("placement"), self.timing.node_addresses)
         self.cell_nodes = [
             {b.node for b in self.placement.cell_bundles(i)} for i in range(world.num_cells)
         ]

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from miles_core import engines
+from miles_core import placement as placement_module
 from miles_core.backend import EngineFailure, SessionAlreadyOpen
 from miles_core.buffer import DataBuffer, Fate, Group, Reason, SampleStatus, UnusedHandler, Verdict
 from miles_core.cells import CellGroup, Decision, Outcome
@@ -252,6 +253,24 @@ def lora_loaded_per_updater(mp: Patcher) -> None:
     mp.setattr(Updater, "_adapter_holders", by_flag)
 
 
+def placement_sorted_as_text(mp: Patcher) -> None:
+    """Nodes sorted by their text, not their address (miles' sort_key fell back to character
+    codes for anything but a dotted quad): 10.10.0.1 before 10.9.0.1, names and IPv6
+    addresses anywhere. Each node's bundles stay together; the nodes' order is wrong."""
+    mp.setattr(placement_module, "node_sort_key", lambda node, resolver=None: (0, 0, node))
+
+
+def placement_gpu_major(mp: Patcher) -> None:
+    """Bundles sorted by GPU id first, then node: GPU 0 of every node, then GPU 1 of every
+    node..., so a tensor-parallel group or an engine's GPUs land on different nodes."""
+    node_key = placement_module.node_sort_key
+
+    def gpu_major(bundle: Any, resolver: Any = placement_module.no_resolver) -> tuple:
+        return (bundle.gpu_id, *node_key(bundle.node, resolver), bundle.node, bundle.index)
+
+    mp.setattr(placement_module, "bundle_sort_key", gpu_major)
+
+
 def lock_kept_when_nothing_to_sync(mp: Patcher) -> None:
     """A sync that finds its engine synced already (an update got there first) returns
     without releasing the weights lock, an early return that skips the ``finally``: every
@@ -308,6 +327,8 @@ PLANTS: dict[str, tuple[Plant, str]] = {
     "unused_handler_inverted": (unused_handler_inverted, "recycled_regenerated"),
     "recovered_engine_serves_unsynced": (recovered_engine_serves_unsynced, "published_weights"),
     "lora_loaded_per_updater": (lora_loaded_per_updater, "end_state"),
+    "placement_sorted_as_text": (placement_sorted_as_text, "placement"),
+    "placement_gpu_major": (placement_gpu_major, "placement"),
     "lock_kept_when_nothing_to_sync": (lock_kept_when_nothing_to_sync, "liveness"),
     "update_call_without_deadline": (update_call_without_deadline, "liveness"),
 }

@@ -23,7 +23,7 @@ from typing import TypeVar
 from miles_core.errors import ConfigError
 from miles_core.oracles import Violation
 from miles_core.scenario import Scenario
-from miles_core.scenario.faults import target_cell, target_engine
+from miles_core.scenario.faults import After, AnyFault, target_cell, target_engine
 from sim.plants import planted
 from sim.run import run_scenario
 
@@ -101,11 +101,31 @@ class Shrinker:
         return scenario is not None and self.fails(scenario)
 
 
-def _faults(s: Shrinker, scenario: Scenario) -> Scenario:
-    def fails(faults: list) -> bool:
-        return s.still_fails(s.candidate(scenario, faults=tuple(faults)))
+def kept(faults: Sequence[AnyFault], indices: Sequence[int]) -> tuple[AnyFault, ...] | None:
+    """The faults at ``indices``, an ``after = { fault = N }`` renumbered to N's new place;
+    None when a kept fault waits on one that is not kept (it would never fire)."""
+    place = {old: new for new, old in enumerate(indices)}
+    out = []
+    for i in indices:
+        fault, when = faults[i], faults[i].when
+        if isinstance(when, After) and when.fault is not None:
+            if when.fault not in place:
+                return None
+            moved = dataclasses.replace(when, fault=place[when.fault])
+            fault = dataclasses.replace(fault, when=moved)
+        out.append(fault)
+    return tuple(out)
 
-    return dataclasses.replace(scenario, faults=tuple(ddmin(scenario.faults, fails)))
+
+def _faults(s: Shrinker, scenario: Scenario) -> Scenario:
+    def fails(indices: list[int]) -> bool:
+        faults = kept(scenario.faults, indices)
+        return faults is not None and s.still_fails(s.candidate(scenario, faults=faults))
+
+    indices = ddmin(range(len(scenario.faults)), fails)
+    faults = kept(scenario.faults, indices)
+    assert faults is not None  # ddmin keeps only subsets that fail, which are whole
+    return dataclasses.replace(scenario, faults=faults)
 
 
 def _steps(s: Shrinker, scenario: Scenario) -> Scenario:
@@ -122,15 +142,31 @@ def _renumbered(scenario: Scenario) -> Scenario:
     fault on engine-3 alone lets the world shrink to one engine)."""
     cells: dict[int, int] = {}
     engines: dict[str, str] = {}
+
+    def renamed(key: str, value: object) -> object:
+        if key in _CELL_FIELDS and isinstance(value, int):
+            return cells.setdefault(value, len(cells))
+        if key in _ENGINE_FIELDS and isinstance(value, str):
+            return engines.setdefault(value, f"engine-{len(engines)}")
+        return value
+
     faults = []
     for fault in scenario.faults:
         changes: dict[str, object] = {}
         if (cell := target_cell(fault)) is not None:
-            changes["cell"] = cells.setdefault(cell, len(cells))
+            changes["cell"] = renamed("cell", cell)
         if (engine := target_engine(fault)) is not None:
-            changes["engine"] = engines.setdefault(engine, f"engine-{len(engines)}")
+            changes["engine"] = renamed("engine", engine)
+        when = fault.when
+        if isinstance(when, After) and when.fields:  # the event it waits on names them too
+            fields = tuple((k, renamed(k, v)) for k, v in when.fields)
+            changes["when"] = dataclasses.replace(when, fields=fields)
         faults.append(dataclasses.replace(fault, **changes))
     return dataclasses.replace(scenario, faults=tuple(faults))
+
+
+_CELL_FIELDS = frozenset({"cell", "src_cell", "dst_cell", "updater"})
+_ENGINE_FIELDS = frozenset({"engine"})
 
 
 def _world(s: Shrinker, scenario: Scenario, key: str, least: int) -> Scenario:

@@ -44,7 +44,7 @@ from miles_core.filters import FILTERS
 from miles_core.kinds import FaultPoint, PauseMode, RunStatus, SubmissionGranularity
 from miles_core.loop import LoopConfig
 from miles_core.scenario import Expect, Scenario, TimeModel, WorldShape, derive_seed
-from miles_core.scenario.faults import AnyFault, make_fault, target_engine
+from miles_core.scenario.faults import After, AnyFault, AtTime, make_fault, target_engine
 from miles_core.scenario.liveness import Liveness
 from miles_core.transfer import TransferMode
 from sim.aim import CELL, ENGINE, IMPAIRMENT, adjust, aimed_faults, family, probe_with
@@ -67,6 +67,11 @@ class _Draw:
     killed_cells: set[int]
     fault_tolerance: bool = False
     samples_per_step: int = 1
+    health_interval: float = 0.0
+    """--rollout-health-check-interval of the seed (with fault tolerance)."""
+    relative: random.Random = dataclasses.field(default_factory=lambda: random.Random(0))
+    """Whether a restart or start follows its kill by time or by event (its own stream, so
+    the rest of the drawing is the same either way)."""
 
     def slots(self, count: int, spacing: int = 4) -> list[int]:
         """Steps at which to strike, ``spacing`` apart, inside the fault phase."""
@@ -147,7 +152,9 @@ def _recovered_by_fault_tolerance(d: _Draw, engine: str, step: int) -> None:
     """A death or a hang that only the health monitor undoes; a recovery may die starting."""
     kind = d.rng.choice(["kill_engine", "hang_engine"])
     d.faults.append(make_fault(kind, engine=engine, point="step_begin", step=step))
-    if kind == "kill_engine" and d.rng.random() < 0.5:
+    # with miles' 30 s checks a recovery may come after the run's last step (seed 1814's
+    # kill at step 7 of 12 was never recovered, so its during_recovery kill never fired)
+    if kind == "kill_engine" and d.rng.random() < 0.5 and d.health_interval <= 5.0:
         d.faults.append(
             make_fault("kill_engine", engine=engine, point="during_recovery", after_step=step - 1)
         )
@@ -200,10 +207,13 @@ def _cells_at_times(d: _Draw, rate: float) -> None:
     for t in _times(d, 1.0, rate, spacing=4 * d.step_seconds):
         cell = d.rng.randrange(d.world.num_cells)
         kind = "stop_cell" if d.rng.random() < 0.25 else "kill_cell"
-        d.faults += [
-            make_fault(kind, cell=cell, at=t),
-            make_fault("start_cell", cell=cell, at=t + d.rng.uniform(0.5, d.step_seconds)),
-        ]
+        later = d.rng.uniform(0.5, d.step_seconds)
+        if d.relative.random() < AFTER_SHARE:  # once the control plane has stopped it
+            stopped = {"event": "CellStateChanged", "cell": cell, "new": "stopped"}
+            start = make_fault("start_cell", cell=cell, after=stopped | {"seconds": later})
+        else:
+            start = make_fault("start_cell", cell=cell, at=t + later)
+        d.faults += [make_fault(kind, cell=cell, at=t), start]
         d.killed_cells.add(cell)
 
 
@@ -214,12 +224,13 @@ def _engines_at_times(d: _Draw, rate: float) -> None:
         if lone or d.rng.random() < 0.5:
             d.faults.append(make_fault("restart_engine", engine=engine, at=t))
         else:
-            d.faults += [
-                make_fault("kill_engine", engine=engine, at=t),
-                make_fault(
-                    "restart_engine", engine=engine, at=t + d.rng.uniform(1.0, d.step_seconds)
-                ),
-            ]
+            later = d.rng.uniform(1.0, d.step_seconds)
+            if d.relative.random() < AFTER_SHARE:  # after its process exited
+                exited = {"event": "EngineExited", "engine": engine, "seconds": later}
+                restart = make_fault("restart_engine", engine=engine, after=exited)
+            else:
+                restart = make_fault("restart_engine", engine=engine, at=t + later)
+            d.faults += [make_fault("kill_engine", engine=engine, at=t), restart]
 
 
 def _impairments(d: _Draw, rate: float, forced: str | None = None) -> None:
@@ -248,10 +259,32 @@ def _impairments(d: _Draw, rate: float, forced: str | None = None) -> None:
         d.faults.append(make_fault(kind, point="step_begin", step=s, **keys))
 
 
+def _lost_heartbeats(d: _Draw, rate: float) -> None:
+    """A healthy cell whose heartbeats are lost for longer than detection takes (misses x
+    interval + timeout): declared dead and stopped, a false positive, then started again.
+    Only in a seed with no other cell fault (two cells gone at once is a total loss) and on
+    a step of its own."""
+    if d.killed_cells or d.rng.random() >= 0.3 * rate:
+        return
+    slots = d.slots(1, spacing=3)
+    if not slots:
+        return
+    detection = HEARTBEAT_INTERVAL * HEARTBEAT_THRESHOLD + HEARTBEAT_TIMEOUT
+    cell, s = d.rng.randrange(d.world.num_cells), slots[0]
+    lost = {"cell": cell, "duration": d.rng.uniform(1.5, 2) * detection}
+    d.faults += [
+        make_fault("drop_heartbeat", point="step_begin", step=s, **lost),
+        make_fault("start_cell", cell=cell, point="step_begin", step=s + 3),
+    ]
+    d.killed_cells.add(cell)
+
+
 def _ordered(faults: list[AnyFault]) -> tuple[AnyFault, ...]:
-    """Faults at points in the order drawn (step order), then faults at times by time."""
-    timed = sorted((f for f in faults if f.point is None), key=lambda f: f.when.at)  # type: ignore[union-attr]
-    return (*(f for f in faults if f.point is not None), *timed)
+    """Faults at points in the order drawn (step order), then faults at times by time, then
+    faults after an event in the order drawn."""
+    timed = sorted((f for f in faults if isinstance(f.when, AtTime)), key=lambda f: f.when.at)  # type: ignore[union-attr]
+    after = [f for f in faults if isinstance(f.when, After)]
+    return (*(f for f in faults if f.point is not None and f not in after), *timed, *after)
 
 
 CONTROL_REPLIES = (0.0, 0.002, 0.01, 0.05)
@@ -325,6 +358,13 @@ def _miles_health_checks(seed: int, loop: LoopConfig) -> LoopConfig:
     )
 
 
+def _node_addresses(seed: int) -> str:
+    """How the seed's nodes are named, from a stream of its own: IPv4 half the time, else
+    IPv6, hostnames or a mix (the placement oracle holds their order to the rule)."""
+    stream = random.Random(derive_seed(seed, "swarm.nodes"))
+    return stream.choice(["ipv4", "ipv4", "ipv4", "ipv6", "hostnames", "mixed"])
+
+
 LORA_SHARE = 0.2
 """The share of seeds that train and push only a LoRA adapter."""
 
@@ -340,6 +380,9 @@ def _lora(seed: int, loop: LoopConfig) -> LoopConfig:
     buffer = 64 * 1024 if small else loop.update_weight_buffer_size
     return dataclasses.replace(loop, lora_adapter="policy", update_weight_buffer_size=buffer)
 
+
+AFTER_SHARE = 0.5
+"""The share of timed kills whose start or restart follows by event (``after``), not time."""
 
 OLD_SGLANG_SHARE = 0.05
 """The share of fully-async retract seeds whose engines run an SGLang before #31962."""
@@ -413,6 +456,7 @@ def swarm_scenario(
     # may wait for twice the generation; the progress window makes room for that
     filtered = loop.dynamic_sampling_filter is not None
     timing = TimeModel(
+        node_addresses=_node_addresses(seed),
         reward_success_rate=0.5 if filtered else None,
         control_reply_seconds=_control_reply(seed, aim),
         checkpoint_bytes_per_second=_checkpoint_rate(world, aim),
@@ -431,6 +475,8 @@ def swarm_scenario(
         set(),
         loop.use_fault_tolerance,
         loop.rollout_batch_size * loop.n_samples_per_prompt,
+        loop.rollout_health_check_interval,
+        random.Random(derive_seed(seed, "swarm.after")),
     )
     drawn = aim is None and not total_loss
     world, refused = _old_sglang(seed, world, loop) if drawn else (world, False)
@@ -454,6 +500,8 @@ def swarm_scenario(
     if aimed != ENGINE:
         engines(d, rate)
     _impairments(d, rate, forced=aim.kind if aim is not None and aimed == IMPAIRMENT else None)
+    if aimed != CELL:
+        _lost_heartbeats(d, rate)
     if aim is not None and aimed in (CELL, ENGINE):  # last: a probe sees every other fault
         run = probe_with(dataclasses.replace(shape, timing=timing), seed)
         d.faults += aimed_faults(d, aim, lambda faults: run(_ordered(faults)))

@@ -118,6 +118,8 @@ def _conformance_cases() -> list[tuple[Scenario, int | None]]:
     sharded = load_scenario_file(ROOT / "scenarios" / "files" / "sharded_cells.toml")
     # SGLang before #31962 under retract: the first update's flushes are refused until the
     # retries run out, and the run fails with FlushTimeoutError in both worlds
+    # faults set off by events and by other faults (after = {...}): the same moments in both
+    after = load_scenario_file(ROOT / "scenarios" / "files" / "after_triggers.toml")
     old_sglang = load_scenario_file(
         ROOT / "scenarios" / "files" / "sglang_flush_refused_while_queued.toml"
     )
@@ -130,6 +132,7 @@ def _conformance_cases() -> list[tuple[Scenario, int | None]]:
         (heal_twice, None),
         (sharded, None),
         (old_sglang, None),
+        (after, None),
         # the restart lands between the last bucket and the stamp (instant in the simulator,
         # seconds for real): in both worlds the update is retried and the engine synced. The
         # new process takes seconds to start here (importing torch and transformers), tens

@@ -1731,6 +1731,7 @@ def test_check_all_returns_every_oracle_by_name() -> None:
         "update_order",
         "requests_kept",
         "step_attempts",
+        "placement",
         "progress",
         "liveness",
         "fault_witness",

@@ -14,8 +14,15 @@ from sim.runtime import SimRuntime
 def test_cells_and_engines_are_placed_by_miles_core_whatever_order_ray_gives() -> None:
     config = PRESETS["production-30b-moe"].world
     placements = [SimCluster(SimRuntime(seed), config).placement for seed in range(3)]
-    raw = {tuple(b.index for b in p.bundles) for p in placements}
-    assert len(raw) == 1  # the seeded shuffle of Ray's order is undone by the ordering
+    # each seed names its nodes and shuffles Ray's order its own way; the ordering undoes the
+    # shuffle: node by node (in order of first use), GPU ids ascending, whatever the names
+    shapes = set()
+    for p in placements:
+        first_use = list(dict.fromkeys(b.node for b in p.bundles))
+        shapes.add(tuple((first_use.index(b.node), b.gpu_id) for b in p.bundles))
+    assert len(shapes) == 1
+    (shape,) = shapes
+    assert list(shape) == sorted(shape)
     cluster = SimCluster(SimRuntime(0), config)
     assert all(len(nodes) == 1 for nodes in cluster.cell_nodes)  # a cell of 8 on one node
     assert len({next(iter(n)) for n in cluster.cell_nodes}) == 8

@@ -290,7 +290,7 @@ def test_a_shrink_keeps_the_same_failure_not_just_the_same_oracle() -> None:
 def test_check_every_stops_at_the_first_violation_of_a_planted_bug() -> None:
     """--check-every's stop travels through the simulator's copy of failures intact."""
     with planted("stamp_by_engine_id"):
-        result = run_scenario(swarm_scenario(8), 8, check_every=1)
+        result = run_scenario(swarm_scenario(9), 9, check_every=1)
     assert "update_order" in result.report.reason
     assert result.verdicts["update_order"] is not None
 

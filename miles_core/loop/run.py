@@ -38,6 +38,7 @@ from miles_core.events import (
     History,
     LedgerRestored,
     LivenessArmed,
+    PlacementMade,
     RunEnded,
     RunStarted,
     StepCommitted,
@@ -57,6 +58,7 @@ from miles_core.loop.update import Updater
 from miles_core.oracles.base import select
 from miles_core.oracles.liveness import LivenessPlan, liveness_missing
 from miles_core.oracles.witnesses import awaited
+from miles_core.placement import Placement
 from miles_core.runtime import Runtime
 from miles_core.versions import VersionLedger
 
@@ -240,6 +242,20 @@ class Orchestrator:
         metrics[f"{METRIC_PREFIX}samples_on_mixed_weights"] = mixed
         ctx.emit(StepMetrics, step=step, metrics=tuple(sorted(metrics.items())))
 
+    def _placed(self, placement: Placement) -> None:
+        """The world's placement as it reports it: positions' nodes and GPUs, each role's."""
+        layout, bundles = placement.layout, placement.bundles
+        self.ctx.emit(
+            PlacementMade,
+            nodes=tuple(b.node for b in bundles),
+            sort_as=placement.sort_as or tuple(b.node for b in bundles),
+            gpus=tuple(b.gpu_id for b in bundles),
+            cells=tuple(tuple(span.positions()) for span in layout.cells),
+            engines=tuple(tuple(span.positions()) for span in layout.rollout_engines),
+            train_fraction=layout.train_actor_gpu_fraction,
+            engine_fraction=layout.engine_actor_gpu_fraction,
+        )
+
     def _start(self) -> None:
         ctx, c = self.ctx, self.ctx.config
         ctx.emit(
@@ -256,6 +272,7 @@ class Orchestrator:
             expected_status=self.expected[0],
             expected_error=self.expected[1],
         )
+        self._placed(ctx.cluster.placement)
         ctx.cluster.attach(self)
         if ctx.ledger.current is not None:  # resumed: engines hold their initial weights
             ctx.emit(LedgerRestored, version=ctx.ledger.current)

@@ -23,6 +23,8 @@ first violation with the events that prove it, or None.
     requests_kept         an update pauses requests as its mode says: under retract and
                           in_place none is aborted, under retract none keeps old KV
     step_attempts         a step commits once, on its quorum, from an attempt no cell discarded
+    placement             ranks and engines sit on the GPUs in the documented order: a node's
+                          bundles together, nodes IPv4 then IPv6 then names, GPU ids ascending
     progress              after the last fault steps commit and engines catch up
     liveness              once every fault is healed (liveness mode), K steps commit and every
                           engine reaches the newest version within the configured bound
@@ -42,6 +44,7 @@ from miles_core.oracles.end_state import end_state
 from miles_core.oracles.groups import whole_groups
 from miles_core.oracles.idle_windows import idle_faults
 from miles_core.oracles.liveness import liveness
+from miles_core.oracles.placement import placement
 from miles_core.oracles.progress import progress
 from miles_core.oracles.requests import requests_kept
 from miles_core.oracles.staleness import bounded_staleness
@@ -61,6 +64,7 @@ SAFETY: dict[str, Callable[[History], Violation | None]] = {
     "update_order": update_order,
     "requests_kept": requests_kept,
     "step_attempts": step_attempts,
+    "placement": placement,
 }
 """The oracles that can judge a history before it ends (``--check-every``)."""
 
@@ -126,6 +130,7 @@ __all__ = [
     "idle_faults",
     "liveness",
     "monotonic_versions",
+    "placement",
     "progress",
     "published_weights",
     "recycled_regenerated",

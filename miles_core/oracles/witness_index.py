@@ -26,6 +26,7 @@ from miles_core.events import (
     RunStarted,
     SampleGenerated,
     StepCommitted,
+    UpdateBegan,
 )
 from miles_core.kinds import FaultKind
 from miles_core.oracles.base import Indexed, select
@@ -53,6 +54,7 @@ _PICKED = (
     RunStarted,
     RequestRetried,
     FaultsHealed,
+    UpdateBegan,
 )
 """The other events the index keeps (RunEnded is followed)."""
 
@@ -67,6 +69,8 @@ class WitnessIndex:
     attempts: dict[tuple[int, int], float] = field(default_factory=dict)
     trained: list[CellTrained] = field(default_factory=list)
     buckets: list[BucketReceived] = field(default_factory=list)
+    updaters: dict[int, int] = field(default_factory=dict)
+    """update id -> the cell that sent it (a bucket's route is its sender and engines)."""
     samples: list[SampleGenerated] = field(default_factory=list)
     retries: list[RequestRetried] = field(default_factory=list)
     """The tries the router failed that were sent again (a request's last is a sample)."""
@@ -96,6 +100,8 @@ class WitnessIndex:
                 index.trained.append(e)
             elif isinstance(e, BucketReceived):
                 index.buckets.append(e)
+            elif isinstance(e, UpdateBegan):
+                index.updaters[e.update_id] = e.updater
             elif isinstance(e, HeartbeatMissed):
                 index.misses.append(e)
             elif isinstance(e, RequestRetried):

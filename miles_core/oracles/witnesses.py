@@ -13,7 +13,8 @@ recorded after the fault fired:
     slow_cell             the cell's steps begun in the window took longer than its
                           other steps, by at least half the slowdown
     slow_link             buckets sent in the window took longer per byte than the
-                          others, by at least half the slowdown
+                          others of the same route (sender, engines), by at least half
+                          the slowdown
     delay_router          requests sent in the window spent at least half the delay
                           outside the engine (the router's own time)
     fail_router           a request sent in the window failed at the router (a try that
@@ -39,6 +40,7 @@ from collections.abc import Callable
 from miles_core.cells import CellState
 from miles_core.engines import EngineState
 from miles_core.events import (
+    BucketReceived,
     CellStarted,
     CellStateChanged,
     EngineExited,
@@ -155,6 +157,11 @@ def unfired_reason(fault: FaultScheduled, history: History) -> str:
         return f"the run ended early ({end.status.value} after {steps} of {planned} steps)"
     if fault.at is not None:
         return f"the run ended at t={end_t:g}, before its time t={fault.at:g}; move it earlier"
+    if fault.detail.startswith("after "):
+        return (
+            f"the run completed before what it waits for ({fault.detail}) came, or before its "
+            "seconds after it ran out; wait on something the run reaches, or make it longer"
+        )
     target = f"cell {fault.cell}" if fault.cell is not None else fault.engine or "the world"
     return (
         f"the run completed its {max(planned, steps)} steps without reaching that point for "
@@ -292,12 +299,28 @@ def _cell_slowed(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | N
 
 
 def _link_slowed(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None:
+    """Time per byte in the window against the same route's outside it (sender and engines:
+    within a node a bucket moves ten times faster than between nodes, so a failover to a
+    cell beside the engines must not read as a link that was not slowed); where no send
+    of a route came outside the window, against every send outside it."""
     del seq
     windows = index.windows(FaultKind.SLOW_LINK)
-    inside = [b.seconds / max(1, b.nbytes) for b in bucket_sends_in(fault, index)]
-    outside = [
-        b.seconds / max(1, b.nbytes) for b in index.buckets if not _inside(b.t - b.seconds, windows)
-    ]
+
+    def route(b: BucketReceived) -> tuple[int | None, tuple[str, ...]]:
+        return (index.updaters.get(b.update_id), b.engines)
+
+    baseline: dict[tuple[int | None, tuple[str, ...]], list[float]] = {}
+    for b in index.buckets:
+        if not _inside(b.t - b.seconds, windows):
+            baseline.setdefault(route(b), []).append(b.seconds / max(1, b.nbytes))
+    sends = bucket_sends_in(fault, index)
+    same = [b for b in sends if route(b) in baseline]
+    if same:  # each send against its own route's median: ratios, compared with 1
+        inside = [b.seconds / max(1, b.nbytes) / statistics.median(baseline[route(b)])
+                  for b in same]  # fmt: skip
+        return _slower(inside, [1.0], fault.factor or 1.0, "bucket sends")
+    inside = [b.seconds / max(1, b.nbytes) for b in sends]
+    outside = [x for per_route in baseline.values() for x in per_route]
     return _slower(inside, outside, fault.factor or 1.0, "bucket sends")
 
 

@@ -31,6 +31,10 @@ def _value(value: Any) -> str:
         return repr(value)
     if isinstance(value, str):
         return json.dumps(value)  # a TOML basic string is a JSON string
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(map(_value, value)) + "]"
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{k} = {_value(v)}" for k, v in value.items()) + " }"
     raise ConfigError("scenario", f"cannot write {value!r} to TOML", "use numbers and strings")
 
 

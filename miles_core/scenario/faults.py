@@ -10,6 +10,7 @@ A fault is what it does (its kind and target) and when it strikes (its trigger):
     mid_generation       ARMED                an engine is halfway through a request
     step_begin           step                 training step ``step`` begins
     during_recovery      ARMED                a new engine process is starting, not yet serving
+    after                fault | event, ...   seconds after fault N fired, or an event matched
 
 Steps count from 0. ARMED is ``after_step?`` and ``after_time?``: ``after_step``
 arms a point only once that step committed, ``after_time`` only from that many
@@ -35,6 +36,7 @@ from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 from miles_core.errors import ConfigError, int_at_least
+from miles_core.events import Event, event_names, event_type, plain
 from miles_core.kinds import FaultKind, FaultPoint
 from miles_core.scenario.fields import check_value, require_table
 
@@ -93,8 +95,43 @@ class DuringRecovery:
     point: ClassVar[FaultPoint | None] = FaultPoint.DURING_RECOVERY
 
 
+@dataclass(frozen=True)
+class After:
+    """``after = { fault = N, seconds = S }`` or ``after = { event = KIND, seconds = S, ... }``:
+    ``seconds`` after fault ``N`` of the scenario fired, or after the first event of that
+    kind whose fields have the values given (``{ event = "HealBegan", dst_cell = 1 }``)
+    was recorded. A moment of the run's own story means the same in every world, where a
+    time does not (a real world's clock includes its start-up)."""
+
+    fault: int | None = None
+    event: str | None = None
+    seconds: float = 0.0
+    fields: tuple[tuple[str, Any], ...] = ()
+    """The event's field values to match, as (name, value) in the order written."""
+    point: ClassVar[FaultPoint | None] = None
+
+    def matches(self, event: Event) -> bool:
+        """Whether ``event`` is the event this trigger waits for."""
+        if type(event).__name__ != self.event:
+            return False
+        return all(_frozen(plain(getattr(event, k))) == v for k, v in self.fields)
+
+    def to_mapping(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"fault": self.fault} if self.fault is not None else {}
+        if self.event is not None:
+            out |= {"event": self.event, **dict(self.fields)}
+        return out | ({"seconds": self.seconds} if self.seconds else {})
+
+
 Trigger = (
-    AtTime | BeforeAllreduce | AfterBucket | DuringHeal | MidGeneration | StepBegin | DuringRecovery
+    AtTime
+    | BeforeAllreduce
+    | AfterBucket
+    | DuringHeal
+    | MidGeneration
+    | StepBegin
+    | DuringRecovery
+    | After
 )
 TRIGGERS: Mapping[FaultPoint | None, type[Trigger]] = {
     t.point: t
@@ -119,6 +156,13 @@ def describe(trigger: Trigger) -> str:
     """Where a fault strikes, in words (recorded with the fault, printed by the CLIs)."""
     if isinstance(trigger, AtTime):
         return f"at t={trigger.at:g}"
+    if isinstance(trigger, After):
+        if trigger.fault is not None:
+            what = f"fault {trigger.fault}"
+        else:
+            args = ", ".join(f"{k}={v}" for k, v in trigger.fields)
+            what = f"{trigger.event}({args})" if args else f"{trigger.event}"
+        return f"after {what}" + (f" +{trigger.seconds:g}s" if trigger.seconds else "")
     parts = [trigger.point.value if trigger.point else ""]
     parts += [
         f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
@@ -154,6 +198,8 @@ class FaultSpec:
         """The keys a scenario file writes for this fault (dump and load round-trip)."""
         out: dict[str, Any] = {"kind": self.kind.value}
         out |= {f.name: getattr(self, f.name) for f in fields(self) if f.name != "when"}
+        if isinstance(self.when, After):
+            return out | {"after": self.when.to_mapping()}
         if self.point is not None:
             out["point"] = self.point.value
         for key in trigger_keys(type(self.when)):
@@ -322,6 +368,8 @@ def fault_from_mapping(data: Mapping[str, Any], where: str = "fault") -> AnyFaul
     kind = check_value(FaultKind, data.get("kind"), f"{where}.kind")
     cls = FAULT_TYPES[kind]
     where = f"{where} ({kind.value})"
+    if "after" in data:
+        return _fault_after(cls, data, where)
     point = check_value(FaultPoint | None, data.get("point"), f"{where}.point")
     if point is None and "at" not in data:
         choices = sorted(p.value for p in cls.points if p is not None)
@@ -350,9 +398,12 @@ def fault_from_mapping(data: Mapping[str, Any], where: str = "fault") -> AnyFaul
             f"is not used by {what} (keys {stray} would be ignored)",
             f"remove them; {what} takes {sorted(allowed - {'kind', 'point'})}",
         )
-    trigger = _trigger(trigger_cls, data, where)
+    return _built(cls, _trigger(trigger_cls, data, where), data, where)
+
+
+def _built(cls: type[FaultSpec], trigger: Trigger, data: Mapping[str, Any], where: str) -> AnyFault:
     values = {}
-    for key, hint in params.items():
+    for key, hint in _params(cls).items():
         if key not in data:
             raise ConfigError(f"{where}.{key}", "is missing", _missing_fix(key))
         _check_engine_index(key, data[key], where)
@@ -360,6 +411,71 @@ def fault_from_mapping(data: Mapping[str, Any], where: str = "fault") -> AnyFaul
     fault = cls(when=trigger, **values)
     _check_parameters(fault, where)
     return fault  # type: ignore[return-value]
+
+
+def _fault_after(cls: type[FaultSpec], data: Mapping[str, Any], where: str) -> AnyFault:
+    """A fault with an ``after`` trigger: no ``at``, no ``point``, its own keys only."""
+    for key in ("at", "point"):
+        if key in data:
+            raise ConfigError(f"{where}.{key}", "is set beside 'after'", "keep one of them")
+    stray = sorted(set(data) - {"kind", "after", *_params(cls)}, key=str)
+    if stray:
+        raise ConfigError(
+            f"{where}.{stray[0]}",
+            f"is not used by a fault with 'after' (keys {stray} would be ignored)",
+            f"remove them; it takes {sorted({'after', *_params(cls)})}",
+        )
+    return _built(cls, after_from_mapping(data["after"], f"{where}.after"), data, where)
+
+
+def after_from_mapping(data: Any, where: str) -> After:
+    """``after = { fault = N | event = KIND, seconds = S, <field> = <value> ... }``."""
+    table = require_table(data, where, "write after = { fault = 0, seconds = 5.0 }")
+    seconds = check_value(float, table.get("seconds", 0.0), f"{where}.seconds")
+    if not seconds >= 0 or seconds == float("inf"):
+        raise ConfigError(f"{where}.seconds", f"got {seconds!r}", "pass finite seconds >= 0")
+    if ("fault" in table) == ("event" in table):
+        raise ConfigError(
+            where, "names neither or both of 'fault' and 'event'", "name exactly one of them"
+        )
+    if "fault" in table:
+        stray = sorted(set(table) - {"fault", "seconds"}, key=str)
+        if stray:
+            raise ConfigError(f"{where}.{stray[0]}", "is not used after a fault", "remove it")
+        index = check_value(int, table["fault"], f"{where}.fault")
+        if index < 0:
+            raise ConfigError(f"{where}.fault", f"got {index!r}", "pass a fault's index (from 0)")
+        return After(fault=index, seconds=seconds)
+    name = check_value(str, table["event"], f"{where}.event")
+    kind = event_type(name)
+    if kind is None or name in _NOT_AWAITABLE:
+        raise ConfigError(
+            f"{where}.event",
+            f"{name!r} is not an event a run records before its end",
+            f"use one of {sorted(set(event_names()) - _NOT_AWAITABLE)}",
+        )
+    names = [f.name for f in fields(kind) if f.name != "t"]
+    matched = []
+    for key, value in table.items():
+        if key in ("event", "seconds"):
+            continue
+        if key not in names:
+            raise ConfigError(f"{where}.{key}", f"is not a field of {name}", f"use some of {names}")
+        if isinstance(value, Mapping) or value is None:
+            raise ConfigError(
+                f"{where}.{key}", f"got {value!r}", "pass a number, a string, true/false or a list"
+            )
+        matched.append((key, _frozen(value)))
+    return After(event=name, seconds=seconds, fields=tuple(matched))
+
+
+def _frozen(value: Any) -> Any:
+    """A list as a tuple, nested ones too (a fault is hashable; events hold tuples)."""
+    return tuple(_frozen(v) for v in value) if isinstance(value, list | tuple) else value
+
+
+_NOT_AWAITABLE = frozenset({"RunStarted", "RunEnded", "FaultScheduled", "TasksWaiting"})
+"""Events no fault can wait for: before the schedule exists, or after the run."""
 
 
 def _check_engine_index(key: str, value: object, where: str) -> None:

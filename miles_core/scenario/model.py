@@ -19,6 +19,7 @@ from miles_core.kinds import RunStatus
 from miles_core.loop.config import LoopConfig, check_until_witnessed
 from miles_core.oracles.liveness import LivenessPlan
 from miles_core.scenario.faults import (
+    After,
     AfterBucket,
     AnyFault,
     DropHeartbeat,
@@ -239,6 +240,8 @@ def check_faults(scenario: Scenario) -> None:
                     f"step {value} is beyond the run's {steps} steps (0..{steps - 1})",
                     "move the fault to an earlier step, or run more steps ([loop].steps / --steps)",
                 )
+        if isinstance(when, After) and when.fault is not None:
+            _check_after_fault(scenario, where, when.fault)
         if isinstance(when, AfterBucket) and when.bucket >= scenario.n_buckets:
             raise ConfigError(
                 f"{where}.bucket",
@@ -252,3 +255,28 @@ def check_faults(scenario: Scenario) -> None:
                 "drops heartbeats, but the heartbeat checker is off",
                 "set [loop].heartbeat_interval (miles' --trainer-heartbeat-checker-interval)",
             )
+
+
+def _check_after_fault(scenario: Scenario, where: str, first: int) -> None:
+    """``after = { fault = N }`` names a fault of the scenario, and the chain of faults it
+    waits on ends at one that does not wait on another (a cycle would never fire)."""
+    faults = scenario.faults
+    seen: list[int] = []
+    index: int | None = first
+    while index is not None:
+        if not 0 <= index < len(faults):
+            raise ConfigError(
+                f"{where}.after.fault",
+                f"fault {index} does not exist: the scenario has {len(faults)} faults",
+                f"pass 0 <= fault <= {len(faults) - 1} (faults count from 0, in file order)",
+            )
+        if index in seen:
+            chain = " -> ".join(map(str, [*seen, index]))
+            raise ConfigError(
+                f"{where}.after.fault",
+                f"waits on itself through faults {chain}, so none of them would fire",
+                "make one of them strike at a time or a point",
+            )
+        seen.append(index)
+        when = faults[index].when
+        index = when.fault if isinstance(when, After) else None

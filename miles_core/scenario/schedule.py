@@ -33,6 +33,7 @@ from miles_core.events import (
 from miles_core.kinds import FaultKind, FaultPoint
 from miles_core.runtime import Runtime
 from miles_core.scenario.faults import (
+    After,
     AnyFault,
     AtTime,
     DelayRouter,
@@ -160,6 +161,9 @@ class FaultSchedule:
         self._rt: Runtime | None = None
         self._history: History | None = None
         self._actions: FaultActions | None = None
+        self._after = {i: f.when for i, f in enumerate(self.faults) if isinstance(f.when, After)}
+        """Faults that strike after another fault or an event, not yet set off."""
+        self._after_events = frozenset(a.event for a in self._after.values() if a.event)
 
     def install(self, rt: Runtime, history: History, actions: FaultActions) -> None:
         """Record the schedule, start the timers, and watch the history for step points."""
@@ -267,6 +271,10 @@ class FaultSchedule:
         return fired
 
     def _observe(self, event: Event) -> None:
+        if self._after and (
+            isinstance(event, FaultInjected) or type(event).__name__ in self._after_events
+        ):
+            self._set_off(event)
         if not isinstance(event, _OBSERVED):  # one test for the many events it ignores
             return
         if isinstance(event, StepCommitted):
@@ -281,6 +289,31 @@ class FaultSchedule:
             if event.new is CellState.STOPPED and event.cell in self._pending_starts:
                 self._pending_starts.remove(event.cell)
                 self._start(event.cell)
+
+    def _set_off(self, event: Event) -> None:
+        """Start the faults whose ``after`` is this event (or this fault's firing): at once,
+        or after their seconds, each once."""
+        due = [
+            index
+            for index, after in self._after.items()
+            if (
+                after.matches(event)
+                if after.event
+                else isinstance(event, FaultInjected) and event.index == after.fault
+            )
+        ]
+        for index in due:
+            seconds = self._after.pop(index).seconds
+            if seconds == 0:
+                self._apply(index)
+            else:
+                assert self._rt is not None
+                self._rt.spawn(self._later(index, seconds), f"fault-{index}-after", eager=True)
+
+    async def _later(self, index: int, seconds: float) -> None:
+        assert self._rt is not None
+        await self._rt.sleep(seconds)
+        self._apply(index)
 
     # -- what ----------------------------------------------------------------------------
 

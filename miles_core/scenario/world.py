@@ -103,6 +103,10 @@ class TimeModel:
     reward_success_rate: float | None = None
     """Rewards are a verifier's 0 or 1, 1 with this probability (so a group can have equal
     rewards, which miles' check_reward_nonzero_std filter drops); None: uniform in [0, 1)."""
+    node_addresses: str = "ipv4"
+    """How the simulator's nodes are named, each drawn at random per run: ipv4 (10.a.b.c),
+    ipv6 (fd00::x), hostnames (node-N, which resolve to nothing) or mixed (a node each way
+    in turn). The bundles' order must not depend on it beyond the documented rule."""
 
     def __post_init__(self) -> None:
         may_be_zero = {
@@ -119,9 +123,15 @@ class TimeModel:
             raise ConfigError(
                 "reward_success_rate", f"got {rate!r}", "pass a probability strictly in (0, 1)"
             )
+        if self.node_addresses not in NODE_ADDRESSES:
+            raise ConfigError(
+                "node_addresses",
+                f"got {self.node_addresses!r}",
+                f"pass one of {', '.join(NODE_ADDRESSES)}",
+            )
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "reward_success_rate":
+            if f.name in ("reward_success_rate", "node_addresses"):
                 continue
             ok = isinstance(value, int | float) and not isinstance(value, bool)
             ok = (
@@ -138,6 +148,8 @@ class TimeModel:
             )
 
 
+NODE_ADDRESSES = ("ipv4", "ipv6", "hostnames", "mixed")
+"""How the simulator may name its nodes ([sim] node_addresses)."""
 SHAPE_SWITCHES = frozenset({"flush_refuses_while_queued"})
 """The shape's keys that are true or false (SGLang's behaviours); every other one is a count."""
 SHAPE_KEYS = frozenset(f.name for f in fields(WorldShape))
