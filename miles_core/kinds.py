@@ -57,6 +57,7 @@ class FaultKind(StrEnum):
     KILL_ENGINE = "kill_engine"
     RESTART_ENGINE = "restart_engine"
     HANG_ENGINE = "hang_engine"
+    HANG_CALL = "hang_call"
     SLOW_LINK = "slow_link"
     DELAY_ROUTER = "delay_router"
     FAIL_ROUTER = "fail_router"

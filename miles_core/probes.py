@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from miles_core.engines import EngineState
 from miles_core.events import (
     AttemptBegan,
     BucketReceived,
@@ -26,6 +27,7 @@ from miles_core.events import (
     EnginesResumed,
     EngineStamped,
     EngineStarted,
+    EngineStateChanged,
     Event,
     FaultInjected,
     FaultsHealed,
@@ -198,6 +200,16 @@ def _engine_across_nodes(e: Event, w: _Walk) -> bool:
     return any(len({e.nodes[p] for p in positions}) > 1 for positions in e.engines)
 
 
+def _call_deadline(e: Event, w: _Walk) -> bool:
+    """An engine taken out because a control call of an update got no answer in time (the
+    reason the update's own calls record, in every world)."""
+    return (
+        isinstance(e, EngineStateChanged)
+        and e.new is EngineState.DOWN
+        and e.reason.startswith("no answer to ")
+    )
+
+
 def _kinds(*kinds: type[Event]) -> Test:
     return lambda e, w: isinstance(e, kinds)
 
@@ -260,6 +272,8 @@ _CORE: tuple[tuple[str, str, Test], ...] = (
      _first_update_from_none),
     ("progress_after_heal", "a step committed after the faults were healed",
      _progress_after_heal),
+    ("call_deadline_passed", "an engine was taken out when an update's call to it got no "
+     "answer in time", _call_deadline),
     ("placed_on_many_nodes", "the world placed its GPUs on 3 nodes or more",
      lambda e, w: _nodes(e, 3)),
     ("nodes_of_two_address_families",

@@ -4,6 +4,7 @@ and the graph names the task that waits and the party it waits on."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +19,13 @@ from miles_core.events import (
 )
 from miles_core.kinds import RunStatus
 from miles_core.oracles import SAFETY
-from miles_core.scenario import SCENARIOS, make_fault, scenario_from_toml, scenario_to_toml
+from miles_core.scenario import (
+    SCENARIOS,
+    load_scenario_file,
+    make_fault,
+    scenario_from_toml,
+    scenario_to_toml,
+)
 from miles_core.scenario.liveness import Liveness
 from miles_core.waits import TaskWait, WaitGraph
 from sim.plants import planted
@@ -26,6 +33,7 @@ from sim.run import SimResult, run_scenario
 from sim.swarm import swarm_scenario
 
 HUNG = "ft_update_meets_a_hung_engine"
+FILES = Path(__file__).resolve().parent / "files"
 
 
 def _of(result: SimResult, kind: type) -> list:
@@ -86,6 +94,22 @@ def test_a_lock_never_released_fails_liveness_naming_its_holder() -> None:
     assert _failed(result) == {"end_state", "liveness"}, result.failures()
     waits = _of(result, TasksWaiting)[-1]
     assert waits.root.startswith("'loop': waits on the weights lock, held by the sync of engine-")
+
+
+def test_staleness_zero_under_slow_updates_passes_and_stalls_only_with_the_plant() -> None:
+    """torchforge #557 on miles' loop (scenarios/files): staleness counted against the
+    published version lets groups through at a bound of 0; counted against the trainer's
+    own version, nothing passes, every safety oracle still holds and liveness fails."""
+    scenario = load_scenario_file(FILES / "staleness_zero_while_updates_are_slow.toml")
+    good = run_scenario(scenario, 0)
+    assert good.ok, good.failures()
+    assert {e.step for e in _of(good, FaultsHealed)} == {6}
+    with planted("staleness_against_trainer_version"):
+        bad = run_scenario(scenario, 0)
+    assert bad.report.status is RunStatus.STALLED
+    assert not _failed(bad) & set(SAFETY), bad.failures()
+    assert "liveness" in _failed(bad)
+    assert not _of(bad, StepCommitted)[1:]  # only the first step, before any version existed
 
 
 def test_a_stall_at_the_horizon_records_its_wait_for_graph() -> None:

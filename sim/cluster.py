@@ -309,7 +309,8 @@ class SimCluster:
         now = self.rt.now()
         self._impairments = {what: (1.0, now) for what in self._impairments}
         for engine_id, engine in self.engines.items() if engines else ():
-            if (engine.dead or engine.hung) and engine_id not in self._starting:
+            stuck = engine.dead or engine.hung or engine.unanswered
+            if stuck and engine_id not in self._starting:
                 self.restart_engine(engine_id)
         return tuple(i for i, cell in enumerate(self.cells) if cell.dead)
 
@@ -342,6 +343,11 @@ class SimCluster:
     def hang_engine(self, engine_id: str) -> None:
         """The process stays alive and stops answering (nothing to report: nothing exited)."""
         self.engines[engine_id].hung = True
+
+    def hang_call(self, engine_id: str, call: str) -> None:
+        """The process leaves every ``call`` unanswered from now on (answering the rest)."""
+        engine = self.engines[engine_id]
+        engine.unanswered = engine.unanswered | {call}
 
     def restart_engine(self, engine_id: str) -> None:
         """Replace the engine's process (a fault's restart, or the control plane's recovery):

@@ -37,6 +37,9 @@ class _Mortal:
     def wait_party(self) -> str:
         """How the wait-for graph names this component when a task waits on it."""
         state = "dead" if self.dead else "hung" if getattr(self, "hung", False) else "alive"
+        unanswered = sorted(getattr(self, "unanswered", ()))
+        if unanswered and not self.dead:
+            state += f", {', '.join(unanswered)} unanswered"
         return f"{self.name} process {self.incarnation} ({state})"
 
     def kill(self) -> None:

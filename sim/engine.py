@@ -102,6 +102,8 @@ class SimEngine(_Mortal):
         self.adapter: str | None = None
         self.paused = False
         self.hung = False
+        self.unanswered: frozenset[str] = frozenset()
+        """Control calls this process accepts and never answers (a hang_call fault)."""
         self.session_open = False
         """Between begin_update and end_update (SGLang's weight-update session)."""
         self.in_flight = 0
@@ -132,6 +134,11 @@ class SimEngine(_Mortal):
         if self.hung:
             await self._death
             raise self.failure("killed while hung")
+
+    async def never_answers(self, route: str) -> None:
+        """A call this process accepted and will never answer; it fails once killed."""
+        await self._death
+        raise self.failure(f"killed with its {route} call unanswered")
 
     def _interrupt_all(self, mode: PauseMode | None) -> None:
         """Interrupt every request now: as SGLang's scheduler does before it answers, a pause
@@ -325,6 +332,15 @@ class SimEngine(_Mortal):
             raise self.failure("dead")
 
 
+ROUTES = {
+    "pause": "pause_generation",
+    "flush_cache": "flush_cache",
+    "stamp": "update_weight_version",
+    "resume": "continue_generation",
+}
+"""The SGLang route each control call goes to (the names a hang_call fault takes)."""
+
+
 class EngineHandle:
     """Calls to one process of an engine; they fail once that process is gone.
 
@@ -348,6 +364,8 @@ class EngineHandle:
         engine = self.engine
         if engine.incarnation != self.incarnation or engine.dead:  # _check's test, inline:
             engine.check(self.incarnation)  # every update makes six calls to each engine
+        if engine.unanswered and ROUTES.get(method) in engine.unanswered:
+            return engine.never_answers(ROUTES[method])
         if not engine.cluster.timing.control_reply_seconds:
             return getattr(engine, method)(*args)
         return self._after_reply(method, args)

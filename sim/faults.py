@@ -45,6 +45,9 @@ class SimFaultActions:
     def hang_engine(self, engine: str) -> None:
         self.cluster.hang_engine(engine)
 
+    def hang_call(self, engine: str, call: str) -> None:
+        self.cluster.hang_call(engine, call)
+
     def heal(self, engines: bool) -> tuple[int, ...]:
         return self.cluster.heal(engines)
 

@@ -253,6 +253,19 @@ def lora_loaded_per_updater(mp: Patcher) -> None:
     mp.setattr(Updater, "_adapter_holders", by_flag)
 
 
+def staleness_against_trainer_version(mp: Patcher) -> None:
+    """The buffer judges staleness against the version the trainer is making (its step
+    counter), not the one the engines were given (torchforge #557 at max_policy_age 0):
+    every group generated under the newest published weights counts one version stale, so
+    with a bound of 0 nothing ever passes and training waits for ever."""
+    get = DataBuffer.get
+
+    def ahead(self: DataBuffer, current_version: int | None = None, **context: Any) -> Any:
+        return get(self, None if current_version is None else current_version + 1, **context)
+
+    mp.setattr(DataBuffer, "get", ahead)
+
+
 def placement_sorted_as_text(mp: Patcher) -> None:
     """Nodes sorted by their text, not their address (miles' sort_key fell back to character
     codes for anything but a dotted quad): 10.10.0.1 before 10.9.0.1, names and IPv6
@@ -327,6 +340,7 @@ PLANTS: dict[str, tuple[Plant, str]] = {
     "unused_handler_inverted": (unused_handler_inverted, "recycled_regenerated"),
     "recovered_engine_serves_unsynced": (recovered_engine_serves_unsynced, "published_weights"),
     "lora_loaded_per_updater": (lora_loaded_per_updater, "end_state"),
+    "staleness_against_trainer_version": (staleness_against_trainer_version, "liveness"),
     "placement_sorted_as_text": (placement_sorted_as_text, "placement"),
     "placement_gpu_major": (placement_gpu_major, "placement"),
     "lock_kept_when_nothing_to_sync": (lock_kept_when_nothing_to_sync, "liveness"),

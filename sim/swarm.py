@@ -44,7 +44,14 @@ from miles_core.filters import FILTERS
 from miles_core.kinds import FaultPoint, PauseMode, RunStatus, SubmissionGranularity
 from miles_core.loop import LoopConfig
 from miles_core.scenario import Expect, Scenario, TimeModel, WorldShape, derive_seed
-from miles_core.scenario.faults import After, AnyFault, AtTime, make_fault, target_engine
+from miles_core.scenario.faults import (
+    HUNG_CALLS,
+    After,
+    AnyFault,
+    AtTime,
+    make_fault,
+    target_engine,
+)
 from miles_core.scenario.liveness import Liveness
 from miles_core.transfer import TransferMode
 from sim.aim import CELL, ENGINE, IMPAIRMENT, adjust, aimed_faults, family, probe_with
@@ -69,9 +76,11 @@ class _Draw:
     samples_per_step: int = 1
     health_interval: float = 0.0
     """--rollout-health-check-interval of the seed (with fault tolerance)."""
+    calls: tuple[str, ...] = HUNG_CALLS
+    """The control calls an update makes to each engine (no flush under in_place)."""
     relative: random.Random = dataclasses.field(default_factory=lambda: random.Random(0))
-    """Whether a restart or start follows its kill by time or by event (its own stream, so
-    the rest of the drawing is the same either way)."""
+    """Whether a restart or start follows its kill by time or by event, and whether a hang is
+    the process's or one call's (its own stream, so the rest of the drawing is the same)."""
 
     def slots(self, count: int, spacing: int = 4) -> list[int]:
         """Steps at which to strike, ``spacing`` apart, inside the fault phase."""
@@ -151,7 +160,13 @@ def _cells_at_points(d: _Draw, rate: float) -> None:
 def _recovered_by_fault_tolerance(d: _Draw, engine: str, step: int) -> None:
     """A death or a hang that only the health monitor undoes; a recovery may die starting."""
     kind = d.rng.choice(["kill_engine", "hang_engine"])
-    d.faults.append(make_fault(kind, engine=engine, point="step_begin", step=step))
+    if kind == "hang_engine" and d.relative.random() < 0.5:  # one call hangs, not the process
+        call = d.relative.choice(d.calls)
+        d.faults.append(
+            make_fault("hang_call", engine=engine, call=call, point="step_begin", step=step)
+        )
+    else:
+        d.faults.append(make_fault(kind, engine=engine, point="step_begin", step=step))
     # with miles' 30 s checks a recovery may come after the run's last step (seed 1814's
     # kill at step 7 of 12 was never recovered, so its during_recovery kill never fired)
     if kind == "kill_engine" and d.rng.random() < 0.5 and d.health_interval <= 5.0:
@@ -257,6 +272,13 @@ def _impairments(d: _Draw, rate: float, forced: str | None = None) -> None:
         kinds.append(("fail_router", {"duration": rng.uniform(1, 2) * step}))
     for (kind, keys), s in zip(kinds, starts, strict=False):
         d.faults.append(make_fault(kind, point="step_begin", step=s, **keys))
+
+
+def _update_calls(loop: LoopConfig) -> tuple[str, ...]:
+    """The control calls every update makes to each engine: miles flushes unless in_place."""
+    if loop.pause_generation_mode is PauseMode.IN_PLACE:
+        return tuple(c for c in HUNG_CALLS if c != "flush_cache")
+    return HUNG_CALLS
 
 
 def _lost_heartbeats(d: _Draw, rate: float) -> None:
@@ -476,6 +498,7 @@ def swarm_scenario(
         loop.use_fault_tolerance,
         loop.rollout_batch_size * loop.n_samples_per_prompt,
         loop.rollout_health_check_interval,
+        _update_calls(loop),
         random.Random(derive_seed(seed, "swarm.after")),
     )
     drawn = aim is None and not total_loss

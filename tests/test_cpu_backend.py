@@ -120,6 +120,9 @@ def _conformance_cases() -> list[tuple[Scenario, int | None]]:
     # retries run out, and the run fails with FlushTimeoutError in both worlds
     # faults set off by events and by other faults (after = {...}): the same moments in both
     after = load_scenario_file(ROOT / "scenarios" / "files" / "after_triggers.toml")
+    # one control call never answered (miles #2983): fault tolerance's deadline takes the
+    # engine out, in both worlds, while it still generates
+    flush_hangs = load_scenario_file(ROOT / "scenarios" / "files" / "ft_flush_never_answers.toml")
     old_sglang = load_scenario_file(
         ROOT / "scenarios" / "files" / "sglang_flush_refused_while_queued.toml"
     )
@@ -133,6 +136,7 @@ def _conformance_cases() -> list[tuple[Scenario, int | None]]:
         (sharded, None),
         (old_sglang, None),
         (after, None),
+        (flush_hangs, None),
         # the restart lands between the last bucket and the stamp (instant in the simulator,
         # seconds for real): in both worlds the update is retried and the engine synced. The
         # new process takes seconds to start here (importing torch and transformers), tens

@@ -114,6 +114,8 @@ class EngineServer(UpdateRoutes):
         """Set once the server listens (its port is part of it)."""
         self.paused = False
         self.hung = False
+        self.unanswered: frozenset[str] = frozenset()
+        """Routes accepted and never answered (the hang_call fault's)."""
         self.stopping = False
         self.session_open = False
         """Between /begin_weight_update and /end_weight_update: loads are taken only then."""
@@ -195,6 +197,10 @@ class EngineServer(UpdateRoutes):
     def hang(self) -> None:
         self.hung = True
         self._notify()
+
+    def hang_route(self, route: str) -> None:
+        """The hang_call fault: ``route`` is accepted and never answered from now on."""
+        self.unanswered = self.unanswered | {route}
 
     def die_midway(self, rid: str) -> None:
         """The fault hook: the process exits halfway through request ``rid``."""
@@ -339,6 +345,9 @@ class EngineActor:
 
     async def hang(self) -> None:
         self.server.hang()
+
+    async def hang_route(self, route: str) -> None:
+        self.server.hang_route(route)
 
     async def die_midway(self, rid: str) -> None:
         """The mid-generation kill: this process exits halfway through request ``rid``."""

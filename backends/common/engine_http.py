@@ -41,6 +41,8 @@ class Gatekeeper(Protocol):
     """What the middlewares read of the engine."""
 
     hung: bool
+    unanswered: frozenset[str]
+    """Routes (without the slash) this process accepts and never answers (hang_call)."""
     api_key: str | None
 
     @property
@@ -68,8 +70,9 @@ def middlewares(engine: Gatekeeper) -> list[Any]:
 
     @web.middleware
     async def unless_hung(request: web.Request, handler: Handler) -> web.StreamResponse:
-        """A hung engine accepts connections and never answers (the client times out)."""
-        if engine.hung:
+        """A hung engine accepts connections and never answers (the client times out); so
+        does one whose route the hang_call fault left unanswered, for that route only."""
+        if engine.hung or request.path.removeprefix("/") in engine.unanswered:
             await asyncio.Event().wait()
         return await handler(request)
 

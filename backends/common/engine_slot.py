@@ -39,6 +39,8 @@ class RayEngine:
         self.doomed = False
         self.hung = False
         """This world made its current process hang (the hang_engine fault)."""
+        self.unanswered: frozenset[str] = frozenset()
+        """Routes its current process leaves unanswered (the hang_call fault)."""
         self.gone = False
         """Ray reported its current process dead."""
 
@@ -49,6 +51,7 @@ class RayEngine:
         self.kill()
         self.incarnation += 1
         self.hung = self.gone = False
+        self.unanswered = frozenset()
         incarnation = self.incarnation
         bundle = self.world.placement.engine_bundles(self.position)[0]
         stack = self.world.stack
@@ -88,6 +91,12 @@ class RayEngine:
             self.hung = True
             self.actor.hang.remote()
 
+    async def hang_call(self, route: str) -> None:
+        """The process leaves ``route`` unanswered from now on (the hang_call fault)."""
+        if self.actor is not None:
+            self.unanswered = self.unanswered | {route}
+            await self.actor.hang_route.remote(route)
+
     async def die_midway(self, incarnation: int, rid: str) -> None:
         """That process exits halfway through request ``rid`` (the mid-generation kill),
         armed through its actor: no HTTP client can reach the hook."""
@@ -111,11 +120,13 @@ class RayEngine:
 
     def needs_restart(self) -> bool:
         """Dead, killed or hung: what liveness mode's heal restarts."""
-        return self.actor is None or self.hung or self.gone
+        return self.actor is None or self.hung or self.gone or bool(self.unanswered)
 
     def wait_party(self) -> str:
         """How the wait-for graph names this engine when a task waits on it."""
         state = "hung" if self.hung else "dead" if self.gone or self.actor is None else "alive"
+        if self.unanswered and state == "alive":
+            state += f", {', '.join(sorted(self.unanswered))} unanswered"
         return f"{self.id} process {self.incarnation} ({state})"
 
     async def request(

@@ -61,6 +61,11 @@ class RayFaultActions:
     def hang_engine(self, engine: str) -> None:
         self.world.engines[engine].hang()
 
+    def hang_call(self, engine: str, call: str) -> None:
+        """Ordered now, in effect a Ray call later (milliseconds): an HTTP call already on its
+        way may still be answered, as a process that hangs a moment later would answer it."""
+        self.world.spawn(self.world.engines[engine].hang_call(call), f"hang-call-{engine}")
+
     def heal(self, engines: bool) -> tuple[int, ...]:
         """Liveness mode's heal: impairments end; dead or hung engines get a new process."""
         self.world.end_impairments()

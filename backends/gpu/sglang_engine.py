@@ -131,6 +131,14 @@ class SGLangEngineActor:
         if self.process is not None:
             os.killpg(self.process.pid, signal.SIGSTOP)
 
+    async def hang_route(self, route: str) -> None:
+        """SGLang's server cannot be made to leave one route unanswered from outside: the
+        hang_call fault is the CPU engine's and the simulator's only; refused, not faked."""
+        raise NotImplementedError(
+            f"hang_call ({route}) cannot be injected into a real SGLang server; run the "
+            "scenario on the CPU backend or in the simulator"
+        )
+
     async def die_midway(self, rid: str) -> None:
         """The mid-generation kill: SGLang's server cannot be made to exit at a request's
         halfway token from outside, so its process is killed a moment after ``rid`` is

@@ -11,7 +11,8 @@ mistake there is caught, not repeated:
   node's: an interleaving splits a TP group or an engine across nodes);
 - the runs go IPv4 nodes first, numerically, then IPv6 nodes, numerically (a
   scope id after the address), then names that did not resolve, by name;
-- within a node, GPU ids ascend;
+- within a node, GPU ids ascend (two Ray nodes of one host share its address, and
+  their GPU ids then come in pairs: the rule cannot tell them apart);
 - a cell's or an engine's positions are contiguous, no two cells (or two
   engines) overlap, and no bundle carries more than its whole GPU (the train
   actor's and the engine coordinator's fractions together, when colocated).
@@ -67,7 +68,7 @@ def judge_placement(e: PlacementMade) -> str | None:
             )
         seen[node] = (first, end)
         gpus = e.gpus[first:end]
-        if list(gpus) != sorted(set(gpus)):
+        if list(gpus) != sorted(gpus):  # a tie: two Ray nodes behind one address (one host)
             return f"node {node}'s GPU ids go {list(gpus)} at positions {first}-{end - 1}"
     keys = [(order_key(e.sort_as[first]), node) for node, first, _ in runs]
     for (key_a, a), (key_b, b) in itertools.pairwise(keys):

@@ -9,6 +9,7 @@ recorded after the fault fired:
                           into a quorum
     kill_engine           the world saw the process die, or the engine left rotation
     hang_engine           the engine left rotation (a health check or a call timed out)
+    hang_call             the engine left rotation (the unanswered call timed out)
     restart_engine        the world reported a new process, which came to serve
     slow_cell             the cell's steps begun in the window took longer than its
                           other steps, by at least half the slowdown
@@ -376,6 +377,7 @@ WITNESSES: dict[FaultKind, Callable[[FaultInjected, int, WitnessIndex], str | No
     FaultKind.KILL_ENGINE: _engine_killed,
     FaultKind.RESTART_ENGINE: _engine_restarted,
     FaultKind.HANG_ENGINE: _engine_hung,
+    FaultKind.HANG_CALL: _engine_hung,
     FaultKind.SLOW_CELL: _cell_slowed,
     FaultKind.SLOW_LINK: _link_slowed,
     FaultKind.DELAY_ROUTER: _router_delayed,

@@ -23,7 +23,7 @@ only at that cell's moment (the updater's bucket, a healing cell).
 
 Which kinds take which triggers: kills and restarts (kill_cell, stop_cell,
 kill_engine, restart_engine) any; hang_engine any but ``mid_generation`` (an exit
-halfway through a request); start_cell and the timed impairments
+halfway through a request); hang_call, start_cell and the timed impairments
 (slow_cell, slow_link, delay_router, fail_router, drop_heartbeat) ``at`` or
 ``step_begin``, since they start a window of time rather than strike inside a call.
 """
@@ -290,6 +290,23 @@ class HangEngine(FaultSpec):
     points: ClassVar[frozenset[FaultPoint | None]] = ANY_POINT - {FaultPoint.MID_GENERATION}
 
 
+HUNG_CALLS = ("pause_generation", "flush_cache", "update_weight_version", "continue_generation")
+"""The control calls of an update a hang_call fault can leave unanswered (SGLang's routes)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class HangCall(FaultSpec):
+    """One control call of the engine's process (``call``: one of HUNG_CALLS) is accepted and
+    never answered, while the process generates and answers everything else, health checks
+    included, until it is replaced (miles #2983 / #3036: an engine whose abort never
+    returns holds the update). Only a deadline on the call gets past it."""
+
+    engine: str
+    call: str
+    kind: ClassVar[FaultKind] = FaultKind.HANG_CALL
+    points: ClassVar[frozenset[FaultPoint | None]] = WINDOW_POINTS
+
+
 @dataclass(frozen=True, kw_only=True)
 class SlowLink(FaultSpec):
     """The weight-transfer link moves bytes ``factor`` times slower."""
@@ -328,6 +345,7 @@ AnyFault = (
     | KillEngine
     | RestartEngine
     | HangEngine
+    | HangCall
     | SlowLink
     | DelayRouter
     | FailRouter
@@ -343,6 +361,7 @@ FAULT_TYPES: Mapping[FaultKind, type[FaultSpec]] = {
         KillEngine,
         RestartEngine,
         HangEngine,
+        HangCall,
         SlowLink,
         DelayRouter,
         FailRouter,
@@ -496,6 +515,7 @@ def _missing_fix(key: str) -> str:
         "duration": "pass how many seconds the fault lasts",
         "factor": f"pass how many times slower, >= {MIN_SLOWDOWN}",
         "seconds": "pass the seconds added to each request",
+        "call": f"name the call left unanswered, one of {list(HUNG_CALLS)}",
     }.get(key, f"set {key}")
 
 
@@ -530,6 +550,11 @@ def _check_parameters(fault: FaultSpec, where: str) -> None:
         value = getattr(fault, name, None)
         if value is not None and value <= 0:
             raise ConfigError(f"{where}.{name}", f"got {value!r}", "pass seconds > 0")
+    call = getattr(fault, "call", None)
+    if call is not None and call not in HUNG_CALLS:
+        raise ConfigError(
+            f"{where}.call", f"got {call!r}", f"name one of {list(HUNG_CALLS)} (SGLang's routes)"
+        )
     factor = getattr(fault, "factor", None)
     if factor is not None and factor < MIN_SLOWDOWN:
         raise ConfigError(

@@ -88,6 +88,11 @@ class FaultActions(Protocol):
         """Make the engine's process stop answering, alive (until something kills it)."""
         ...
 
+    def hang_call(self, engine: str, call: str) -> None:
+        """Make the engine's process leave every ``call`` (an SGLang route name) unanswered
+        from now on, answering everything else, until the process is replaced."""
+        ...
+
     def impair(self, fault: Impairment) -> None:
         """Slow or fail part of the world from now for ``fault.duration`` seconds."""
         ...
@@ -372,6 +377,9 @@ class FaultSchedule:
         elif kind is FaultKind.HANG_ENGINE:
             assert engine is not None
             actions.hang_engine(engine)
+        elif kind is FaultKind.HANG_CALL:
+            assert engine is not None
+            actions.hang_call(engine, fault.call)  # type: ignore[union-attr]
         else:
             assert isinstance(fault, Impairment)
             actions.impair(fault)
