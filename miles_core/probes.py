@@ -69,7 +69,9 @@ class _Walk:
     engines: int = 0
     alive: set[str] = field(default_factory=set)
     incarnation: dict[str, int] = field(default_factory=dict)
-    hung: set[str] = field(default_factory=set)
+    hung: dict[str, int] = field(default_factory=dict)
+    """Engine -> the process a hang (of the process, or of one call) struck, until a later
+    process of it is stamped: an update aborted on one is an update a hang held."""
     updates: dict[int, _Update] = field(default_factory=dict)
     heals: set[int] = field(default_factory=set)
     versions_begun: dict[int, frozenset[str]] = field(default_factory=dict)
@@ -86,20 +88,21 @@ class _Walk:
         elif isinstance(e, EngineStarted):
             self.alive.add(e.engine)
             self.incarnation[e.engine] = e.incarnation
-            self.hung.discard(e.engine)
         elif isinstance(e, EngineExited):
             self.alive.discard(e.engine)
-            self.hung.discard(e.engine)
-        elif isinstance(e, FaultInjected) and e.fault is FaultKind.HANG_ENGINE and e.engine:
-            self.hung.add(e.engine)
+        elif isinstance(e, FaultInjected) and e.fault in _HANGS and e.engine:
+            self.hung[e.engine] = self.incarnation.get(e.engine, 0)
         elif isinstance(e, UpdateBegan):
             self.updates[e.update_id] = _Update(frozenset(e.engines), e.n_buckets)
             self.versions_begun[e.version] = frozenset(e.engines)
         elif isinstance(e, BucketReceived) and e.update_id in self.updates:
             if e.bucket >= e.n_buckets - 1:
                 self.updates[e.update_id].last_arrived = True
-        elif isinstance(e, EngineStamped) and e.update_id in self.updates:
-            self.updates[e.update_id].stamped.add(e.engine)
+        elif isinstance(e, EngineStamped):
+            if e.update_id in self.updates:
+                self.updates[e.update_id].stamped.add(e.engine)
+            if e.incarnation > self.hung.get(e.engine, e.incarnation):
+                del self.hung[e.engine]  # a later process of it was synced
         elif isinstance(e, EnginesResumed | UpdateAborted):
             self.updates.pop(e.update_id, None)
         elif isinstance(e, VersionPublished):
@@ -158,8 +161,13 @@ def _shrunk_retry(e: Event, w: _Walk) -> bool:
     return isinstance(e, AttemptBegan) and e.attempt > 0 and len(e.cells) < w.num_cells
 
 
-def _collective_stalled_by_hung(e: Event, w: _Walk) -> bool:
+def _update_held_by_hang(e: Event, w: _Walk) -> bool:
     return isinstance(e, UpdateAborted) and e.cause is AbortCause.ENGINE and e.component in w.hung
+
+
+def _collective_stalled(e: Event, w: _Walk) -> bool:
+    """A broadcast waited for a member that took no part (the reason both worlds give)."""
+    return isinstance(e, UpdateAborted) and "took no part in the broadcast" in e.reason
 
 
 def _engine_lost_mid_update(e: Event, w: _Walk) -> bool:
@@ -238,6 +246,8 @@ def _kept_kv(e: Event, w: _Walk) -> bool:
     return isinstance(e, SampleGenerated) and e.kept_kv
 
 
+_HANGS = (FaultKind.HANG_ENGINE, FaultKind.HANG_CALL)
+
 _CORE: tuple[tuple[str, str, Test], ...] = (
     ("restart_between_last_bucket_and_stamp",
      "an engine of an update exited or restarted after the last bucket, before its stamp",
@@ -248,9 +258,9 @@ _CORE: tuple[tuple[str, str, Test], ...] = (
     ("retry_on_shrunk_quorum", "a step's retry ran on fewer cells than the run has",
      _shrunk_retry),
     ("flush_refused", "an engine refused a cache flush", _kinds(FlushRefused)),
-    ("collective_stalled_by_hung_member",
-     "an update aborted on an engine that was hung (alive, answering nothing)",
-     _collective_stalled_by_hung),
+    ("update_held_by_a_hang",
+     "an update aborted on an engine a hang had struck (the process's, or one call's)",
+     _update_held_by_hang),
     ("engine_lost_mid_update", "an engine of an update under way exited",
      _engine_lost_mid_update),
     ("cell_lost_mid_update", "an update aborted because its updating cell failed",
@@ -287,6 +297,8 @@ _OTHER: tuple[tuple[str, str, Test], ...] = (
     ("kept_kv_across_update", "a sample kept its KV cache across an update", _kept_kv),
     ("engine_across_nodes", "an engine's GPUs were placed on more than one node",
      _engine_across_nodes),
+    ("collective_stalled_by_hung_member", "a broadcast waited out its timeout for a member "
+     "that took no part (a hang mid-update)", _collective_stalled),
 )  # fmt: skip
 """Counted and reported, not required."""
 

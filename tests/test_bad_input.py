@@ -50,7 +50,7 @@ LOOP_KEYS = tuple(f.name for f in dataclasses.fields(LoopConfig))
 SIM_KEYS = tuple(sorted(SHAPE_COUNTS | TIME_KEYS))
 """The [sim] keys that take numbers (SHAPE_SWITCHES take true or false)."""
 LIMITS = tuple(sorted(LIMIT_KEYS))
-PARAM_KEYS = ("cell", "engine", "duration", "factor", "seconds")
+PARAM_KEYS = ("cell", "engine", "duration", "factor", "seconds", "call")
 TRIGGER_KEYS = ("at", "step", "bucket", "after_step", "after_time")
 FAULT_KEYS = ("kind", "point", *TRIGGER_KEYS, *PARAM_KEYS)
 
@@ -716,7 +716,14 @@ def test_world_switches_take_only_true_or_false(key: str, value: Any) -> None:
 
 # -- every fault kind at every point it takes, and a key that point would ignore -----------
 
-PARAM_VALUES = {"cell": 0, "engine": "engine-0", "duration": 5.0, "factor": 2.0, "seconds": 1.0}
+PARAM_VALUES = {
+    "cell": 0,
+    "engine": "engine-0",
+    "duration": 5.0,
+    "factor": 2.0,
+    "seconds": 1.0,
+    "call": "flush_cache",
+}
 TRIGGER_VALUES = {"at": 1.0, "step": 1, "bucket": 1, "after_step": 1, "after_time": 2.5}
 
 

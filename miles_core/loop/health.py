@@ -77,6 +77,12 @@ class EngineHealthMonitor:
         self.engines.failed(engine, incarnation, reason)
         self._recover(engine, reason)
 
+    def replace(self, engine: str, incarnation: int, reason: str) -> None:
+        """An update's call to that process got no answer in time: it may be generating
+        still, unpaused, on old weights, so it is replaced now, as after a failed check."""
+        if self.ctx.engines.incarnation(engine) == incarnation:
+            self._recover(engine, reason)
+
     def _recover(self, engine: str, reason: str) -> None:
         ctx = self.ctx
         now = ctx.rt.now()

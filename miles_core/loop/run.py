@@ -111,9 +111,9 @@ class Orchestrator:
         self.engines = EngineSupervisor(self.ctx, on_unsynced=self._sync_soon)
         self.producer = Producer(self.ctx, self.engines)
         self.trainer = Trainer(self.ctx)
-        self.updater = Updater(self.ctx, self.engines, self.trainer)
-        self.monitor = HeartbeatMonitor(self.ctx, self.trainer)
         self.health = EngineHealthMonitor(self.ctx, self.engines)
+        self.updater = Updater(self.ctx, self.engines, self.trainer, self.health.replace)
+        self.monitor = HeartbeatMonitor(self.ctx, self.trainer)
         self.report: RunReport | None = None
         self.missed = ""
         """Why the run missed its liveness bound (liveness mode)."""

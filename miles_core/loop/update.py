@@ -98,10 +98,18 @@ class _CallNames(Sequence[str]):
 
 
 class Updater:
-    def __init__(self, ctx: RunContext, engines: EngineSupervisor, trainer: Trainer) -> None:
+    def __init__(
+        self,
+        ctx: RunContext,
+        engines: EngineSupervisor,
+        trainer: Trainer,
+        replace: Callable[[str, int, str], None] = lambda engine, incarnation, reason: None,
+    ) -> None:
         self.ctx = ctx
         self.engines = engines
         self.trainer = trainer
+        self.replace = replace
+        """Fault tolerance's replacement of a process now (EngineHealthMonitor.replace)."""
         units = ctx.cluster.units
         if ctx.config.lora_adapter is not None:  # the base model stays; the adapter travels whole
             units = (lora_unit(ctx.config.lora_adapter, ctx.cluster.lora_params),)
@@ -145,7 +153,14 @@ class Updater:
                 try:
                     if await ctx.rt.wait_any([task, ctx.rt.timer(timeout)]) == 1:
                         task.cancel(f"{method} timed out")
-                        return EngineFailure(engine, f"no answer to {method} within {timeout:g}s")
+                        reason = f"no answer to {method} within {timeout:g}s"
+                        # it may still generate, unpaused, on old weights: out and replaced
+                        # now, as after a failed health check (seed 9912 --liveness: its
+                        # sample of v4 came after v5 was published, before the monitor's
+                        # next round replaced it)
+                        self.engines.failed(engine, incarnation, reason)
+                        self.replace(engine, incarnation, reason)
+                        return EngineFailure(engine, reason)
                 except BaseException:  # the update was cancelled: its call must not go on
                     task.cancel(f"the update's {method} was cancelled")  # to act for it
                     raise
