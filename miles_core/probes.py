@@ -307,6 +307,10 @@ PROBES: tuple[Probe, ...] = (
     *(Probe(name, doc, test) for name, doc, test in _OTHER),
 )
 PROBE_NAMES = tuple(p.name for p in PROBES)
+NOT_IN_LIVENESS = frozenset({"flush_refused"})
+"""Core probes liveness mode cannot reach: the swarm's only refused flushes are those of an
+SGLang before #31962 under retract, whose runs must fail (FlushTimeoutError), and a
+liveness run must not."""
 CORE = frozenset(p.name for p in PROBES if p.core)
 
 
@@ -319,4 +323,4 @@ def probes_hit(history: Iterable[Event]) -> frozenset[str]:
     return frozenset(hit)
 
 
-__all__ = ["CORE", "PROBES", "PROBE_NAMES", "Probe", "probes_hit"]
+__all__ = ["CORE", "NOT_IN_LIVENESS", "PROBES", "PROBE_NAMES", "Probe", "probes_hit"]

@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             bar.close()
     except KeyboardInterrupt:
         run.interrupted = True
-    info = summary(run, workers, nodes, args.plant)
+    info = summary(run, workers, nodes, args.plant, args.liveness)
     written = write_out(Path(args.out), info, run.tally) if args.out is not None else []
     if args.json:
         print(json.dumps(info, sort_keys=True))

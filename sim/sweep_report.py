@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from miles_core.coverage import PHASES, CoverageCell, reachable
-from miles_core.probes import CORE, PROBES
+from miles_core.probes import CORE, NOT_IN_LIVENESS, PROBES
 from sim.aim import AIMABLE
 from sim.judge import SeedOutcome
 from sim.run import replay_command
@@ -53,15 +53,17 @@ def coverage_json(tally: Tally) -> dict[str, Any]:
     }
 
 
-def probes_json(tally: Tally) -> dict[str, Any]:
-    """Seeds per probe (every probe, 0 for those none hit) and the core ones none hit."""
+def probes_json(tally: Tally, liveness: bool = False) -> dict[str, Any]:
+    """Seeds per probe (every probe, 0 for those none hit) and the core ones none hit (in
+    liveness mode, of those it can reach)."""
     seeds = {p.name: tally.probes.get(p.name, 0) for p in PROBES}
     missed = [name for name, n in seeds.items() if n == 0]
+    core = CORE - NOT_IN_LIVENESS if liveness else CORE
     return {
         "seeds": seeds,
-        "core": sorted(CORE),
+        "core": sorted(core),
         "missed": missed,
-        "core_missed": [name for name in missed if name in CORE],
+        "core_missed": [name for name in missed if name in core],
     }
 
 
@@ -107,7 +109,9 @@ def _order(outcome: SeedOutcome) -> tuple[str, int, str]:
     return (outcome.source, outcome.seed, "" if outcome.aim is None else outcome.aim.key())
 
 
-def summary(run: SweepRun, workers: int, nodes: int, plant: str | None) -> dict[str, Any]:
+def summary(
+    run: SweepRun, workers: int, nodes: int, plant: str | None, liveness: bool = False
+) -> dict[str, Any]:
     tally = run.tally
     return {
         "seeds": tally.seeds,
@@ -123,7 +127,7 @@ def summary(run: SweepRun, workers: int, nodes: int, plant: str | None) -> dict[
         "failures": [_failure(o) for o in sorted(tally.failures, key=_order)],
         "determinism": {"rechecked": run.rechecked, "differed": run.nondeterministic},
         "idle_windows": dict(sorted(tally.idle.items())),
-        "probes": probes_json(tally),
+        "probes": probes_json(tally, liveness),
         "findability": findability(tally) if plant is not None else None,
         "coverage": coverage_json(tally),
     }

@@ -89,3 +89,12 @@ def test_a_heal_after_a_bucket_meets_the_update_in_flight() -> None:
 def test_every_probe_has_a_unique_name_and_a_doc() -> None:
     assert len(set(PROBE_NAMES)) == len(PROBES)
     assert all(p.doc for p in PROBES) and set(PROBE_NAMES) >= CORE
+
+
+def test_liveness_mode_does_not_ask_for_the_probes_it_cannot_reach() -> None:
+    from sim.sweep import Tally
+    from sim.sweep_report import probes_json
+
+    tally = Tally(probes={name: 1 for name in CORE if name != "flush_refused"})
+    assert probes_json(tally)["core_missed"] == ["flush_refused"]
+    assert probes_json(tally, liveness=True)["core_missed"] == []

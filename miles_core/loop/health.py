@@ -16,7 +16,10 @@ weight update brings them the weights. Here:
   wait and the checks follow the resume, not the next interval (a pause that
   begins and ends between two intervals goes unseen: no first wait follows it);
 - an engine that fails its check, or does not answer within
-  ``rollout_health_check_timeout``, leaves rotation and its process is replaced;
+  ``rollout_health_check_timeout``, leaves rotation and its process is replaced; so
+  does one that an update's control call got no answer from in that time (``replace``,
+  called by the Updater at once, not after the first wait: the process may still be
+  generating, unpaused, on old weights);
 - an engine that is down (it failed a call, or the world saw it exit) is
   recovered: the world starts a new process, which serves once synced to the
   published weights. Recovery does not pause: an update may be waiting for an
