@@ -8,7 +8,7 @@ how many seeds hit each probe and the ones none hit; ``--require-probes`` fails
 a sweep that missed one of the CORE set (what CI's sweep must reach).
 
 Every probe reads only recorded events, through one walk over the history
-(``_Walk``): what was under way (updates, heals, attempts), which engines were
+(``_Walk``): what was under way (updates), which engines were
 alive or hung, which buckets had arrived, which engines were stamped.
 """
 
@@ -35,7 +35,6 @@ from miles_core.events import (
     GroupDropped,
     GroupRecycled,
     HealBegan,
-    HealEnded,
     HeartbeatMissed,
     PlacementMade,
     RequestRetried,
@@ -66,14 +65,12 @@ class _Walk:
     """What was under way at a moment of the history (updated after the probes saw it)."""
 
     num_cells: int = 0
-    engines: int = 0
     alive: set[str] = field(default_factory=set)
     incarnation: dict[str, int] = field(default_factory=dict)
     hung: dict[str, int] = field(default_factory=dict)
     """Engine -> the process a hang (of the process, or of one call) struck, until a later
     process of it is stamped: an update aborted on one is an update a hang held."""
     updates: dict[int, _Update] = field(default_factory=dict)
-    heals: set[int] = field(default_factory=set)
     versions_begun: dict[int, frozenset[str]] = field(default_factory=dict)
     """version -> the engines of the last update that began with it."""
     published: bool = False
@@ -82,7 +79,7 @@ class _Walk:
 
     def see(self, e: Event) -> None:
         if isinstance(e, RunStarted):
-            self.num_cells, self.engines = e.num_cells, len(e.engines)
+            self.num_cells = e.num_cells
             self.alive = set(e.engines)
             self.incarnation = dict.fromkeys(e.engines, 0)
         elif isinstance(e, EngineStarted):
@@ -107,10 +104,6 @@ class _Walk:
             self.updates.pop(e.update_id, None)
         elif isinstance(e, VersionPublished):
             self.published = True
-        elif isinstance(e, HealBegan):
-            self.heals.add(e.dst_cell)
-        elif isinstance(e, HealEnded):
-            self.heals.discard(e.dst_cell)
         elif isinstance(e, SampleGenerated) and e.version is None:
             self.generated_under_none = True
         elif isinstance(e, FaultsHealed):

@@ -101,7 +101,7 @@ def test_updater_dying_after_many_updates_continues_the_version() -> None:
 
 def test_a_private_counter_like_the_seed_report_is_caught(monkeypatch) -> None:
     """The updater counts versions itself (PR #2244's P2): the oracle must catch it."""
-    import sim.run
+    import miles_core.scenario.schedule
     from miles_core.loop import Orchestrator
 
     class PrivateCounters:
@@ -128,7 +128,7 @@ def test_a_private_counter_like_the_seed_report_is_caught(monkeypatch) -> None:
             super().__init__(*args, **kwargs)
             self.ctx.ledger = PrivateCounters()  # type: ignore[assignment]
 
-    monkeypatch.setattr(sim.run, "Orchestrator", BuggyOrchestrator)
+    monkeypatch.setattr(miles_core.scenario.schedule, "Orchestrator", BuggyOrchestrator)
     result = run_scenario(SCENARIOS["updater_dies_after_many_updates"], seed=0)
     violation = result.verdicts["monotonic_versions"]
     assert violation is not None

@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from miles_core.errors import ConfigError
 from miles_core.events import Event, History, StepCommitted
 from miles_core.kinds import RunStatus
-from miles_core.loop import Orchestrator, RunReport
+from miles_core.loop import RunReport
 from miles_core.oracles import SAFETY, WHOLE_RUN, Violation, check_all
 from miles_core.oracles.base import forget
 from miles_core.report.interrupt import CUT, ctrl_c_calls, judge_prefix
 from miles_core.scenario import Scenario
-from miles_core.scenario.schedule import schedule_for
+from miles_core.scenario.schedule import orchestrator_for, schedule_for
 from miles_core.versions import VersionLedger
 from sim.cluster import SimCluster
 from sim.faults import SimFaultActions
@@ -160,7 +160,6 @@ def _run(
 ) -> SimResult:
     rt = SimRuntime(seed)
     live = scenario.liveness
-    plan = scenario.liveness_plan()
     schedule = schedule_for(scenario)
     timeout = scenario.loop.update_weight_collective_timeout
     cluster = SimCluster(rt, scenario.world, scenario.timing, schedule, timeout)
@@ -169,17 +168,7 @@ def _run(
         history.observe(observer)
     if check_every is not None:
         history.observe(_live_checker(history, check_every))
-    control = Orchestrator(
-        rt,
-        cluster,
-        scenario.loop,
-        history,
-        ledger,
-        expected_status=scenario.expect.status,
-        expected_error=scenario.expect.error,
-        until_witnessed=scenario.until_witnessed,
-        liveness=plan,
-    )
+    control = orchestrator_for(scenario, rt, cluster, history, ledger)
     most_steps = scenario.until_witnessed or scenario.loop.steps
     if live is not None:  # the run goes on past its steps until liveness is met
         most_steps = max(most_steps, live.heal_step) + live.steps + 1

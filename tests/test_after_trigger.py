@@ -18,7 +18,6 @@ from miles_core.events import FaultInjected, HealBegan
 from miles_core.scenario import load_scenario_file
 from miles_core.scenario.dump import scenario_to_toml
 from miles_core.scenario.faults import After, make_fault
-from miles_core.scenario.library import SCENARIOS
 from miles_core.scenario.load import scenario_from_toml
 from sim.run import run_scenario
 from sim.shrink import kept
@@ -39,7 +38,7 @@ def test_each_fault_fires_when_what_it_waits_for_happened() -> None:
 
 
 def test_seconds_delay_the_fault_and_it_fires_once() -> None:
-    base = SCENARIOS["heal_twice"] if "heal_twice" in SCENARIOS else load_scenario_file(FILE)
+    base = load_scenario_file(FILE)
     restart = make_fault(
         "restart_engine", engine="engine-0", after={"event": "StepCommitted", "seconds": 2.5}
     )

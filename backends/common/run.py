@@ -57,7 +57,7 @@ from miles_core.placement import LayoutConfig, compute_layout
 from miles_core.report import summary
 from miles_core.report.interrupt import CUT, judge_prefix
 from miles_core.scenario import Scenario, WorldShape
-from miles_core.scenario.schedule import FaultSchedule, schedule_for
+from miles_core.scenario.schedule import FaultSchedule, orchestrator_for, schedule_for
 from miles_core.transfer import TransferMode
 
 REAL_HEARTBEAT_TIMEOUT = 5.0
@@ -406,7 +406,6 @@ async def _run(
     scenario: Scenario, seed: int, pg: Any, placement: Any, options: _Options
 ) -> RealResult:
     rt = AsyncioRuntime(seed)
-    plan = scenario.liveness_plan()
     schedule = schedule_for(scenario)
     world = _world(rt, schedule, scenario, pg, placement, options)
     history = History()
@@ -421,17 +420,7 @@ async def _run(
             history.observe(metrics)
             for observer in options.observers:
                 history.observe(observer)
-            control = Orchestrator(
-                rt,
-                world,
-                loop,
-                history,
-                ledger,
-                expected_status=scenario.expect.status,
-                expected_error=scenario.expect.error,
-                until_witnessed=scenario.until_witnessed,
-                liveness=plan,
-            )
+            control = orchestrator_for(scenario, rt, world, history, ledger, loop)
             schedule.install(rt, history, RayFaultActions(world, options.announce))
             started = rt.now()
             report = await _drive(control, world, options.timeout, ctrl_c)

@@ -31,6 +31,7 @@ from miles_core.events import (
     StepCommitted,
 )
 from miles_core.kinds import FaultKind, FaultPoint
+from miles_core.loop import LoopConfig, Orchestrator
 from miles_core.runtime import Runtime
 from miles_core.scenario.faults import (
     After,
@@ -46,7 +47,9 @@ from miles_core.scenario.faults import (
 )
 
 if TYPE_CHECKING:
+    from miles_core.backend import Cluster
     from miles_core.scenario.model import Scenario
+    from miles_core.versions import VersionLedger
 
 Impairment = SlowCell | SlowLink | DelayRouter | FailRouter | DropHeartbeat
 """A fault that changes how the world behaves for ``duration`` seconds."""
@@ -399,4 +402,27 @@ def schedule_for(scenario: Scenario) -> FaultSchedule:
         plan.seconds if plan is not None else None,
         heal_engines=not scenario.loop.use_fault_tolerance,
         heal_point=scenario.liveness.heal_point if scenario.liveness else FaultPoint.STEP_BEGIN,
+    )
+
+
+def orchestrator_for(
+    scenario: Scenario,
+    rt: Runtime,
+    cluster: Cluster,
+    history: History,
+    ledger: VersionLedger | None,
+    loop: LoopConfig | None = None,
+) -> Orchestrator:
+    """The control plane of a run of ``scenario`` in any world: its loop (or ``loop``, a
+    real world's run of it), the ending it expects, until_witnessed and liveness mode."""
+    return Orchestrator(
+        rt,
+        cluster,
+        scenario.loop if loop is None else loop,
+        history,
+        ledger,
+        expected_status=scenario.expect.status,
+        expected_error=scenario.expect.error,
+        until_witnessed=scenario.until_witnessed,
+        liveness=scenario.liveness_plan(),
     )
