@@ -80,11 +80,8 @@ def test_megatron_tp2_cells_train_and_engines_hold_their_weights_bitwise(ray_clu
         ("cell_crash_before_allreduce", "nccl"),
         # over IPC's shared files, whose sender dies mid-update
         ("crash_mid_weight_update", "ipc"),
-        # an engine restarted between the last bucket and the stamp: in both worlds the
-        # update is retried and the new process synced. A real start takes seconds (9.5 s
-        # here beside the Megatron ranks, 0.34 s a step; 40 steps ended first in a CI run):
-        # the scenario's until_witnessed runs on until the new process serves
-        ("restart_before_stamp", "nccl"),
+        # (restart_before_stamp is left out to keep CI under 15 minutes: the CPU backend's
+        # conformance runs it, through the same engine actor and restart path)
     ],
 )
 def test_conformance_with_the_simulator(ray_cluster, name: str, transport: str) -> None:

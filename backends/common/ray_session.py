@@ -9,8 +9,9 @@ and the interpreter then crashed at exit). A command's session says on stderr
 that Ray is starting (a spinner on a terminal: it takes seconds), and its
 driver prints no raylet alarm about a worker that a fault killed on purpose
 (``ray_quiet``); a local session's autoscaler monitor is killed before
-``ray.shutdown``, which otherwise waits a second for it. ``placed_bundles`` asks Ray where
-each bundle of a placement group landed (node address and GPU id, from a task
+``ray.shutdown``, which otherwise waits a second for it, and the session's workers are
+waited for (killed after ``SHUTDOWN_WAIT_S``) so none outlives the run. ``placed_bundles``
+asks Ray where each bundle of a placement group landed (node address and GPU id, from a task
 inside the bundle, where miles asks an InfoActor) and lets miles_core.placement
 order them, resolving a node that Ray knows by hostname with ``dns_resolver``
 (miles' placement_group.sort_key calls ``socket.gethostbyname``); the resolver
@@ -36,6 +37,7 @@ import ray._private.worker
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from backends.common.process_tree import Proc, descendants, wait_gone
 from backends.common.ray_quiet import quiet_intended_exits
 from backends.common.spinner import spinner
 from miles_core.placement import Bundle, Layout, Placement, Resolver, place
@@ -122,11 +124,26 @@ def _ray_session(
             yield
     finally:
         with _ctrl_c_held():
+            started = _session_processes() if tmp is not None else set()
             if tmp is not None:
                 _kill_monitor()
             ray.shutdown()
+            wait_gone(started, timeout_s=SHUTDOWN_WAIT_S)
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
+
+
+SHUTDOWN_WAIT_S = 5.0
+"""How long a local session's workers get to exit after ``ray.shutdown`` before a SIGKILL."""
+
+
+def _session_processes() -> set[Proc]:
+    """Ray's daemons of this local session and every process under them (the workers)."""
+    node = getattr(ray._private.worker, "_global_node", None)
+    if node is None:
+        return set()
+    roots = [info.process.pid for infos in node.all_processes.values() for info in infos]
+    return descendants(roots)
 
 
 def _kill_monitor() -> None:
