@@ -51,6 +51,8 @@ class SubmissionGranularity(StrEnum):
 
 class FaultKind(StrEnum):
     KILL_CELL = "kill_cell"
+    KILL_RANK = "kill_rank"
+    FAIL_RANK = "fail_rank"
     STOP_CELL = "stop_cell"
     START_CELL = "start_cell"
     SLOW_CELL = "slow_cell"
@@ -58,6 +60,7 @@ class FaultKind(StrEnum):
     RESTART_ENGINE = "restart_engine"
     HANG_ENGINE = "hang_engine"
     HANG_CALL = "hang_call"
+    SLOW_START = "slow_start"
     SLOW_LINK = "slow_link"
     DELAY_ROUTER = "delay_router"
     FAIL_ROUTER = "fail_router"

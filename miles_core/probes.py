@@ -24,6 +24,7 @@ from miles_core.events import (
     CellStarted,
     EngineExited,
     EngineHealthFailed,
+    EngineRecoveryAsked,
     EnginesResumed,
     EngineStamped,
     EngineStarted,
@@ -35,6 +36,7 @@ from miles_core.events import (
     GroupDropped,
     GroupRecycled,
     HealBegan,
+    HealEnded,
     HeartbeatMissed,
     PlacementMade,
     RequestRetried,
@@ -76,6 +78,12 @@ class _Walk:
     published: bool = False
     generated_under_none: bool = False
     healed: bool = False
+    slow_starts: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Engine -> (end of its slow_start window, the seconds a start begun in it takes)."""
+    slow_recoveries: dict[str, float] = field(default_factory=dict)
+    """Engine -> when a recovery was asked for it inside its slow_start window."""
+    ranks_per_cell: dict[int, int] = field(default_factory=dict)
+    """Cell -> its ranks, as the world placed them."""
 
     def see(self, e: Event) -> None:
         if isinstance(e, RunStarted):
@@ -85,10 +93,15 @@ class _Walk:
         elif isinstance(e, EngineStarted):
             self.alive.add(e.engine)
             self.incarnation[e.engine] = e.incarnation
+            self.slow_recoveries.pop(e.engine, None)
         elif isinstance(e, EngineExited):
             self.alive.discard(e.engine)
         elif isinstance(e, FaultInjected) and e.fault in _HANGS and e.engine:
             self.hung[e.engine] = self.incarnation.get(e.engine, 0)
+        elif isinstance(e, FaultInjected) and e.fault is FaultKind.SLOW_START and e.engine:
+            self.slow_starts[e.engine] = (e.t + (e.duration or 0.0), e.seconds or 0.0)
+        elif isinstance(e, EngineRecoveryAsked) and e.t < self.slow_starts.get(e.engine, (0,))[0]:
+            self.slow_recoveries[e.engine] = e.t
         elif isinstance(e, UpdateBegan):
             self.updates[e.update_id] = _Update(frozenset(e.engines), e.n_buckets)
             self.versions_begun[e.version] = frozenset(e.engines)
@@ -108,6 +121,8 @@ class _Walk:
             self.generated_under_none = True
         elif isinstance(e, FaultsHealed):
             self.healed = True
+        elif isinstance(e, PlacementMade):
+            self.ranks_per_cell = {cell: len(ranks) for cell, ranks in enumerate(e.cells)}
 
 
 Test = Callable[[Event, _Walk], bool]
@@ -211,6 +226,18 @@ def _call_deadline(e: Event, w: _Walk) -> bool:
     )
 
 
+def _slow_recovery_awaited(e: Event, w: _Walk) -> bool:
+    """A recovery asked inside a slow_start window came up, after the seconds that start
+    takes: the monitor waited for it instead of replacing the process being started."""
+    if not isinstance(e, EngineStarted) or e.engine not in w.slow_recoveries:
+        return False
+    return e.t - w.slow_recoveries[e.engine] >= w.slow_starts[e.engine][1] - 1e-9
+
+
+def _sharded_cell_healed(e: Event, w: _Walk) -> bool:
+    return isinstance(e, HealEnded) and e.ok and w.ranks_per_cell.get(e.dst_cell, 1) > 1
+
+
 def _kinds(*kinds: type[Event]) -> Test:
     return lambda e, w: isinstance(e, kinds)
 
@@ -277,8 +304,14 @@ _CORE: tuple[tuple[str, str, Test], ...] = (
      _progress_after_heal),
     ("call_deadline_passed", "an engine was taken out when an update's call to it got no "
      "answer in time", _call_deadline),
+    ("slow_recovery_awaited", "a recovery asked while its engine starts slowly (slow_start) "
+     "came up, after all the seconds that start takes", _slow_recovery_awaited),
     ("placed_on_many_nodes", "the world placed its GPUs on 3 nodes or more",
      lambda e, w: _nodes(e, 3)),
+    ("sharded_cell_healed", "a cell of several ranks was healed back (rank by rank)",
+     _sharded_cell_healed),
+    ("engine_across_nodes", "an engine's GPUs were placed on more than one node",
+     _engine_across_nodes),
     ("nodes_of_two_address_families",
      "the nodes were named two ways or more (IPv4, IPv6, unresolved names)", _address_families),
 )  # fmt: skip
@@ -288,8 +321,6 @@ _OTHER: tuple[tuple[str, str, Test], ...] = (
     ("engine_health_failed", "an engine failed a health check", _kinds(EngineHealthFailed)),
     ("group_dropped", "a group was dropped", _kinds(GroupDropped)),
     ("kept_kv_across_update", "a sample kept its KV cache across an update", _kept_kv),
-    ("engine_across_nodes", "an engine's GPUs were placed on more than one node",
-     _engine_across_nodes),
     ("collective_stalled_by_hung_member", "a broadcast waited out its timeout for a member "
      "that took no part (a hang mid-update)", _collective_stalled),
 )  # fmt: skip

@@ -352,11 +352,12 @@ class SimCluster:
     def restart_engine(self, engine_id: str) -> None:
         """Replace the engine's process (a fault's restart, or the control plane's recovery):
         the old one dies now and the world reports its exit; the new one comes up after the
-        world's engine_start_seconds (at once with 0), and the world reports it, or its death
-        if it died while starting. A restart while a new process starts replaces that start
-        (its process is killed before it answered, as Ray kills a pending actor)."""
+        world's engine_start_seconds (at once with 0), plus what a slow_start fault adds to a
+        start begun in its window, and the world reports it, or its death if it died while
+        starting. A restart while a new process starts replaces that start (its process is
+        killed before it answered, as Ray kills a pending actor)."""
         self.kill_engine(engine_id)
-        seconds = self.timing.engine_start_seconds
+        seconds = self.timing.engine_start_seconds + self.slowdown(f"start-{engine_id}") - 1.0
         if not seconds:
             self._start_engine(engine_id)
             return

@@ -18,6 +18,7 @@ from miles_core.backend import (
 from miles_core.buffer import Group
 from miles_core.cells import Heal, Outcome
 from miles_core.kinds import FaultPoint
+from miles_core.scenario.faults import RANK_FAILED
 from sim.runtime import SimRuntime, SimSignal
 
 if TYPE_CHECKING:
@@ -74,6 +75,8 @@ class SimCell(_Mortal):
         self._compute = cluster.rt.rng(f"cell-{index}.compute")
         self._heartbeat = f"heartbeat-{index}"
         """What a dropped-heartbeat fault impairs (named once: every heartbeat asks)."""
+        self.raising = False
+        """A rank raises in the step about to exchange (the fail_rank fault)."""
 
     def failure(self, reason: str) -> CellFailure:
         return CellFailure(self.index, reason)
@@ -95,6 +98,10 @@ class SimCell(_Mortal):
         fired = self.cluster.faults.fire(FaultPoint.BEFORE_ALLREDUCE, cell=self.index, step=step)
         if fired and self.dead:
             raise self.failure("killed before the gradient allreduce")
+        if fired and self.raising:  # the world kills a cell whose rank raised, as Ray's does
+            self.raising = False
+            self.cluster.kill_cell(self.index)
+            raise self.failure(f"a rank raised in train: RuntimeError: {RANK_FAILED}")
         exchange.arrive(self.index)
         if await self.rt.wait_any([exchange.done, self._death]) == 1:
             raise self.failure("killed during the gradient allreduce")

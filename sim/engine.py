@@ -200,7 +200,7 @@ class SimEngine(_Mortal):
             if outcome == 2:
                 return True
             job.recompute = False
-        per_token = t.decode_seconds_per_token * (1 + t.concurrency_slowdown * (self.in_flight + 1))
+        per_token = self.token_seconds() * (1 + t.concurrency_slowdown * (self.in_flight + 1))
         seconds = (job.total - job.done) * per_token
         faults, strike = self.cluster.faults, False
         if job.first:
@@ -323,11 +323,24 @@ class SimEngine(_Mortal):
             raise RequestRefused(self.id, f"LoRA adapter {adapter} is already loaded")
         self.adapter = adapter
 
+    def token_seconds(self) -> float:
+        """One token's decode time alone: the time model's, or the world's pace if slower."""
+        return max(
+            self.cluster.timing.decode_seconds_per_token, self.cluster.world.engine_token_seconds
+        )
+
     async def health(self) -> None:
-        """A health generate: one token's worth of time, if the engine answers at all."""
+        """A health generate: one token's worth of time, if the engine answers at all. It is
+        a request like any other (SGLang's /health_generate), so a paused engine schedules
+        it only once resumed: a check that meets an update's pause waits for its end, and
+        fails when the pause outlasts the check's timeout (why miles pauses its monitor
+        around updates)."""
         if self.hung:
             await self.answer()
-        await self.rt.sleep(self.cluster.timing.decode_seconds_per_token)
+        while self.paused and not self.dead:
+            if await self.rt.wait_any([self._resumed, self._death]) == 1:
+                break
+        await self.rt.sleep(self.token_seconds())
         if self.dead:
             raise self.failure("dead")
 
@@ -394,6 +407,12 @@ class EngineHandle:
 
     def unload_adapter(self, adapter: str) -> Awaitable[None]:
         return self._control("unload_adapter", adapter)
+
+    def token_seconds(self) -> float:
+        """One token's decode time alone: the time model's, or the world's pace if slower."""
+        return max(
+            self.cluster.timing.decode_seconds_per_token, self.cluster.world.engine_token_seconds
+        )
 
     async def health(self) -> None:  # spawned as a task: a gone process fails inside it
         await self._check().health()

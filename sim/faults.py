@@ -35,6 +35,17 @@ class SimFaultActions:
     def start_cell(self, cell: int) -> None:
         self.cluster.start_cell(cell)
 
+    def kill_rank(self, cell: int, rank: int, point: FaultPoint | None) -> None:
+        """The simulated cell is one unit: a rank's death leaves it dead to every call, as a
+        real cell is killed whole once a rank is lost (its cell-mates would wait in its
+        collectives)."""
+        del rank, point
+        self.cluster.kill_cell(cell)
+
+    def fail_rank(self, cell: int, rank: int) -> None:
+        del rank
+        self.cluster.cells[cell].raising = True
+
     def kill_engine(self, engine: str, point: FaultPoint | None) -> None:
         del point
         self.cluster.kill_engine(engine)

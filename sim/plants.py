@@ -325,6 +325,55 @@ def update_call_without_deadline(mp: Patcher) -> None:
     mp.setattr(Updater, "_call", patient)
 
 
+def recovery_asked_while_starting(mp: Patcher) -> None:
+    """The health monitor asks again for an engine whose new process is still starting,
+    once its patience (interval + timeout) ran out, as if the start were a lost one: each
+    ask replaces the process being started, so a start slower than the patience never
+    ends (seen on the CPU backend under load before the monitor kept its recoveries)."""
+    from miles_core.loop.health import EngineHealthMonitor
+
+    def forgetful(self: EngineHealthMonitor, engine: str, incarnation: int) -> None:
+        del engine, incarnation  # the bug: no recovery is ever known to be under way
+
+    mp.setattr(EngineHealthMonitor, "recovery_ended", forgetful)
+    recover = EngineHealthMonitor._recover
+
+    def impatient(self: EngineHealthMonitor, engine: str, reason: str) -> None:
+        self._under_way.pop(engine, None)
+        recover(self, engine, reason)
+
+    mp.setattr(EngineHealthMonitor, "_recover", impatient)
+
+
+class _NeverPaused:
+    """A run context whose health monitor is never paused (everything else as it is)."""
+
+    def __init__(self, ctx: Any) -> None:
+        self._ctx = ctx
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ctx, name)
+
+    monitor_paused = 0
+
+
+def monitor_probes_through_updates(mp: Patcher) -> None:
+    """The health monitor is not paused around weight updates (miles pauses it:
+    ``actor_group.update_weights`` calls ``health_monitoring_pause`` before the broadcast).
+    A /health_generate is scheduled as a request, so a paused engine answers none: an
+    update longer than the check's timeout gets its healthy engines killed, every time,
+    until the update's retries run out (``ft_updates_outlast_the_health_timeout``)."""
+    from miles_core.loop.health import EngineHealthMonitor
+
+    run = EngineHealthMonitor.run
+
+    async def unpaused(self: EngineHealthMonitor) -> None:
+        self.ctx = _NeverPaused(self.ctx)  # type: ignore[assignment]
+        await run(self)
+
+    mp.setattr(EngineHealthMonitor, "run", unpaused)
+
+
 PLANTS: dict[str, tuple[Plant, str]] = {
     "publish_after_resume": (publish_after_resume, "update_order"),
     "discarded_attempt_commits": (discarded_attempt_commits, "step_attempts"),
@@ -345,6 +394,8 @@ PLANTS: dict[str, tuple[Plant, str]] = {
     "placement_gpu_major": (placement_gpu_major, "placement"),
     "lock_kept_when_nothing_to_sync": (lock_kept_when_nothing_to_sync, "liveness"),
     "update_call_without_deadline": (update_call_without_deadline, "liveness"),
+    "recovery_asked_while_starting": (recovery_asked_while_starting, "fault_witness"),
+    "monitor_probes_through_updates": (monitor_probes_through_updates, "end_state"),
 }
 
 

@@ -81,6 +81,8 @@ class _Draw:
     relative: random.Random = dataclasses.field(default_factory=lambda: random.Random(0))
     """Whether a restart or start follows its kill by time or by event, and whether a hang is
     the process's or one call's (its own stream, so the rest of the drawing is the same)."""
+    health_timeout: float = 0.0
+    """--rollout-health-check-timeout of the seed (with fault tolerance)."""
 
     def slots(self, count: int, spacing: int = 4) -> list[int]:
         """Steps at which to strike, ``spacing`` apart, inside the fault phase."""
@@ -136,7 +138,7 @@ def _cells_at_points(d: _Draw, rate: float) -> None:
         if what == "before_allreduce":
             cell = d.rng.randrange(d.world.num_cells)
             d.faults += [
-                F("kill_cell", cell=cell, point="before_allreduce", step=s),
+                _cell_or_rank_fault(d, cell, s),
                 F("start_cell", cell=cell, point="step_begin", step=s + 2),
             ]
         elif what == "after_bucket":  # cell 0 is the updater while it is alive
@@ -157,13 +159,36 @@ def _cells_at_points(d: _Draw, rate: float) -> None:
         d.killed_cells.add(cell)
 
 
+def _cell_or_rank_fault(d: _Draw, cell: int, step: int) -> AnyFault:
+    """A cell of several ranks loses one of them half the time: a rank that dies, or one
+    that raises with its process alive (miles #1443), before the exchange of ``step``."""
+    ranks = d.world.gpus_per_cell
+    if ranks > 1 and d.relative.random() < RANK_FAULT_SHARE:
+        kind = d.relative.choice(["kill_rank", "fail_rank"])
+        rank = d.relative.randrange(ranks)
+        return make_fault(kind, cell=cell, rank=rank, point="before_allreduce", step=step)
+    return make_fault("kill_cell", cell=cell, point="before_allreduce", step=step)
+
+
 def _recovered_by_fault_tolerance(d: _Draw, engine: str, step: int) -> None:
     """A death or a hang that only the health monitor undoes; a recovery may die starting."""
     kind = d.rng.choice(["kill_engine", "hang_engine"])
+    patience = d.health_interval + d.health_timeout
     if kind == "hang_engine" and d.relative.random() < 0.5:  # one call hangs, not the process
         call = d.relative.choice(d.calls)
         d.faults.append(
             make_fault("hang_call", engine=engine, call=call, point="step_begin", step=step)
+        )
+    elif kind == "kill_engine" and patience <= 10.0 and d.relative.random() < SLOW_START_SHARE:
+        # its recovery starts slower than the monitor's patience, which must wait for it
+        # rather than replace the process being started; the kill follows the slow start
+        slow = {"seconds": d.relative.uniform(1.5, 3.0) * patience}
+        slow["duration"] = 3 * patience + d.step_seconds
+        d.faults.append(
+            make_fault("slow_start", engine=engine, point="step_begin", step=step, **slow)
+        )
+        d.faults.append(
+            make_fault("kill_engine", engine=engine, after={"fault": len(d.faults) - 1})
         )
     else:
         d.faults.append(make_fault(kind, engine=engine, point="step_begin", step=step))
@@ -242,6 +267,16 @@ def _engines_at_times(d: _Draw, rate: float) -> None:
         engine = f"engine-{d.rng.randrange(d.world.num_engines)}"
         lone = d.world.num_engines == 1 and not d.fault_tolerance  # a kill would end the run
         if lone or d.rng.random() < 0.5:
+            # the new process starts slowly; only with fault tolerance, since without it a
+            # run whose every engine is down fails, as miles' does (seeds 62 and 239: a lone
+            # engine's slow restart ended them with NoLiveEngineError)
+            if d.fault_tolerance and d.relative.random() < SLOW_START_SHARE:
+                seconds = d.relative.uniform(1.0, 3.0) * d.step_seconds
+                slow = {"seconds": seconds, "duration": d.step_seconds}
+                d.faults.append(make_fault("slow_start", engine=engine, at=t, **slow))
+                index = len(d.faults) - 1
+                d.faults.append(make_fault("restart_engine", engine=engine, after={"fault": index}))
+                continue
             d.faults.append(make_fault("restart_engine", engine=engine, at=t))
         else:
             later = d.rng.uniform(1.0, d.step_seconds)
@@ -308,10 +343,24 @@ def _lost_heartbeats(d: _Draw, rate: float) -> None:
 
 def _ordered(faults: list[AnyFault]) -> tuple[AnyFault, ...]:
     """Faults at points in the order drawn (step order), then faults at times by time, then
-    faults after an event in the order drawn."""
-    timed = sorted((f for f in faults if isinstance(f.when, AtTime)), key=lambda f: f.when.at)  # type: ignore[union-attr]
-    after = [f for f in faults if isinstance(f.when, After)]
-    return (*(f for f in faults if f.point is not None and f not in after), *timed, *after)
+    faults after an event or another fault in the order drawn. ``after = {fault = N}`` is
+    drawn with N the position in ``faults`` and renumbered to the fault's new place."""
+    drawn = range(len(faults))
+    timed = sorted(
+        (i for i in drawn if isinstance(faults[i].when, AtTime)), key=lambda i: faults[i].when.at
+    )  # type: ignore[union-attr]
+    after = [i for i in drawn if isinstance(faults[i].when, After)]
+    points = [i for i in drawn if faults[i].point is not None and i not in after]
+    order = [*points, *timed, *after]
+    place = {old: new for new, old in enumerate(order)}
+    return tuple(_renumbered(faults[i], place) for i in order)
+
+
+def _renumbered(fault: AnyFault, place: dict[int, int]) -> AnyFault:
+    when = fault.when
+    if not isinstance(when, After) or when.fault is None:
+        return fault
+    return dataclasses.replace(fault, when=dataclasses.replace(when, fault=place[when.fault]))
 
 
 CONTROL_REPLIES = (0.0, 0.002, 0.01, 0.05)
@@ -411,6 +460,25 @@ def _lora(seed: int, loop: LoopConfig) -> LoopConfig:
 AFTER_SHARE = 0.5
 """The share of timed kills whose start or restart follows by event (``after``), not time."""
 
+RANK_FAULT_SHARE = 0.5
+"""The share of a multi-rank cell's kills before the exchange that strike one rank."""
+
+RANKS_PER_CELL, RANKS_PER_ENGINE = (1, 1, 2), (1, 1, 1, 2)
+"""GPUs per cell and per engine, drawn per seed from a stream of their own (a cell of two
+is sharded by FSDP2 on the CPU backend; an engine of two may land across two nodes)."""
+
+
+def _gpus_per_part(seed: int, world: WorldShape) -> WorldShape:
+    stream = random.Random(derive_seed(seed, "swarm.ranks"))
+    cell, engine = stream.choice(RANKS_PER_CELL), stream.choice(RANKS_PER_ENGINE)
+    return dataclasses.replace(world, gpus_per_cell=cell, gpus_per_engine=engine)
+
+
+SLOW_START_SHARE = 0.4
+"""The share of fault-tolerance engine kills (monitor patience up to 10 s) whose recovery
+starts slower than the patience, and of timed restarts whose new process starts slowly
+(a slow_start, the kill or restart set off by it: ``after = {fault = N}``)."""
+
 OLD_SGLANG_SHARE = 0.05
 """The share of fully-async retract seeds whose engines run an SGLang before #31962."""
 
@@ -475,6 +543,7 @@ def swarm_scenario(
     liveness mode or not (None: as the seed draws)."""
     rng = random.Random(derive_seed(seed, "swarm"))
     world, loop = _world_and_loop(rng, steps)
+    world = _gpus_per_part(seed, world)
     loop = dataclasses.replace(loop, rollout_submission_granularity=_granularity(seed, loop))
     loop = _miles_health_checks(seed, _lora(seed, loop))
     if aim is not None:
@@ -505,6 +574,7 @@ def swarm_scenario(
         loop.rollout_health_check_interval,
         _update_calls(loop),
         random.Random(derive_seed(seed, "swarm.after")),
+        loop.rollout_health_check_timeout,
     )
     drawn = aim is None and not total_loss and liveness is not True  # liveness: no failure
     world, refused = _old_sglang(seed, world, loop) if drawn else (world, False)

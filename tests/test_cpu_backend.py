@@ -64,7 +64,7 @@ from miles_core.events import (
     WeightsChecked,
 )
 from miles_core.kinds import AbortCause, PauseMode, RunStatus, SampleOutcome
-from miles_core.scenario.faults import make_fault
+from miles_core.scenario.faults import RANK_FAILED, make_fault
 from miles_core.transfer import TransferMode
 from sim.run import Scenario, run_scenario
 from sim.scenarios import SCENARIOS, load_scenario_file
@@ -114,8 +114,11 @@ def test_training_raises_reward_and_engines_hold_the_trainers_weights(
 
 def _conformance_cases() -> list[tuple[Scenario, int | None]]:
     heal_twice = load_scenario_file(ROOT / "scenarios" / "files" / "heal_twice.toml")
-    # cells of two FSDP2 ranks: the crash, the shrink and the rank-by-rank heal
-    sharded = load_scenario_file(ROOT / "scenarios" / "files" / "sharded_cells.toml")
+    # cells of two FSDP2 ranks: one rank raises (alive), then another dies; each time the
+    # cell is failed whole, the survivor trains alone, and the cell is healed rank by rank
+    ranks = load_scenario_file(ROOT / "scenarios" / "files" / "rank_faults.toml")
+    # a recovery slower than the health monitor's patience, waited for in both worlds
+    slow = load_scenario_file(ROOT / "scenarios" / "files" / "ft_engine_starts_slowly.toml")
     # SGLang before #31962 under retract: the first update's flushes are refused until the
     # retries run out, and the run fails with FlushTimeoutError in both worlds
     # faults set off by events and by other faults (after = {...}): the same moments in both
@@ -133,7 +136,8 @@ def _conformance_cases() -> list[tuple[Scenario, int | None]]:
         (SCENARIOS["all_cells_dead"], None),
         (SCENARIOS["engine_crash_mid_generation"], None),
         (heal_twice, None),
-        (sharded, None),
+        (ranks, None),
+        (slow, None),
         (old_sglang, None),
         (after, None),
         (flush_hangs, None),
@@ -180,7 +184,23 @@ def _the_hung_member_is_blamed_after_the_collective_timeout(history: History) ->
     assert down == ["engine-1"]
 
 
+def _each_rank_fault_fails_its_cell_whole(history: History) -> None:
+    stops = [
+        e.reason for e in history if isinstance(e, CellStateChanged) and e.new is CellState.STOPPED
+    ]
+    assert len(stops) == 2 and stops[0].endswith(f"RuntimeError: {RANK_FAILED}"), stops
+    assert [e.dst_cell for e in history if isinstance(e, HealEnded) and e.ok] == [1, 1]
+
+
+def _the_slow_recovery_is_awaited(history: History) -> None:
+    asked = [e.t for e in history if isinstance(e, EngineRecoveryAsked)]
+    started = [e.t for e in history if isinstance(e, EngineStarted) and e.engine == "engine-1"]
+    assert len(asked) == 1 and started[-1] - asked[0] >= 5.0  # one ask, its start waited for
+
+
 STORIES: dict[str, Callable[[History], None]] = {
+    "rank_faults": _each_rank_fault_fails_its_cell_whole,
+    "ft_engine_starts_slowly": _the_slow_recovery_is_awaited,
     # the survivor trains alone, then the healed cell trains on with it
     "cell_crash_before_allreduce": _cell_shrinks_and_heals,
     "engine_crash_mid_generation": _engine_kill_recycles_its_groups,
@@ -289,7 +309,11 @@ def test_real_pause_modes(ray_cluster, name: str, steps: int) -> None:
     (abort_one_step_off's engine restart is left out here: its sync pauses a process with
     nothing in flight; the test above runs it.)"""
     scenario = dataclasses.replace(SCENARIOS[name], faults=())
-    result = run_in_ray(scenario, seed=0, steps=steps, timeout=600, engine_token_seconds=PACED)
+    # the pace as the scenario's own key ([sim] engine_token_seconds), which the CPU
+    # backend's engines honour as --engine-token-seconds does: without it nothing spans
+    paced = dataclasses.replace(scenario.world, engine_token_seconds=PACED)
+    scenario = dataclasses.replace(scenario, world=paced)
+    result = run_in_ray(scenario, seed=0, steps=steps, timeout=600)
     assert result.ok, _failed(result)
     samples = [e for e in result.history if isinstance(e, SampleGenerated)]
     spanning = [s for s in samples if len(set(s.all_versions)) > 1]

@@ -71,10 +71,15 @@ def test_faults_and_syncs_fall_between_the_updates_they_came_after() -> None:
         "update 1 (sync to v1) by cell 0 for ['engine-1'] aborted: cell-0 failed "
         "(killed sending bucket 1)",
         "fault hang_engine engine-0 at t=36.00 (at t=36)",
+        # left paused by the sync that failed, engine-1's process answers no health generate
+        "engine-1: unsynced -> down (no answer to a health check within 2s)",
+        "engine-1: down -> unsynced (new process: process restarted)",
+        "update 2 (sync to v1) by cell 1 for ['engine-1']",
+        "engine-1: unsynced -> serving (stamped and resumed by update 2)",
         "engine-0: serving -> down (no answer to a health check within 2s)",
         "engine-0: down -> unsynced (new process: process restarted)",
-        "update 2 (sync to v1) by cell 1 for ['engine-0']",
-        "engine-0: unsynced -> serving (stamped and resumed by update 2)",
+        "update 3 (sync to v1) by cell 1 for ['engine-0']",
+        "engine-0: unsynced -> serving (stamped and resumed by update 3)",
     ]
 
 

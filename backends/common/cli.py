@@ -108,7 +108,7 @@ def _replay(args: argparse.Namespace, steps: int, prog: str, extra: Sequence[str
         command += ["--scenario", args.scenario]
     if args.load is not None:
         command += ["--load", args.load]
-    if args.engine_token_seconds:
+    if args.engine_token_seconds is not None:
         command += ["--engine-token-seconds", str(args.engine_token_seconds)]
     return shlex.join(command + flags_argv(given_flags(args, OWN_FLAGS)))
 

@@ -34,6 +34,7 @@ from backends.common.ray_session import LOOPBACK, in_bundle
 from backends.common.stack import CPU_STACK, Stack
 from backends.common.trainer import TrainerActor
 from backends.common.transport import HTTP_TIMEOUT, CollectiveTransport, RayRouter
+from backends.common.wire import abandon_attempt
 from miles_core.backend import (
     CellFailure,
     TrainReport,
@@ -96,7 +97,8 @@ class RayCell:
         self.index = index
         self.ranks: list[Any] = []
         self.incarnation = -1
-        self.doomed = False
+        self.doomed: dict[int, str] = {}
+        """Rank -> what a fault injects into its next step before the exchange (EXIT, RAISE)."""
 
     def failure(self, reason: str) -> CellFailure:
         return CellFailure(self.index, reason)
@@ -160,14 +162,21 @@ class RayCell:
         self, step: int, attempt: int, batch: Sequence[Group], members: tuple[int, ...]
     ) -> TrainReport:
         self.world.faults.fire(FaultPoint.BEFORE_ALLREDUCE, cell=self.index, step=step)
-        doomed, self.doomed = self.doomed, False
+        doomed, self.doomed = self.doomed, {}
         trajectories = [
             [s.payload for s in g.samples() if s.status is not SampleStatus.ABORTED] for g in batch
         ]
         slowdown = self.world.slowdown(f"cell-{self.index}")
         store = self.world.store_addr
-        args = (step, attempt, trajectories, members, store, doomed, slowdown)
-        results = await self._isolated("train", self.call("train", *args))
+        args = [
+            (step, attempt, trajectories, members, store, doomed.get(rank, ""), slowdown)
+            for rank in range(len(self.ranks))
+        ]
+        try:
+            results = await self._isolated("train", self.call_each("train", args))
+        except CellFailure as failure:  # the other members need not wait for this one
+            abandon_attempt(self.world.store, step, attempt, f"cell {self.index}: {failure.reason}")
+            raise
         normal = all(r["outcome"] == "normal" for r in results)
         outcome = Outcome.NORMAL if normal else Outcome.DISCARDED
         return TrainReport(outcome, members, max(r["seconds"] for r in results))

@@ -74,6 +74,10 @@ from backends.common.wire import GLOO_TIMEOUT
 
 __all__ = ["MAX_BODY_BYTES", "EngineActor", "EngineServer"]
 
+HEALTH_CHECK_TIMEOUT = 20.0
+"""SGLang's SGLANG_HEALTH_CHECK_TIMEOUT default: a /health_generate that produced no token in
+that time answers 503."""
+
 
 class EngineServer(UpdateRoutes):
     def __init__(
@@ -221,8 +225,18 @@ class EngineServer(UpdateRoutes):
         return web.Response(text="")
 
     async def health_generate(self, request: web.Request) -> web.Response:
+        """One token, scheduled as any request is: not while paused (SGLang's /health_generate
+        then answers 503 after its HEALTH_CHECK_TIMEOUT, 20 s, unless the pause ends)."""
+        try:
+            await asyncio.wait_for(self._until_unpaused(), HEALTH_CHECK_TIMEOUT)
+        except TimeoutError:
+            return web.Response(status=503, text="no token generated while paused")
         await asyncio.get_running_loop().run_in_executor(None, health_token, self.model)
         return web.Response(text="")
+
+    async def _until_unpaused(self) -> None:
+        while self.paused:
+            await self._changed.wait()
 
     async def _may_go_on(self, job: Decoding) -> bool:
         """Wait while paused (queued, retracted or frozen) or hung; False once aborted."""
@@ -337,7 +351,11 @@ class EngineActor:
             flush_refuses_while_queued=flush_refuses_while_queued,
         )
 
-    async def start(self) -> int:
+    async def start(self, delay: float = 0.0) -> int:
+        """Serve, after ``delay`` seconds of a process that is up and not yet listening (the
+        slow_start fault: a model that loads for minutes)."""
+        if delay > 0:
+            await asyncio.sleep(delay)
         return await self.server.start()
 
     async def stop(self) -> None:

@@ -73,8 +73,9 @@ class RayEngine:
         self.actor = actor
         if recovery:
             self.world.faults.fire(FaultPoint.DURING_RECOVERY, engine=self.id)
+        delay = self.world.slowdown(f"start-{self.id}") - 1.0  # a slow_start fault's window
         try:
-            port = await actor.start.remote()
+            port = await actor.start.remote(delay)
         except ACTOR_DIED:
             self.world.engine_exited(self.id, incarnation, "died while starting")
             return None

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import ray
+
 from backends.common.cluster import RayWorld
 from backends.common.ray_quiet import expect_exit
+from backends.common.trainer import EXIT, RAISE
 from miles_core.kinds import FaultPoint
 from miles_core.scenario.schedule import Impairment, impaired_part
 
@@ -31,10 +34,28 @@ class RayFaultActions:
     def kill_cell(self, cell: int, point: FaultPoint | None) -> None:
         self.announce(f"cell {cell}'s processes")
         expect_exit(self.world.cells[cell].ranks)  # Ray's alarm about them is not printed
-        if point is FaultPoint.BEFORE_ALLREDUCE:
-            self.world.cells[cell].doomed = True  # RayCell.train passes it into the call
+        if point is FaultPoint.BEFORE_ALLREDUCE:  # RayCell.train passes it into the call
+            self.world.cells[cell].doomed = dict.fromkeys(
+                range(len(self.world.cells[cell].ranks)), EXIT
+            )
         else:
             self.world.cells[cell].kill()
+
+    def kill_rank(self, cell: int, rank: int, point: FaultPoint | None) -> None:
+        """That rank's process alone; its cell-mates wait in the cell's collectives until a
+        call finds the dead rank and the cell is killed whole (RayCell.call_each)."""
+        ranks = self.world.cells[cell].ranks
+        self.announce(f"rank {rank} of cell {cell}'s processes")
+        expect_exit(ranks[rank : rank + 1])
+        if point is FaultPoint.BEFORE_ALLREDUCE:
+            self.world.cells[cell].doomed[rank] = EXIT
+        elif rank < len(ranks):
+            ray.kill(ranks[rank], no_restart=True)
+
+    def fail_rank(self, cell: int, rank: int) -> None:
+        """That rank raises in the step about to exchange; the cell is failed and killed at
+        once (RayCell._isolated), as miles kills a cell whose actors raised (#1443)."""
+        self.world.cells[cell].doomed[rank] = RAISE
 
     def start_cell(self, cell: int) -> None:
         incarnation = self.world.cells[cell].create()

@@ -58,6 +58,7 @@ from miles_core.report import summary
 from miles_core.report.interrupt import CUT, judge_prefix
 from miles_core.scenario import Scenario, WorldShape
 from miles_core.scenario.schedule import FaultSchedule, orchestrator_for, schedule_for
+from miles_core.scenario.world import MAX_TOKEN_SECONDS
 from miles_core.transfer import TransferMode
 
 REAL_HEARTBEAT_TIMEOUT = 5.0
@@ -237,9 +238,17 @@ def check_real(scenario: Scenario) -> Scenario:
 
 
 def check_token_seconds(seconds: object) -> None:
+    """--engine-token-seconds: None (not given: the scenario's [sim] engine_token_seconds) or
+    what a scenario may set."""
+    if seconds is None:
+        return
     ok = isinstance(seconds, int | float) and not isinstance(seconds, bool)
-    if not (ok and math.isfinite(seconds) and seconds >= 0):  # type: ignore[arg-type]
-        raise ConfigError("--engine-token-seconds", f"got {seconds!r}", "pass finite seconds >= 0")
+    if not (ok and math.isfinite(seconds) and 0 <= seconds <= MAX_TOKEN_SECONDS):  # type: ignore[arg-type]
+        raise ConfigError(
+            "--engine-token-seconds",
+            f"got {seconds!r}",
+            f"pass seconds from 0 to {MAX_TOKEN_SECONDS:g}",
+        )
 
 
 def real_loop(scenario: Scenario, seed: int, model_bytes: int) -> LoopConfig:
@@ -497,7 +506,7 @@ def run_in_ray(
     announce: Callable[[str], None] = lambda text: None,
     save_to: Path | None = None,
     load_from: Path | None = None,
-    engine_token_seconds: float = 0.0,
+    engine_token_seconds: float | None = None,
     stack: Stack = CPU_STACK,
     interruptible: bool = False,
     show_start: bool = False,
@@ -507,7 +516,8 @@ def run_in_ray(
     ``announce``: told before the run kills a process for a fault;
     ``engine_token_seconds``: a floor on each generated token's time (the tiny policy takes
     about a millisecond; a real engine's decode takes longer, and so requests live across
-    more weight updates); ``interruptible``: Ctrl-C ends the run as interrupted, its world
+    more weight updates), None for the scenario's ``[sim] engine_token_seconds``;
+    ``interruptible``: Ctrl-C ends the run as interrupted, its world
     closed, and the safety oracles judge what ran (a command's choice: in a test, Ctrl-C
     stops the tests); ``show_start``: stderr says that the world's processes are starting
     (tens of seconds: each imports torch)."""
@@ -521,7 +531,11 @@ def run_in_ray(
         announce,
         save_to,
         load_from,
-        float(engine_token_seconds),
+        float(
+            scenario.world.engine_token_seconds
+            if engine_token_seconds is None
+            else engine_token_seconds
+        ),
         stack,
         interruptible,
         show_start,

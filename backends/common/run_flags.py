@@ -47,10 +47,11 @@ def build_parser(
     run.add_argument(
         "--engine-token-seconds",
         type=float,
-        default=0.0,
+        default=None,
         metavar="S",
-        help="a floor on each generated token's time (default 0: as fast as the tiny policy "
-        "goes, about a millisecond); longer requests live across more weight updates",
+        help="a floor on each generated token's time (default: the scenario's [sim] "
+        "engine_token_seconds, 0 unless set: as fast as the tiny policy goes, about a "
+        "millisecond); longer requests live across more weight updates",
     )
     run.add_argument(
         "--flattened-bucket",

@@ -49,15 +49,19 @@ from backends.common.tensor_bucket import bucket_handle
 from backends.common.wire import (
     GLOO_TIMEOUT,
     BucketViews,
+    attempt_group,
     client_store,
-    gloo_group,
     group_store,
     pack_into,
     payload_of,
     update_group,
     wire_layout,
 )
+from miles_core.scenario.faults import RANK_FAILED
 from miles_core.transfer import Bucket
+
+EXIT, RAISE = "exit", "raise"
+"""What a fault injects into a rank's step before the exchange (``train``'s ``injected``)."""
 
 
 def _first_line(error: BaseException) -> str:
@@ -175,19 +179,20 @@ class TrainerRank:
         batch: Sequence[Sequence[Trajectory]],
         members: Sequence[int],
         store_addr: tuple[str, int],
-        die_before_allreduce: bool = False,
+        injected: str = "",
         slowdown: float = 1.0,
     ) -> dict[str, Any]:
         """One attempt on this rank's share of the batch: the cell's share (by its position
-        among the members), split again among the cell's ranks."""
+        among the members), split again among the cell's ranks. ``injected``: a fault that
+        strikes this rank before the exchange, ``exit`` (the process dies) or ``raise`` (it
+        raises RANK_FAILED and lives on)."""
         started = time.perf_counter()
         position, cells = members.index(self.cell), len(members)
         shard = list(batch)[position::cells][self.data_rank :: self.data_ranks]
         failure, computed, group = "", 0.0, None
         if cells > 1:
             try:
-                prefix = f"step{step}/attempt{attempt}/rank{self.rank}"
-                group = gloo_group(store_addr, prefix, position, cells)
+                group = attempt_group(store_addr, step, attempt, self.rank, position, cells)
             except RuntimeError as error:  # a member died before it joined
                 failure = _first_line(error)
         # The cell's own work, on every rank whether or not its join failed (a rank that
@@ -200,8 +205,10 @@ class TrainerRank:
         if slowdown > 1:
             time.sleep((time.perf_counter() - started) * (slowdown - 1))
         computed = time.perf_counter() - started  # forward/backward: what a slowdown slows
-        if die_before_allreduce:
+        if injected == EXIT:
             os._exit(1)  # a real death: the process ends, its sockets reset
+        if injected == RAISE:  # alive: the driver fails the cell and kills its ranks
+            raise RuntimeError(RANK_FAILED)
         if group is not None:
             try:
                 self._average_across_cells(group, cells)

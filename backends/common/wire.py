@@ -16,6 +16,8 @@ start in a couple of seconds.
 from __future__ import annotations
 
 import datetime
+import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -29,14 +31,28 @@ from miles_core.transfer import Bucket, ParamSpec, StagingSpan, itemsize
 GLOO_TIMEOUT = datetime.timedelta(seconds=30)
 
 
+_CLIENTS = threading.local()
+"""This thread's clients of the world's store, by (address, timeout)."""
+
+
 def client_store(store_addr: tuple[str, int], timeout: datetime.timedelta = GLOO_TIMEOUT) -> Any:
     """A client of the world's TCPStore (every group here is made over it): reaching the
     store fails after GLOO_TIMEOUT at most (a closed port, an unknown host), a wait for a
-    key (a rendezvous, which a member that never comes stalls) after ``timeout``."""
-    host, port = store_addr
-    client = dist.TCPStore(host, port, is_master=False, timeout=min(timeout, GLOO_TIMEOUT))
-    client.set_timeout(timeout)
-    return client
+    key (a rendezvous, which a member that never comes stalls) after ``timeout``.
+
+    One client per thread, address and timeout, made once: a new TCPStore client took
+    5.0 s to connect about one time in twenty on this machine (a bare loop of connects
+    shows it, with either server), and a connect per group, three or more a step, put
+    those 5 s stalls into steps, updates and heals. Per thread, because a client runs one
+    operation at a time and a rendezvous may wait on it for its whole timeout."""
+    stores: dict[tuple[tuple[str, int], datetime.timedelta], Any] = _CLIENTS.__dict__
+    key = (tuple(store_addr), timeout)
+    if key not in stores:
+        host, port = store_addr
+        client = dist.TCPStore(host, port, is_master=False, timeout=min(timeout, GLOO_TIMEOUT))
+        client.set_timeout(timeout)
+        stores[key] = client
+    return stores[key]
 
 
 def group_store(
@@ -52,10 +68,66 @@ def gloo_group(
     rank: int,
     size: int,
     timeout: datetime.timedelta = GLOO_TIMEOUT,
+    rendezvous: datetime.timedelta | None = None,
 ) -> Any:
     """A gloo process group of its own (not the default world), as torchft builds them;
-    each collective fails after ``timeout`` if a member never takes part."""
-    return dist.ProcessGroupGloo(group_store(store_addr, prefix, timeout), rank, size, timeout)
+    each collective fails after ``timeout`` if a member never takes part, the rendezvous
+    after ``rendezvous`` (default: ``timeout``) if one never comes."""
+    store = group_store(store_addr, prefix, rendezvous or timeout)
+    return dist.ProcessGroupGloo(store, rank, size, timeout)
+
+
+ATTEMPT_RENDEZVOUS = datetime.timedelta(seconds=10)
+"""How long an attempt's group waits at its rendezvous once every member has arrived."""
+JOIN_POLL_S = 0.01
+"""How often a member waiting for the others of an attempt's group looks again."""
+
+
+def attempt_key(step: int, attempt: int) -> str:
+    """The store prefix of a step's attempt: its groups and its ``abandoned`` mark."""
+    return f"step{step}/attempt{attempt}"
+
+
+def abandon_attempt(store: Any, step: int, attempt: int, reason: str) -> None:
+    """Tell the members of an attempt still waiting for the others that one never comes."""
+    store.set(f"{attempt_key(step, attempt)}/abandoned", reason)
+
+
+def attempt_group(
+    store_addr: tuple[str, int],
+    step: int,
+    attempt: int,
+    rank: int,
+    position: int,
+    members: int,
+    timeout: datetime.timedelta = GLOO_TIMEOUT,
+) -> Any:
+    """Rank ``rank``'s cross-cell gloo group of an attempt, once every member has arrived.
+
+    A member that died before it joined would leave the others in gloo's rendezvous for
+    the whole timeout (30 s), where the control plane knew at once: its call to that cell
+    failed. So the members first count themselves in the store and wait for the count,
+    looking for the driver's ``abandoned`` mark (``abandon_attempt``) as they wait, and
+    only then make the group, whose rendezvous finds everyone there (one that dies in
+    between fails it after ATTEMPT_RENDEZVOUS, well inside the cell's own collectives'
+    timeout, which a cell-mate waiting for this rank would otherwise run out: seen when
+    a cell was killed whole right after one of its ranks had arrived). RuntimeError (as
+    gloo's own) when the attempt was abandoned or a member never came."""
+    store = client_store(store_addr, timeout)
+    prefix = attempt_key(step, attempt)
+    arrived, abandoned = f"{prefix}/rank{rank}/arrived", f"{prefix}/abandoned"
+    store.add(arrived, 1)
+    deadline = time.monotonic() + timeout.total_seconds()
+    while store.add(arrived, 0) < members:
+        if store.check([abandoned]):
+            raise RuntimeError(f"the attempt was abandoned: {store.get(abandoned).decode()}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"a member never joined in {timeout.total_seconds():g} s")
+        time.sleep(JOIN_POLL_S)
+    if store.check([abandoned]):  # a member arrived and was then killed with its cell
+        raise RuntimeError(f"the attempt was abandoned: {store.get(abandoned).decode()}")
+    name = f"{prefix}/rank{rank}"
+    return gloo_group(store_addr, name, position, members, timeout, ATTEMPT_RENDEZVOUS)
 
 
 def nccl_group(

@@ -101,7 +101,11 @@ class SGLangEngineActor:
         self.dir = tempfile.mkdtemp(prefix=f"sglang-{engine_id}-")
         self.process: subprocess.Popen[bytes] | None = None
 
-    async def start(self) -> int:
+    async def start(self, delay: float = 0.0) -> int:
+        """Launch the server (after ``delay`` seconds: the slow_start fault) and wait for its
+        /health."""
+        if delay > 0:
+            await asyncio.sleep(delay)
         model = write_model_dir(self.policy, Path(self.dir) / "model")
         port = _free_port()
         log = open(Path(self.dir) / "server.log", "wb")  # noqa: SIM115 - the server's lifetime

@@ -10,8 +10,11 @@ weight update brings them the weights. Here:
   waits ``rollout_health_check_interval``, in miles' order (``_health_monitor_loop``),
   so with a first wait of 0 the first check goes out at once; it pauses while
   weights are updated, engines synced or cells healed (a busy engine is not a dead
-  one), and waits the first wait again after each pause, as miles' does
-  (RolloutHealthMonitor.resume sets _need_first_wait). Found paused at its
+  one: a health generate is a request, which a paused engine does not schedule, so
+  an update longer than the timeout would get healthy engines killed; miles'
+  ``actor_group.update_weights`` calls ``health_monitoring_pause``), and waits the
+  first wait again after each pause, as miles' does (RolloutHealthMonitor.resume sets
+  _need_first_wait). Found paused at its
   interval, it looks for the resume every 0.5 s, as miles' loop does, so the first
   wait and the checks follow the resume, not the next interval (a pause that
   begins and ends between two intervals goes unseen: no first wait follows it);

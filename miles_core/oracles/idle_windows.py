@@ -5,7 +5,9 @@ Whether a request enters the router (a full buffer stops submission, as miles'
 begins a step in a given stretch of time is the run's own pace: generation, the
 dynamic filter, dead engines and retries decide it, and no schedule can promise
 it. A slow_cell, slow_link, delay_router or fail_router window that met nothing
-it acts on has nothing to witness (fault_witness passes it once it has closed);
+it acts on has nothing to witness, and so has a slow_start window in which no
+start of its engine began (a restart or a recovery is the faults' and the health
+monitor's doing, not the schedule's) (fault_witness passes it once it has closed);
 ``idle_faults`` says which and why, for the run's report and the sweep's count.
 drop_heartbeat is not among them: heartbeats go out on the checker's fixed
 interval, so a window with none sent to a live cell is the checker's failure.
@@ -22,7 +24,9 @@ from miles_core.oracles.witness_index import (
     bucket_sends_in,
     requests_in,
     retries_in,
+    start_begins,
     steps_in,
+    window,
 )
 
 
@@ -40,7 +44,15 @@ def _no_cell_steps(fault: FaultInjected, index: WitnessIndex) -> str | None:
     return None if steps_in(fault, index) else f"no step of cell {fault.cell} began in it"
 
 
+def _no_engine_starts(fault: FaultInjected, index: WitnessIndex) -> str | None:
+    start, end = window(fault)
+    if any(start <= t < end for _, t in start_begins(fault.engine, index)):
+        return None
+    return f"no start of engine {fault.engine} began in it"
+
+
 _IDLE: dict[FaultKind, Callable[[FaultInjected, WitnessIndex], str | None]] = {
+    FaultKind.SLOW_START: _no_engine_starts,
     FaultKind.SLOW_CELL: _no_cell_steps,
     FaultKind.SLOW_LINK: _no_bucket_sends,
     FaultKind.DELAY_ROUTER: _no_requests,

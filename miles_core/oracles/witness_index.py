@@ -12,6 +12,7 @@ from miles_core.events import (
     CellStateChanged,
     CellTrained,
     EngineExited,
+    EngineRecoveryAsked,
     EngineStarted,
     EngineStateChanged,
     FaultInjected,
@@ -40,6 +41,7 @@ _FOLLOWED = (
     CellStarted,
     EngineStarted,
     EngineStateChanged,
+    EngineRecoveryAsked,
 )
 """What the kill, start and restart witnesses read after their fault."""
 
@@ -173,3 +175,19 @@ def steps_in(fault: FaultInjected, index: WitnessIndex) -> list[CellTrained]:
         for r in index.trained
         if r.cell == fault.cell and start <= began.get((r.step, r.attempt), -1.0) < end
     ]
+
+
+def start_begins(engine: str | None, index: WitnessIndex) -> list[tuple[int, float]]:
+    """(position, time) of each start of the engine's new process: a restart_engine fault
+    or a recovery the control plane asked for."""
+    faults = [
+        (seq, e.t)
+        for seq, e in index.fired
+        if e.fault is FaultKind.RESTART_ENGINE and e.engine == engine  # type: ignore[union-attr]
+    ]
+    asked = [
+        (seq, e.t)
+        for seq, e in index.events
+        if isinstance(e, EngineRecoveryAsked) and e.engine == engine
+    ]
+    return sorted(faults + asked)

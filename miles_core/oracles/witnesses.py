@@ -3,14 +3,16 @@
 One witness per kind, each read from what the world and the control plane
 recorded after the fault fired:
 
-    kill_cell, stop_cell  the cell was marked failed, and then left out of a quorum,
-                          healed back, or the run stopped with its clear error
+    kill_cell, stop_cell, the cell was marked failed, and then left out of a quorum,
+    kill_rank, fail_rank  healed back, or the run stopped with its clear error
     start_cell            the world reported the cell's new processes, which were healed
                           into a quorum
     kill_engine           the world saw the process die, or the engine left rotation
     hang_engine           the engine left rotation (a health check or a call timed out)
     hang_call             the engine left rotation (the unanswered call timed out)
     restart_engine        the world reported a new process, which came to serve
+    slow_start            a start of the engine begun in the window (a restart or a
+                          recovery) answered no sooner than the seconds added
     slow_cell             the cell's steps begun in the window took longer than its
                           other steps, by at least half the slowdown
     slow_link             buckets sent in the window took longer per byte than the
@@ -66,6 +68,7 @@ from miles_core.oracles.witness_index import (
     bucket_sends_in,
     requests_in,
     retries_in,
+    start_begins,
     steps_in,
     window,
 )
@@ -257,6 +260,33 @@ def _engine_restarted(fault: FaultInjected, seq: int, index: WitnessIndex) -> st
     return None
 
 
+def _start_slowed(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None:
+    """A start begun in the window (a restart_engine fault or a recovery the control plane
+    asked) answered no sooner than ``seconds`` after it began: the one that came up is
+    the latest begun before it. Passed when another fault struck the engine after the
+    first such start (that fault's witness judges what became of it), or when the run
+    ended before that start could answer."""
+    engine, seconds = fault.engine, fault.seconds or 0.0
+    begins = start_begins(engine, index)
+    start, end = window(fault)
+    inside = [(s, t) for s, t in begins if start <= t < end]
+    if not inside:
+        return f"no start of engine {engine} began in the window"
+    for _, e in index.after(seq):
+        if isinstance(e, EngineStarted) and e.engine == engine:
+            began = max((t for _, t in begins if t <= e.t), default=None)
+            if began is not None and start <= began < end and e.t - began >= seconds - 1e-9:
+                return None
+    first_seq, first_t = inside[0]
+    ended = index.ended[1].t if index.ended is not None else None
+    if _struck_again(engine, first_seq, index) or (ended is not None and ended < first_t + seconds):
+        return None
+    return (
+        f"none of the {len(inside)} start(s) of engine {engine} begun in the window answered "
+        f"after the {seconds:g} s it takes (each was replaced before it could)"
+    )
+
+
 def _struck_again(engine: str | None, since: int, index: WitnessIndex) -> bool:
     """Another fault struck the engine after its new process started (a kill before it was
     synced, say): that fault's own witness judges what became of it."""
@@ -372,12 +402,15 @@ def _heartbeat_dropped(fault: FaultInjected, seq: int, index: WitnessIndex) -> s
 
 WITNESSES: dict[FaultKind, Callable[[FaultInjected, int, WitnessIndex], str | None]] = {
     FaultKind.KILL_CELL: _cell_killed,
+    FaultKind.KILL_RANK: _cell_killed,
+    FaultKind.FAIL_RANK: _cell_killed,
     FaultKind.STOP_CELL: _cell_killed,
     FaultKind.START_CELL: _cell_started,
     FaultKind.KILL_ENGINE: _engine_killed,
     FaultKind.RESTART_ENGINE: _engine_restarted,
     FaultKind.HANG_ENGINE: _engine_hung,
     FaultKind.HANG_CALL: _engine_hung,
+    FaultKind.SLOW_START: _start_slowed,
     FaultKind.SLOW_CELL: _cell_slowed,
     FaultKind.SLOW_LINK: _link_slowed,
     FaultKind.DELAY_ROUTER: _router_delayed,

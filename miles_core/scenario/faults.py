@@ -21,10 +21,11 @@ heals, say). Each point takes exactly the keys above: a key a point
 would ignore is an error, not a silent no-op. A cell fault at a point fires
 only at that cell's moment (the updater's bucket, a healing cell).
 
-Which kinds take which triggers: kills and restarts (kill_cell, stop_cell,
-kill_engine, restart_engine) any; hang_engine any but ``mid_generation`` (an exit
+Which kinds take which triggers: kills and restarts (kill_cell, kill_rank, stop_cell,
+kill_engine, restart_engine) any; fail_rank (a rank that raises, alive) only
+``before_allreduce``; hang_engine any but ``mid_generation`` (an exit
 halfway through a request); hang_call, start_cell and the timed impairments
-(slow_cell, slow_link, delay_router, fail_router, drop_heartbeat) ``at`` or
+(slow_cell, slow_start, slow_link, delay_router, fail_router, drop_heartbeat) ``at`` or
 ``step_begin``, since they start a window of time rather than strike inside a call.
 """
 
@@ -225,6 +226,41 @@ class KillCell(FaultSpec):
 
 
 @dataclass(frozen=True, kw_only=True)
+class KillRank(FaultSpec):
+    """One rank's process of the cell dies; its cell-mates live on, waiting in the cell's
+    collectives, until the control plane stops the cell (a cell is failed as a whole)."""
+
+    cell: int
+    rank: int
+    kind: ClassVar[FaultKind] = FaultKind.KILL_RANK
+
+    @property
+    def detail(self) -> str:
+        return f"rank {self.rank}, {describe(self.when)}"
+
+
+RANK_FAILED = "injected: the rank failed its step (fail_rank)"
+"""What a rank that a fail_rank fault strikes raises (a RuntimeError), in every world."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FailRank(FaultSpec):
+    """One rank of the cell raises in its step, after its backward and before the exchange
+    (a NaN loss, a CUDA error), while its process stays alive: the cell is failed and its
+    processes killed at once (miles #1443, ``RayTrainCell._execute_raw`` kill_on_failure),
+    not left errored and alive until the next reconfiguration."""
+
+    cell: int
+    rank: int
+    kind: ClassVar[FaultKind] = FaultKind.FAIL_RANK
+    points: ClassVar[frozenset[FaultPoint | None]] = frozenset({FaultPoint.BEFORE_ALLREDUCE})
+
+    @property
+    def detail(self) -> str:
+        return f"rank {self.rank}, {describe(self.when)}"
+
+
+@dataclass(frozen=True, kw_only=True)
 class StopCell(FaultSpec):
     """The cell's processes are stopped by an operator (the control plane sees a death)."""
 
@@ -308,6 +344,21 @@ class HangCall(FaultSpec):
 
 
 @dataclass(frozen=True, kw_only=True)
+class SlowStart(FaultSpec):
+    """Every new process of the engine begun within ``duration`` seconds takes ``seconds``
+    longer to answer its first health check (a model loading for minutes). A start keeps
+    the pace it began with. miles' health monitor must not take a start this slow for a
+    dead engine and replace it, for ever (its rollout manager waits for the engines it
+    restarts: recover_updatable_engines)."""
+
+    engine: str
+    seconds: float
+    duration: float
+    kind: ClassVar[FaultKind] = FaultKind.SLOW_START
+    points: ClassVar[frozenset[FaultPoint | None]] = WINDOW_POINTS
+
+
+@dataclass(frozen=True, kw_only=True)
 class SlowLink(FaultSpec):
     """The weight-transfer link moves bytes ``factor`` times slower."""
 
@@ -338,6 +389,8 @@ class FailRouter(FaultSpec):
 
 AnyFault = (
     KillCell
+    | KillRank
+    | FailRank
     | StopCell
     | StartCell
     | SlowCell
@@ -346,6 +399,7 @@ AnyFault = (
     | RestartEngine
     | HangEngine
     | HangCall
+    | SlowStart
     | SlowLink
     | DelayRouter
     | FailRouter
@@ -354,6 +408,8 @@ FAULT_TYPES: Mapping[FaultKind, type[FaultSpec]] = {
     t.kind: t
     for t in (
         KillCell,
+        KillRank,
+        FailRank,
         StopCell,
         StartCell,
         SlowCell,
@@ -362,6 +418,7 @@ FAULT_TYPES: Mapping[FaultKind, type[FaultSpec]] = {
         RestartEngine,
         HangEngine,
         HangCall,
+        SlowStart,
         SlowLink,
         DelayRouter,
         FailRouter,
@@ -400,12 +457,11 @@ def fault_from_mapping(data: Mapping[str, Any], where: str = "fault") -> AnyFaul
     if point is not None and "at" in data:
         raise ConfigError(where, "sets both 'at' and 'point'", "keep one of them")
     if point not in cls.points:
-        choices = ["at", *sorted(p.value for p in cls.points if p is not None)]
-        raise ConfigError(
-            f"{where}.point",
-            f"{kind.value} cannot strike at {point.value}",
-            f"use one of {choices}",
-        )
+        choices = sorted(p.value for p in cls.points if p is not None)
+        choices = ["at", *choices] if None in cls.points else choices
+        key, moment = ("point", point.value) if point is not None else ("at", "a time")
+        fix = f"use one of {choices}" if len(choices) > 1 else f"set point = {choices[0]!r}"
+        raise ConfigError(f"{where}.{key}", f"{kind.value} cannot strike at {moment}", fix)
     trigger_cls = TRIGGERS[point]
     params = _params(cls)
     allowed = {"kind", "point", *trigger_keys(trigger_cls), *params}
@@ -511,10 +567,11 @@ def _check_engine_index(key: str, value: object, where: str) -> None:
 def _missing_fix(key: str) -> str:
     return {
         "cell": "name the cell index (cells count from 0)",
+        "rank": "name the rank within the cell (ranks count from 0)",
         "engine": "name the engine id, e.g. engine-0",
         "duration": "pass how many seconds the fault lasts",
         "factor": f"pass how many times slower, >= {MIN_SLOWDOWN}",
-        "seconds": "pass the seconds added to each request",
+        "seconds": "pass the seconds added (to each request, or to each start of the engine)",
         "call": f"name the call left unanswered, one of {list(HUNG_CALLS)}",
     }.get(key, f"set {key}")
 
@@ -546,6 +603,9 @@ def _check_parameters(fault: FaultSpec, where: str) -> None:
     cell = target_cell(fault)
     if cell is not None and not int_at_least(cell, 0):
         raise ConfigError(f"{where}.cell", f"got {cell!r}", "pass a cell index >= 0 (from 0)")
+    rank = getattr(fault, "rank", None)
+    if rank is not None and not int_at_least(rank, 0):
+        raise ConfigError(f"{where}.rank", f"got {rank!r}", "pass a rank >= 0 (from 0)")
     for name in ("duration", "seconds"):
         value = getattr(fault, name, None)
         if value is not None and value <= 0:

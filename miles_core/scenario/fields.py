@@ -127,6 +127,15 @@ def build(
     if unknown:
         raise ConfigError(where, f"unknown keys {unknown}", unknown_keys_fix(unknown, known))
     values = {k: check_value(hints[k], v, f"{where}.{k}") for k, v in data.items()}
+    if base is None:  # a field with no default that the table left out (liveness = {})
+        required = [
+            f.name
+            for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
+        missing = [name for name in required if name not in values]
+        if missing:
+            raise ConfigError(f"{where}.{missing[0]}", "is missing", f"set {missing[0]}")
     try:
         return dataclasses.replace(base, **values) if base is not None else cls(**values)  # type: ignore[type-var]
     except ConfigError as error:

@@ -48,8 +48,8 @@ def _scenario(
 RESTART_STEPS = 200
 """``until_witnessed`` of the scenarios that restart or recover an engine: instant in the
 simulator by default (which then never needs a step more; ``engine_start_seconds`` models a
-slower start), 10 to 13 s for real on CPU (importing torch and transformers), tens of steps
-at a quarter of a second each."""
+slower start), 5 to 13 s for real on CPU (importing torch and transformers), up to a hundred
+steps at a tenth of a second each (a cap of 40 ran out once a step took 0.1 s)."""
 
 
 _LONG = TimeModel(response_tokens_mean=2048.0, response_tokens_sigma=0.3)
@@ -329,6 +329,18 @@ SCENARIOS: Mapping[str, Scenario] = {
             (F("hang_engine", engine="engine-0", point="step_begin", step=2),),
             until_witnessed=RESTART_STEPS,  # for real, the kill and recovery take seconds
             **_FT,
+        ),
+        _scenario(
+            "ft_updates_outlast_the_health_timeout",
+            "with fault tolerance, every weight update keeps the engines paused for about 4 s "
+            "(4 GiB over a 1 GB/s link between nodes) against a 1 s health-check timeout: a "
+            "/health_generate is a request, which a paused engine does not schedule, so the "
+            "monitor must be paused around updates, as miles pauses it",
+            world=WorldShape(param_bytes=4 * 1024**3, gpus_per_node=1),
+            timing=TimeModel(link_bytes_per_second=1e9),
+            rollout_health_check_interval=1.0,
+            rollout_health_check_timeout=1.0,
+            use_fault_tolerance=True,
         ),
         _scenario(
             "ft_engine_hangs_mid_update",

@@ -88,7 +88,7 @@ def _step_seconds(world: WorldShape, timing: TimeModel, loop: LoopConfig) -> dic
     p99_tokens = timing.response_tokens_mean * math.exp(P99_Z * sigma - sigma**2 / 2)
     samples = loop.rollout_batch_size * loop.n_samples_per_prompt
     per_engine = math.ceil(samples / world.num_engines)
-    decode = p99_tokens * timing.decode_seconds_per_token
+    decode = p99_tokens * max(timing.decode_seconds_per_token, world.engine_token_seconds)
     rollout = decode * (1 + timing.concurrency_slowdown * per_engine)
     if loop.dynamic_sampling_filter is not None:
         rollout *= 4  # 0/1 rewards: a group is kept about half the time, often less
@@ -103,12 +103,18 @@ def _step_seconds(world: WorldShape, timing: TimeModel, loop: LoopConfig) -> dic
 
 
 def liveness_bound(
-    world: WorldShape, timing: TimeModel, loop: LoopConfig, liveness: Liveness
+    world: WorldShape,
+    timing: TimeModel,
+    loop: LoopConfig,
+    liveness: Liveness,
+    slow_start: float = 0.0,
 ) -> LivenessBound:
     """How long the healed run may take to commit ``liveness.steps`` steps and bring every
     engine to the newest version: detection (a heartbeat's misses, a health check's
-    interval and timeout), an engine's start, a heal's checkpoint per cell, the first sync
-    of each restarted engine, and the steps themselves (plus one, for the step in flight)."""
+    interval and timeout), an engine's start (plus ``slow_start``, the longest a slow_start
+    fault adds: a start begun before the heal keeps its pace), a heal's checkpoint per
+    cell, the first sync of each restarted engine, and the steps themselves (plus one, for
+    the step in flight)."""
     terms: list[tuple[str, float]] = []
     if loop.heartbeat_interval is not None:
         detect = loop.heartbeat_interval * loop.heartbeat_failure_threshold
@@ -117,6 +123,8 @@ def liveness_bound(
         health = loop.rollout_health_check_interval + loop.rollout_health_check_timeout
         terms.append(("health detection", health))
     terms.append(("engine start", timing.engine_start_seconds))
+    if slow_start:
+        terms.append(("slow start", slow_start))
     checkpoint = 3 * world.param_bytes / timing.checkpoint_bytes_per_second
     terms.append((f"heal {world.num_cells} cell(s)", checkpoint * world.num_cells))
     step = _step_seconds(world, timing, loop)

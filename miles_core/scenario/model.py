@@ -23,6 +23,7 @@ from miles_core.scenario.faults import (
     AfterBucket,
     AnyFault,
     DropHeartbeat,
+    SlowStart,
     target_cell,
     target_engine,
 )
@@ -146,7 +147,8 @@ class Scenario:
         live = self.liveness
         if live is None:
             return None
-        bound = liveness_bound(self.world, self.timing, self.loop, live)
+        slow = max((f.seconds for f in self.faults if isinstance(f, SlowStart)), default=0.0)
+        bound = liveness_bound(self.world, self.timing, self.loop, live, slow)
         return LivenessPlan(live.heal_step, live.steps, bound.seconds, bound.describe())
 
     def with_liveness(self, heal_step: int | None = None, steps: int = 3) -> Scenario:
@@ -224,6 +226,13 @@ def check_faults(scenario: Scenario) -> None:
                 f"{where}.cell",
                 f"cell {cell} does not exist in a world of {world.num_cells} cells",
                 f"pass 0 <= cell <= {world.num_cells - 1} (cells count from 0)",
+            )
+        rank = getattr(fault, "rank", None)
+        if rank is not None and not rank < world.gpus_per_cell:
+            raise ConfigError(
+                f"{where}.rank",
+                f"rank {rank} does not exist in cells of {world.gpus_per_cell} rank(s)",
+                f"pass 0 <= rank <= {world.gpus_per_cell - 1}, or more [sim].gpus_per_cell",
             )
         if engine is not None and engine not in world.engine_ids:
             raise ConfigError(

@@ -42,6 +42,7 @@ from miles_core.scenario.faults import (
     FailRouter,
     SlowCell,
     SlowLink,
+    SlowStart,
     target_cell,
     target_engine,
 )
@@ -51,16 +52,18 @@ if TYPE_CHECKING:
     from miles_core.scenario.model import Scenario
     from miles_core.versions import VersionLedger
 
-Impairment = SlowCell | SlowLink | DelayRouter | FailRouter | DropHeartbeat
+Impairment = SlowCell | SlowStart | SlowLink | DelayRouter | FailRouter | DropHeartbeat
 """A fault that changes how the world behaves for ``duration`` seconds."""
 
 
 def impaired_part(fault: Impairment) -> tuple[str, float]:
     """What part of a world an impairment acts on, and its factor, in the one spelling both
-    worlds use: ``cell-N`` and ``link`` (slower by the factor), ``router-delay`` (seconds
-    added: factor - 1), ``router-fail``, ``heartbeat-N`` (muted)."""
+    worlds use: ``cell-N`` and ``link`` (slower by the factor), ``router-delay`` and
+    ``start-ENGINE`` (seconds added: factor - 1), ``router-fail``, ``heartbeat-N`` (muted)."""
     if isinstance(fault, SlowCell):
         return f"cell-{fault.cell}", fault.factor
+    if isinstance(fault, SlowStart):
+        return f"start-{fault.engine}", 1.0 + fault.seconds
     if isinstance(fault, SlowLink):
         return "link", fault.factor
     if isinstance(fault, DelayRouter):
@@ -79,6 +82,15 @@ class FaultActions(Protocol):
 
     def start_cell(self, cell: int) -> None:
         """Start new processes for a stopped cell (the world reports them when they answer)."""
+        ...
+
+    def kill_rank(self, cell: int, rank: int, point: FaultPoint | None) -> None:
+        """Kill one rank's process of the cell (at a point, inside the call about to be made);
+        the others live on until the cell is stopped."""
+        ...
+
+    def fail_rank(self, cell: int, rank: int) -> None:
+        """Make that rank raise in the cell's step about to exchange, its process alive."""
         ...
 
     def kill_engine(self, engine: str, point: FaultPoint | None) -> None: ...
@@ -279,9 +291,9 @@ class FaultSchedule:
         return fired
 
     def _observe(self, event: Event) -> None:
-        if self._after and (
-            isinstance(event, FaultInjected) or type(event).__name__ in self._after_events
-        ):
+        if isinstance(event, FaultInjected):
+            return  # its own: what follows it is set off once it has acted (``_apply``)
+        if self._after and type(event).__name__ in self._after_events:
             self._set_off(event)
         if not isinstance(event, _OBSERVED):  # one test for the many events it ignores
             return
@@ -346,25 +358,36 @@ class FaultSchedule:
         self._fired.add(index)
         fault = self.faults[index]
         assert self._rt is not None and self._history is not None and self._actions is not None
-        self._history.append(
-            FaultInjected(
-                t=self._rt.now(),
-                index=index,
-                fault=fault.kind,
-                cell=target_cell(fault),
-                engine=target_engine(fault),
-                detail=fault.detail,
-                point=fault.point,
-                factor=getattr(fault, "factor", None),
-                seconds=getattr(fault, "seconds", None),
-                duration=getattr(fault, "duration", None),
-            )
+        injected = FaultInjected(
+            t=self._rt.now(),
+            index=index,
+            fault=fault.kind,
+            cell=target_cell(fault),
+            engine=target_engine(fault),
+            detail=fault.detail,
+            point=fault.point,
+            factor=getattr(fault, "factor", None),
+            seconds=getattr(fault, "seconds", None),
+            duration=getattr(fault, "duration", None),
         )
+        self._history.append(injected)
+        self._act(fault)
+        if self._after:  # after the fault has acted: ``after = {fault = N}`` follows its effect
+            self._set_off(injected)
+
+    def _act(self, fault: AnyFault) -> None:
+        assert self._actions is not None
         actions, cell, engine = self._actions, target_cell(fault), target_engine(fault)
         kind = fault.kind
         if kind in (FaultKind.KILL_CELL, FaultKind.STOP_CELL):
             assert cell is not None
             actions.kill_cell(cell, fault.point)
+        elif kind is FaultKind.KILL_RANK:
+            assert cell is not None
+            actions.kill_rank(cell, fault.rank, fault.point)  # type: ignore[union-attr]
+        elif kind is FaultKind.FAIL_RANK:
+            assert cell is not None
+            actions.fail_rank(cell, fault.rank)  # type: ignore[union-attr]
         elif kind is FaultKind.START_CELL:
             assert cell is not None
             if self._cell_states.get(cell, CellState.ALIVE) is CellState.STOPPED:

@@ -34,6 +34,11 @@ class WorldShape:
     waits in the engine's queue, the ones a retract pause put back there included (not only
     while requests hold KV pages), so a flush after a retract pause is refused for as long as
     the pause lasts (miles #1497, #1750)."""
+    engine_token_seconds: float = 0.0
+    """The engines' token pace: a floor on each generated token's time, in every world (the
+    CPU backend's local engines sleep to it, the simulator decodes at the larger of it and
+    its decode_seconds_per_token); longer requests live across more weight updates. The
+    CPU backend's --engine-token-seconds overrides it."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -41,6 +46,12 @@ class WorldShape:
             if f.name in SHAPE_SWITCHES:
                 if not isinstance(value, bool):
                     raise ConfigError(f.name, f"got {value!r}", "pass true or false")
+            elif f.name in SHAPE_PACES:
+                ok = isinstance(value, int | float) and not isinstance(value, bool)
+                if not (ok and math.isfinite(value) and 0 <= value <= MAX_TOKEN_SECONDS):
+                    raise ConfigError(
+                        f.name, f"got {value!r}", f"pass seconds from 0 to {MAX_TOKEN_SECONDS:g}"
+                    )
             elif not int_at_least(value, 1):
                 raise ConfigError(f.name, f"got {value!r}", "pass an integer >= 1")
 
@@ -151,7 +162,12 @@ class TimeModel:
 NODE_ADDRESSES = ("ipv4", "ipv6", "hostnames", "mixed")
 """How the simulator may name its nodes ([sim] node_addresses)."""
 SHAPE_SWITCHES = frozenset({"flush_refuses_while_queued"})
-"""The shape's keys that are true or false (SGLang's behaviours); every other one is a count."""
+"""The shape's keys that are true or false (SGLang's behaviours)."""
+SHAPE_PACES = frozenset({"engine_token_seconds"})
+"""The shape's keys that are seconds (the engines' pace); every other one is a count."""
+MAX_TOKEN_SECONDS = 10.0
+"""The slowest token pace a scenario may set: a request of a few hundred tokens then lasts
+about an hour already."""
 SHAPE_KEYS = frozenset(f.name for f in fields(WorldShape))
-SHAPE_COUNTS = SHAPE_KEYS - SHAPE_SWITCHES
+SHAPE_COUNTS = SHAPE_KEYS - SHAPE_SWITCHES - SHAPE_PACES
 TIME_KEYS = frozenset(f.name for f in fields(TimeModel))
