@@ -49,6 +49,7 @@ from miles_core.scenario.faults import (
     After,
     AnyFault,
     AtTime,
+    SlowLink,
     make_fault,
     target_engine,
 )
@@ -457,6 +458,34 @@ def _lora(seed: int, loop: LoopConfig) -> LoopConfig:
     return dataclasses.replace(loop, lora_adapter="policy", update_weight_buffer_size=buffer)
 
 
+SLOW_UPDATE_SHARE = 0.15
+"""The share of fault-tolerance seeds (health timeout up to 3 s) whose weight updates keep
+the engines paused longer than the health check's timeout."""
+
+
+def _slow_updates(seed: int, world: WorldShape, loop: LoopConfig) -> dict[str, float]:
+    """Link rates (between nodes and within one) that make a weight update last 1.5 to 3
+    health-check timeouts, from a stream of their own: a /health_generate is a request,
+    which a paused engine does not schedule, so only a monitor paused around updates (as
+    miles pauses it) leaves the healthy engines alone."""
+    stream = random.Random(derive_seed(seed, "swarm.slow_updates"))
+    timeout = loop.rollout_health_check_timeout
+    if not loop.use_fault_tolerance or timeout > 3.0 or stream.random() >= SLOW_UPDATE_SHARE:
+        return {}
+    seconds = stream.uniform(1.5, 3.0) * timeout
+    rate = world.param_bytes * max(1, world.num_engines) / seconds
+    return {"link_bytes_per_second": rate, "nvlink_bytes_per_second": rate}
+
+
+def _slowest_update(world: WorldShape, timing: TimeModel, faults: list[AnyFault]) -> float:
+    """An update's wire time, as slow as the slowest slow_link drawn makes it (with the
+    default links a few milliseconds; with slow updates seconds, and a slow_link of 58x on
+    seed 386 held one for 448 s, past the window of 60 s)."""
+    rate = min(timing.link_bytes_per_second, timing.nvlink_bytes_per_second)
+    factor = max((f.factor for f in faults if isinstance(f, SlowLink)), default=1.0)
+    return world.param_bytes * max(1, world.num_engines) / rate * factor
+
+
 AFTER_SHARE = 0.5
 """The share of timed kills whose start or restart follows by event (``after``), not time."""
 
@@ -556,6 +585,7 @@ def swarm_scenario(
         reward_success_rate=0.5 if filtered else None,
         control_reply_seconds=_control_reply(seed, aim),
         checkpoint_bytes_per_second=_checkpoint_rate(world, aim),
+        **_slow_updates(seed, world, loop),
     )
     step_seconds = timing.train_step_seconds + timing.allreduce_seconds + 1.0
     shape = Scenario(SWARM, world=world, loop=loop)
@@ -615,6 +645,8 @@ def swarm_scenario(
         timing,
         loop,
         _ordered(d.faults),
-        progress_window=(24 if filtered else 8) * step_seconds + _detection(loop),
+        progress_window=(24 if filtered else 8) * step_seconds
+        + _detection(loop)
+        + _slowest_update(world, timing, d.faults),
         liveness=_liveness(seed, steps, liveness),
     )
