@@ -358,12 +358,12 @@ class SimCluster:
         killed before it answered, as Ray kills a pending actor)."""
         self.kill_engine(engine_id)
         seconds = self.timing.engine_start_seconds + self.slowdown(f"start-{engine_id}") - 1.0
+        pending = self._starting.pop(engine_id, None)
+        if pending is not None:  # even by a start at once (a slow start begun earlier)
+            pending.cancel("a later restart replaced this start")
         if not seconds:
             self._start_engine(engine_id)
             return
-        pending = self._starting.pop(engine_id, None)
-        if pending is not None:
-            pending.cancel("a later restart replaced this start")
         self._starting[engine_id] = self.rt.spawn(
             self._start_after(engine_id, seconds), f"start-{engine_id}"
         )

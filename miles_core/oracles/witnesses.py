@@ -264,8 +264,9 @@ def _start_slowed(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | 
     """A start begun in the window (a restart_engine fault or a recovery the control plane
     asked) answered no sooner than ``seconds`` after it began: the one that came up is
     the latest begun before it. Passed when another fault struck the engine after the
-    first such start (that fault's witness judges what became of it), or when the run
-    ended before that start could answer."""
+    first such start (that fault's witness judges what became of it), when the run
+    ended before that start could answer, or when a restart_engine fault's start was
+    replaced by a recovery the health monitor asked for, not knowing of it."""
     engine, seconds = fault.engine, fault.seconds or 0.0
     begins = start_begins(engine, index)
     start, end = window(fault)
@@ -281,9 +282,27 @@ def _start_slowed(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | 
     ended = index.ended[1].t if index.ended is not None else None
     if _struck_again(engine, first_seq, index) or (ended is not None and ended < first_t + seconds):
         return None
+    if _restart_replaced_by_recovery(engine, first_seq, index):
+        return None
     return (
         f"none of the {len(inside)} start(s) of engine {engine} begun in the window answered "
         f"after the {seconds:g} s it takes (each was replaced before it could)"
+    )
+
+
+def _restart_replaced_by_recovery(engine: str | None, since: int, index: WitnessIndex) -> bool:
+    """The start begun at ``since`` was a restart_engine fault's (the control plane did not
+    ask for it, and saw only the old process exit), and a recovery the health monitor
+    asked replaced it: the monitor could not know of that start (miles' would restart a
+    dead actor too). Replacing a start the monitor itself asked for is what must not
+    happen, and is not excused."""
+    fault = any(
+        seq == since and e.fault is FaultKind.RESTART_ENGINE  # type: ignore[union-attr]
+        for seq, e in index.fired
+    )
+    return fault and any(
+        seq > since and isinstance(e, EngineRecoveryAsked) and e.engine == engine
+        for seq, e in index.events
     )
 
 
