@@ -84,6 +84,8 @@ class _Draw:
     the process's or one call's (its own stream, so the rest of the drawing is the same)."""
     health_timeout: float = 0.0
     """--rollout-health-check-timeout of the seed (with fault tolerance)."""
+    slow_updates: bool = False
+    """The seed's weight updates outlast the health check's timeout (``_slow_updates``)."""
 
     def slots(self, count: int, spacing: int = 4) -> list[int]:
         """Steps at which to strike, ``spacing`` apart, inside the fault phase."""
@@ -300,7 +302,10 @@ def _impairments(d: _Draw, rate: float, forced: str | None = None) -> None:
     if spared and (rng.random() < 0.35 * rate or forced == "slow_cell"):
         slow = {"cell": rng.choice(spared), "factor": rng.uniform(1.5, 5)}
         kinds.append(("slow_cell", slow | {"duration": rng.uniform(1.5, 3) * step}))
-    if rng.random() < 0.35 * rate or forced == "slow_link":
+    # not over updates that take seconds already: a bucket keeps the pace it began with,
+    # so one begun in the window outlasts a liveness heal by minutes (seed 7268 --liveness:
+    # 7 s x 58 held the healed run past its bound)
+    if (rng.random() < 0.35 * rate and not d.slow_updates) or forced == "slow_link":
         # open long enough for the step's training (even retried) and the update after it
         slow = {"factor": rng.uniform(1.5, 100), "duration": rng.uniform(4, 6) * step}
         kinds.append(("slow_link", slow))
@@ -605,6 +610,7 @@ def swarm_scenario(
         _update_calls(loop),
         random.Random(derive_seed(seed, "swarm.after")),
         loop.rollout_health_check_timeout,
+        timing.link_bytes_per_second < TimeModel().link_bytes_per_second,
     )
     drawn = aim is None and not total_loss and liveness is not True  # liveness: no failure
     world, refused = _old_sglang(seed, world, loop) if drawn else (world, False)
