@@ -190,18 +190,8 @@ class FaultSchedule:
         self._rt, self._history, self._actions = rt, history, actions
         history.observe(self._observe)
         for index, fault in enumerate(self.faults):
-            history.append(
-                FaultScheduled(
-                    t=rt.now(),
-                    index=index,
-                    fault=fault.kind,
-                    cell=target_cell(fault),
-                    engine=target_engine(fault),
-                    detail=fault.detail,
-                    point=fault.point,
-                    at=fault.when.at if isinstance(fault.when, AtTime) else None,
-                )
-            )
+            at = fault.when.at if isinstance(fault.when, AtTime) else None
+            history.append(FaultScheduled(t=rt.now(), **_recorded(index, fault), at=at))
         timed = sorted(
             (fault.when.at, index)
             for index, fault in enumerate(self.faults)
@@ -360,12 +350,7 @@ class FaultSchedule:
         assert self._rt is not None and self._history is not None and self._actions is not None
         injected = FaultInjected(
             t=self._rt.now(),
-            index=index,
-            fault=fault.kind,
-            cell=target_cell(fault),
-            engine=target_engine(fault),
-            detail=fault.detail,
-            point=fault.point,
+            **_recorded(index, fault),
             factor=getattr(fault, "factor", None),
             seconds=getattr(fault, "seconds", None),
             duration=getattr(fault, "duration", None),
@@ -413,6 +398,18 @@ class FaultSchedule:
     def _start(self, cell: int) -> None:
         assert self._actions is not None
         self._actions.start_cell(cell)
+
+
+def _recorded(index: int, fault: AnyFault) -> dict[str, Any]:
+    """What FaultScheduled and FaultInjected both record of a fault."""
+    return {
+        "index": index,
+        "fault": fault.kind,
+        "cell": target_cell(fault),
+        "engine": target_engine(fault),
+        "detail": fault.detail,
+        "point": fault.point,
+    }
 
 
 def schedule_for(scenario: Scenario) -> FaultSchedule:
