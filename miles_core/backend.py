@@ -218,6 +218,13 @@ class Router(Protocol):
 
 
 class WeightTransport(Protocol):
+    async def connect(self, update_id: int, source_cell: int, engines: Mapping[str, int]) -> None:
+        """Make the source cell's weight-update group for these engine processes (id ->
+        incarnation), in place of the group it held: SGLang's /init_weights_update_group on
+        each engine as the cell's rank joins. Buckets then travel over it until the control
+        plane connects that cell again. Raises CellFailure or EngineFailure naming who failed."""
+        ...
+
     async def send_bucket(
         self,
         update_id: int,
@@ -226,9 +233,11 @@ class WeightTransport(Protocol):
         engines: Mapping[str, int],
         version: int | None = None,
     ) -> Delivery:
-        """Move one bucket from the source cell to these engine processes (id -> incarnation);
-        raises CellFailure or EngineFailure naming who failed. ``version``: the version the
-        update stamps, which miles sends with every bucket (SGLang's ``weight_version``)."""
+        """Move one bucket from the source cell to these engine processes (id -> incarnation)
+        over the group it connected; raises CellFailure or EngineFailure naming who failed
+        (a process the cell's group was not made for fails the collective). ``version``: the
+        version the update stamps, which miles sends with every bucket (SGLang's
+        ``weight_version``)."""
         ...
 
     async def send_bucket_each(

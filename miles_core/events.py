@@ -391,6 +391,20 @@ class UpdateBegan(Event):
 
 
 @frozen_value(kw_only=True)
+class UpdateGroupConnected(Event):
+    """The updater cell's weight-update group was made afresh, the world says, for these
+    engine processes (miles' ``connect_rollout_engines``); kept for its next updates."""
+
+    update_id: int
+    updater: int
+    engines: tuple[str, ...]
+    incarnations: tuple[int, ...]
+    """The process of each engine, in the same order."""
+    reason: str
+    """Why it was made afresh (miles_core.update_connections.ConnectReason)."""
+
+
+@frozen_value(kw_only=True)
 class EnginesPaused(Event):
     """The engine processes that answered the update's pause."""
 

@@ -45,10 +45,12 @@ from miles_core.events import (
     StepCommitted,
     UpdateAborted,
     UpdateBegan,
+    UpdateGroupConnected,
     VersionPublished,
 )
 from miles_core.kinds import AbortCause, FaultKind
 from miles_core.oracles.placement import order_key
+from miles_core.update_connections import ConnectReason
 from miles_core.weight_update import UpdateKind
 
 
@@ -266,6 +268,10 @@ def _kept_kv(e: Event, w: _Walk) -> bool:
     return isinstance(e, SampleGenerated) and e.kept_kv
 
 
+def _stale_group_renewed(e: Event, w: _Walk) -> bool:
+    return isinstance(e, UpdateGroupConnected) and e.reason == ConnectReason.STALE
+
+
 _HANGS = (FaultKind.HANG_ENGINE, FaultKind.HANG_CALL)
 
 _CORE: tuple[tuple[str, str, Test], ...] = (
@@ -321,6 +327,9 @@ _OTHER: tuple[tuple[str, str, Test], ...] = (
     ("engine_health_failed", "an engine failed a health check", _kinds(EngineHealthFailed)),
     ("group_dropped", "a group was dropped", _kinds(GroupDropped)),
     ("kept_kv_across_update", "a sample kept its KV cache across an update", _kept_kv),
+    ("stale_update_group_renewed", "an updater cell made its weight-update group afresh "
+     "because a refresh had reconfigured the cells since it connected (miles #1444)",
+     _stale_group_renewed),
     ("collective_stalled_by_hung_member", "a broadcast waited out its timeout for a member "
      "that took no part (a hang mid-update)", _collective_stalled),
 )  # fmt: skip

@@ -1,26 +1,33 @@
 """Planted control bugs (sim/plants.py): each is caught by an oracle over the named
-scenarios and the swarm.
+scenarios, the scenario files and the swarm.
 
 A plant changes the control plane the way a user's own change might, then the
-named scenarios (seed 0) and the first SWARM_SEEDS swarm seeds run with every
-oracle. The test asserts that the oracle named for the bug fails on some run,
-never that a scenario-specific check does; the share of swarm seeds that saw
-it is printed (``pytest -s``) for the table in docs/measurements.md (the plants and their
-oracles: docs/verdicts.md).
+named scenarios and the files of scenarios/files (seed 0) and the first SWARM_SEEDS
+swarm seeds run with every oracle. The test asserts that the oracle named for the
+bug fails on some run, never that a scenario-specific check does; the share of swarm
+seeds that saw it is printed (``pytest -s``) for the table in docs/measurements.md
+(the plants and their oracles: docs/verdicts.md).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
-from miles_core.scenario import SCENARIOS
+from miles_core.scenario import SCENARIOS, Scenario, load_scenario_file
 from sim.plants import PLANTS, planted
 from sim.run import run_scenario
 from sim.swarm import swarm_scenario
 
 SWARM_SEEDS = 100
+FILES = sorted((Path(__file__).parent / "files").glob("*.toml"))
+
+
+def named_scenarios() -> list[Scenario]:
+    """The library's scenarios and the files', each run at seed 0."""
+    return [*SCENARIOS.values(), *map(load_scenario_file, FILES)]
 
 
 def sweep(plant: str, swarm_seeds: int = SWARM_SEEDS) -> tuple[Counter[str], Counter[str]]:
@@ -28,7 +35,7 @@ def sweep(plant: str, swarm_seeds: int = SWARM_SEEDS) -> tuple[Counter[str], Cou
     named: Counter[str] = Counter()
     swarm: Counter[str] = Counter()
     with planted(plant):
-        for scenario in SCENARIOS.values():
+        for scenario in named_scenarios():
             named.update(k for k, v in run_scenario(scenario, 0).verdicts.items() if v)
         for seed in range(swarm_seeds):
             result = run_scenario(swarm_scenario(seed), seed)
@@ -41,7 +48,7 @@ def test_a_planted_bug_fails_its_oracle(bug: str) -> None:
     oracle = PLANTS[bug][1]
     named, swarm = sweep(bug)
     print(
-        f"\n{bug}: {oracle} failed on {named[oracle]}/{len(SCENARIOS)} named scenarios and "
+        f"\n{bug}: {oracle} failed on {named[oracle]}/{len(named_scenarios())} named scenarios and "
         f"{swarm[oracle]}/{SWARM_SEEDS} swarm seeds; all oracles: named {dict(named)}, "
         f"swarm {dict(swarm)}"
     )

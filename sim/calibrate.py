@@ -116,6 +116,7 @@ def predict_update_seconds(
 
     async def update() -> float:
         transport = cluster.transport
+        await transport.connect(0, 0, dict.fromkeys(cluster.engine_ids, 0))
         for bucket in buckets:
             plan = plan_transfer(mode, (bucket,), cluster.engine_ids)
             targets = {e: 0 for t in plan.transfers for e in t.targets}  # the first processes

@@ -73,6 +73,15 @@ class SimRouter:
 class SimTransport:
     def __init__(self, cluster: SimCluster) -> None:
         self.cluster = cluster
+        self._groups: dict[int, tuple[int, dict[str, int]]] = {}
+        """Each cell's weight-update group: the cell process that made it, and the engine
+        processes it was made for."""
+
+    async def connect(self, update_id: int, source_cell: int, engines: Mapping[str, int]) -> None:
+        """The cell's new group, in place of its old one; made as its first bucket goes (a
+        dead or hung member fails that collective, as a real group's first use does), so
+        it takes no time of its own here."""
+        self._groups[source_cell] = (self.cluster.cells[source_cell].incarnation, dict(engines))
 
     async def send_bucket(
         self,
@@ -124,6 +133,7 @@ class SimTransport:
         stalls it until the group's timeout, and is then the one named."""
         cluster = self.cluster
         source = cluster.cells[source_cell]
+        self._check_group(source_cell, engines)
         _check_receivers(cluster, engines)  # one not in the update's group fails the collective
         absent = [e for e in engines if cluster.engines[e].hung]
         if absent:
@@ -142,6 +152,18 @@ class SimTransport:
                     cluster.engines[engine].load_adapter(unit.removeprefix(LORA_UNIT_PREFIX))
         # the bucket arrived; a fault here strikes before the updater's next step
         cluster.faults.fire(FaultPoint.AFTER_BUCKET, cell=source_cell, bucket=bucket.index)
+
+    def _check_group(self, source_cell: int, engines: Mapping[str, int]) -> None:
+        """A bucket travels over the group its cell connected: a process the group was not
+        made for takes no part, and the collective fails naming it."""
+        made_by, members = self._groups.get(source_cell, (-1, {}))
+        if made_by != self.cluster.cells[source_cell].incarnation:
+            members = {}  # the group died with the processes that made it
+        for engine, incarnation in engines.items():
+            if members.get(engine) != incarnation:
+                raise self.cluster.engines[engine].failure(
+                    f"process {incarnation} is not in cell {source_cell}'s weight-update group"
+                )
 
 
 def _check_receivers(cluster: SimCluster, engines: Mapping[str, int]) -> None:

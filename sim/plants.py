@@ -27,6 +27,7 @@ from miles_core.loop.producer import Producer
 from miles_core.loop.train import Trainer
 from miles_core.loop.update import Updater
 from miles_core.transfer import TransferMode
+from miles_core.update_connections import UpdateConnections
 from miles_core.weight_update import FlushCache, PublishVersion
 
 
@@ -374,6 +375,13 @@ def monitor_probes_through_updates(mp: Patcher) -> None:
     mp.setattr(EngineHealthMonitor, "run", unpaused)
 
 
+def connection_kept_after_reconfigure(mp: Patcher) -> None:
+    """A refresh does not mark the cells' weight-update connections stale (miles before #1444):
+    a cell that becomes the updater again, after another cell consumed has_new_engines,
+    keeps a group naming an engine process that was since replaced, and fails its update."""
+    mp.setattr(UpdateConnections, "reconfigured", lambda self, cells: None)
+
+
 PLANTS: dict[str, tuple[Plant, str]] = {
     "publish_after_resume": (publish_after_resume, "update_order"),
     "discarded_attempt_commits": (discarded_attempt_commits, "step_attempts"),
@@ -396,6 +404,7 @@ PLANTS: dict[str, tuple[Plant, str]] = {
     "update_call_without_deadline": (update_call_without_deadline, "liveness"),
     "recovery_asked_while_starting": (recovery_asked_while_starting, "fault_witness"),
     "monitor_probes_through_updates": (monitor_probes_through_updates, "end_state"),
+    "connection_kept_after_reconfigure": (connection_kept_after_reconfigure, "end_state"),
 }
 
 

@@ -60,12 +60,14 @@ from miles_core.events import (
     StepMetrics,
     UpdateAborted,
     UpdateBegan,
+    UpdateGroupConnected,
     VersionPublished,
     WeightsChecked,
 )
 from miles_core.kinds import AbortCause, PauseMode, RunStatus, SampleOutcome
 from miles_core.scenario.faults import RANK_FAILED, make_fault
 from miles_core.transfer import TransferMode
+from miles_core.update_connections import ConnectReason
 from sim.run import Scenario, run_scenario
 from sim.scenarios import SCENARIOS, load_scenario_file
 from tests.ray_cluster import session_processes
@@ -129,6 +131,11 @@ def _conformance_cases() -> list[tuple[Scenario, int | None]]:
     old_sglang = load_scenario_file(
         ROOT / "scenarios" / "files" / "sglang_flush_refused_while_queued.toml"
     )
+    # miles #1444: the cell that updates again after another consumed has_new_engines makes
+    # its stale weight-update group afresh (real gloo groups, kept across updates)
+    kept = load_scenario_file(
+        ROOT / "scenarios" / "files" / "update_group_kept_across_failover.toml"
+    )
     return [
         (SCENARIOS["no_failure"], None),
         (SCENARIOS["cell_crash_before_allreduce"], None),
@@ -141,6 +148,7 @@ def _conformance_cases() -> list[tuple[Scenario, int | None]]:
         (old_sglang, None),
         (after, None),
         (flush_hangs, None),
+        (kept, None),
         # the restart lands between the last bucket and the stamp (instant in the simulator,
         # seconds for real): in both worlds the update is retried and the engine synced. The
         # new process takes seconds to start here (importing torch and transformers), tens
@@ -198,7 +206,19 @@ def _the_slow_recovery_is_awaited(history: History) -> None:
     assert len(asked) == 1 and started[-1] - asked[0] >= 5.0  # one ask, its start waited for
 
 
+def _the_stale_group_is_made_afresh(history: History) -> None:
+    connects = [
+        (e.updater, e.reason, dict(zip(e.engines, e.incarnations, strict=True)))
+        for e in history
+        if isinstance(e, UpdateGroupConnected)
+    ]
+    assert connects[-1] == (1, ConnectReason.STALE, {"engine-0": 1}), connects
+    updates = [e for e in history if isinstance(e, UpdateBegan)]
+    assert len(updates) > len(connects)  # most updates kept their cell's group
+
+
 STORIES: dict[str, Callable[[History], None]] = {
+    "update_group_kept_across_failover": _the_stale_group_is_made_afresh,
     "rank_faults": _each_rank_fault_fails_its_cell_whole,
     "ft_engine_starts_slowly": _the_slow_recovery_is_awaited,
     # the survivor trains alone, then the healed cell trains on with it

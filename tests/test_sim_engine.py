@@ -341,7 +341,9 @@ def test_a_hung_member_stalls_the_broadcast_until_the_timeout_and_is_named() -> 
 
     async def main() -> tuple[str, float]:
         try:
-            await cluster.transport.send_bucket(0, 0, bucket, {e: 0 for e in cluster.engine_ids})
+            engines = dict.fromkeys(cluster.engine_ids, 0)
+            await cluster.transport.connect(0, 0, engines)
+            await cluster.transport.send_bucket(0, 0, bucket, engines)
         except EngineFailure as failure:
             return failure.engine, rt.now()
         raise AssertionError("the broadcast completed with a hung member")

@@ -1,4 +1,5 @@
-"""CollectiveTransport's p2p send: one bucket to every engine's pair group at once.
+"""CollectiveTransport's sends: one bucket to every engine's pair group at once (p2p), over
+the groups a cell's connect names, kept across updates until it connects again.
 
 The world is a stand-in that records the calls the transport makes to the cell's
 actor and the engines' routes, so no Ray starts; the trainer's side of the same
@@ -76,11 +77,23 @@ def _bucket() -> Any:
     return plan_buckets(units, 1 << 20)[0]
 
 
+def _connected(
+    transport: CollectiveTransport, method: str, update_id: int, engines: dict[str, int], **kw: Any
+) -> Any:
+    """Connect cell 0 to ``engines``, then one send (``method``) to them."""
+
+    async def main() -> Any:
+        await transport.connect(update_id, 0, engines)
+        return await getattr(transport, method)(update_id, 0, _bucket(), engines, **kw)
+
+    return asyncio.run(main())
+
+
 def test_send_bucket_each_sends_once_on_every_pair_group_and_delivers_each_engine() -> None:
     world, log = _world()
     transport = CollectiveTransport(world)  # type: ignore[arg-type]
     engines = {"e1": 3, "e0": 2}
-    delivered = asyncio.run(transport.send_bucket_each(7, 0, _bucket(), engines))
+    delivered = _connected(transport, "send_bucket_each", 7, engines)
     assert delivered == (Delivery(("e0",), 0.0), Delivery(("e1",), 0.0))
     groups = {
         e: c[3]["group_name"]
@@ -105,7 +118,7 @@ def test_send_bucket_each_names_the_engine_that_failed() -> None:
     world, _ = _world(failing="e1")
     transport = CollectiveTransport(world)  # type: ignore[arg-type]
     with pytest.raises(EngineFailure) as failure:
-        asyncio.run(transport.send_bucket_each(1, 0, _bucket(), {"e0": 1, "e1": 1}))
+        _connected(transport, "send_bucket_each", 1, {"e0": 1, "e1": 1})
     assert failure.value.engine == "e1"
 
 
@@ -113,7 +126,7 @@ def test_send_bucket_to_one_group_still_names_it_alone() -> None:
     """Broadcast (and the update loop's one-engine p2p calls): the cell gets one group name."""
     world, log = _world()
     transport = CollectiveTransport(world)  # type: ignore[arg-type]
-    delivery = asyncio.run(transport.send_bucket(2, 0, _bucket(), {"e0": 1, "e2": 1}))
+    delivery = _connected(transport, "send_bucket", 2, {"e0": 1, "e2": 1})
     assert delivery.engines == ("e0", "e2")
     (send,) = [c for c in log if c[:2] == ("cell", "send_bucket")]
     assert isinstance(send[2], str)
@@ -129,10 +142,53 @@ def test_each_bucket_body_is_what_miles_sends(packed: bool) -> None:
     world, log = _world()
     world.stack.packed = packed
     transport = CollectiveTransport(world)  # type: ignore[arg-type]
-    asyncio.run(transport.send_bucket(4, 0, _bucket(), {"e0": 1}, version=12))
+    _connected(transport, "send_bucket", 4, {"e0": 1}, version=12)
     (body,) = [c[3] for c in _routed(log, BUCKET_ROUTE)]
     assert body["weight_version"] == "12" and body["flush_cache"] is False
     assert body.get("load_format") == ("flattened_bucket" if packed else None)
     assert ("load_format" in body) is packed
     (send,) = [c for c in log if c[:2] == ("cell", "send_bucket")]
     assert send[-1] is packed
+
+
+def test_a_cells_group_is_kept_across_updates_until_it_connects_again() -> None:
+    """miles keeps its update group from update to update; a new connect destroys the old
+    group on both sides (in the background) and the next bucket makes the new one."""
+    world, log = _world()
+    transport = CollectiveTransport(world)  # type: ignore[arg-type]
+    engines = {"e0": 1, "e1": 1}
+
+    async def main() -> None:
+        await transport.connect(1, 0, engines)
+        for update_id in (1, 2, 3):  # three updates, one group
+            await transport.send_bucket(update_id, 0, _bucket(), engines)
+        assert len(_routed(log, "/init_weights_update_group")) == 2  # one join per engine
+        await transport.connect(4, 0, {"e0": 1, "e1": 2})
+        await transport.send_bucket(4, 0, _bucket(), {"e0": 1, "e1": 2})
+        await asyncio.gather(*transport._destroying)
+
+    asyncio.run(main())
+    joins = _routed(log, "/init_weights_update_group")
+    assert [(c[0], c[1]) for c in joins[2:]] == [("e0", 1), ("e1", 2)]
+    first, second = joins[0][3]["group_name"], joins[2][3]["group_name"]
+    assert first != second
+    destroyed = _routed(log, "/destroy_weights_update_group")
+    assert {(c[0], c[1], c[3]["group_name"]) for c in destroyed} == {
+        ("e0", 1, first),
+        ("e1", 1, first),
+    }
+    assert ("cell", "destroy_update_group", first) in log
+
+
+def test_a_process_the_cell_did_not_connect_is_in_none_of_its_groups() -> None:
+    world, log = _world()
+    transport = CollectiveTransport(world)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        await transport.connect(1, 0, {"e0": 1, "e1": 1})
+        await transport.send_bucket(1, 0, _bucket(), {"e0": 1, "e1": 2})
+
+    with pytest.raises(EngineFailure) as failure:
+        asyncio.run(main())
+    assert failure.value.engine == "e1" and "process 2 is not in cell 0's" in failure.value.reason
+    assert not _routed(log, BUCKET_ROUTE)  # nothing was sent

@@ -8,6 +8,7 @@ meanwhile is an EngineFailure, a dead peer in a collective names who died.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,9 @@ from miles_core.transfer import Bucket
 
 if TYPE_CHECKING:
     from backends.common.cluster import RayCell, RayWorld
+
+DESTROY_SECONDS = 10.0
+"""How long each side of an old group's destruction is waited for, in the background."""
 
 HTTP_TIMEOUT = aiohttp.ClientTimeout(total=120)
 """How long the world waits for an engine's answer (a collective's part waits longer)."""
@@ -213,14 +217,17 @@ class _Fanout:
 
 
 class CollectiveTransport(_Fanout):
-    """Buckets from the source cell's rank to engines over a group per update (gloo, or NCCL
-    on CUDA: the stack's collective backend).
+    """Buckets from the source cell's rank to engines over its groups (gloo, or NCCL on CUDA:
+    the stack's collective backend).
 
     SGLang's sequence: /init_weights_update_group on every engine while the
     trainer joins as rank 0, then per bucket a broadcast from the trainer while
     each engine serves /update_weights_from_distributed. Broadcast mode makes
-    one group of all engines; p2p one group per engine. A group is made for the
-    engine processes named, so a restarted process is never in an old group.
+    one group of all engines; p2p one group per engine. A cell's groups are for the
+    engine processes it connected (``connect``, where the control plane decides, as
+    miles' ``connect_rollout_engines``), made at its first bucket and kept for its next
+    updates; its next connect destroys them (/destroy_weights_update_group, in the
+    background). A process the cell did not connect is in none of its groups.
     Each bucket's body is miles': the update's ``weight_version``, and no ``load_format``
     (one broadcast per tensor) unless the stack asks for packed buckets
     (``--flattened-bucket``; see sglang_api.UpdateWeightsFromDistributedReqInput).
@@ -228,7 +235,11 @@ class CollectiveTransport(_Fanout):
 
     def __init__(self, world: RayWorld) -> None:
         super().__init__(world)
+        self._connected: dict[int, dict[str, int]] = {}
+        """Each cell's connection: the engine processes its groups are for."""
         self._groups: dict[tuple[int, tuple[tuple[str, int], ...]], str] = {}
+        """(cell, engine processes) -> the group made for them, kept across updates."""
+        self._destroying: set[asyncio.Task[Any]] = set()
         self._members: dict[str, tuple[str, ...]] = {}
         """Each group's engines in rank order (rank r is the r-th, from 1)."""
         self._sent: dict[str, int] = {}
@@ -240,15 +251,44 @@ class CollectiveTransport(_Fanout):
         timeout (when the stall is judged), so that no member's HTTP call ends first."""
         return self.world.collective_timeout + HTTP_TIMEOUT.total
 
+    async def connect(self, update_id: int, source_cell: int, engines: Mapping[str, int]) -> None:
+        """The cell's groups are for these processes from now on; its old ones are destroyed
+        in the background (a dead or hung member must not hold the update)."""
+        self._connected[source_cell] = dict(engines)
+        for key in [k for k in self._groups if k[0] == source_cell]:
+            name = self._groups.pop(key)
+            self._members.pop(name, None)
+            self._sent.pop(name, None)
+            task = asyncio.ensure_future(self._destroy(source_cell, dict(key[1]), name))
+            self._destroying.add(task)
+            task.add_done_callback(self._destroying.discard)
+
+    async def _destroy(self, source_cell: int, engines: Mapping[str, int], name: str) -> None:
+        """Best effort, as miles' ``disconnect_rollout_engines_from_distributed``: a member
+        that is gone took its side of the group with it."""
+        destroy = api.DestroyWeightsUpdateGroupReqInput(group_name=name)
+        calls: list[Awaitable[Any]] = [
+            self.world.engines[e].request(i, destroy.METHOD, destroy.ROUTE, api.body(destroy))
+            for e, i in engines.items()
+        ]
+        calls.append(self.world.cells[source_cell].call("destroy_update_group", name))
+        for call in calls:
+            with contextlib.suppress(ComponentFailure, asyncio.TimeoutError):
+                await asyncio.wait_for(call, DESTROY_SECONDS)
+
     async def _group(self, update_id: int, cell: RayCell, engines: Mapping[str, int]) -> str:
-        key = (update_id, tuple(sorted(engines.items())))
+        connected = self._connected.get(cell.index, {})
+        for engine, incarnation in sorted(engines.items()):
+            if connected.get(engine) != incarnation:
+                why = f"process {incarnation} is not in cell {cell.index}'s weight-update group"
+                raise EngineFailure(engine, why)
+        key = (cell.index, tuple(sorted(engines.items())))
         if key in self._groups:
+            await self._checked(update_id, cell)
             return self._groups[key]
-        for old in [k for k in self._groups if k[0] != update_id]:
-            gone = self._groups.pop(old)
-            self._members.pop(gone, None)
-            self._sent.pop(gone, None)
-        name = f"update{update_id}-" + "+".join(f"{e}.{i}" for e, i in sorted(engines.items()))
+        name = f"cell{cell.index}-update{update_id}-" + "+".join(
+            f"{e}.{i}" for e, i in sorted(engines.items())
+        )
         world = len(engines) + 1
         host, port = self.world.store_addr
         backend = self.world.stack.collective_backend
@@ -373,6 +413,10 @@ class HandleTransport(_Fanout):
     /update_weights_from_tensor, miles' colocated path): the source rank packs each bucket
     into a shared buffer and sends its handle; each engine copies from it. CUDA IPC on a
     GPU; on CPU, a shared-memory file (torch's file_system strategy) stands in for it."""
+
+    async def connect(self, update_id: int, source_cell: int, engines: Mapping[str, int]) -> None:
+        """No group: each bucket's handle goes to the processes it names (miles' colocated
+        ``connect_rollout_engines`` maps ranks to engines, which this world does per bucket)."""
 
     async def send_bucket(
         self,

@@ -21,6 +21,7 @@ from miles_core.filters import dynamic_filter
 from miles_core.loop.config import LoopConfig
 from miles_core.runtime import Cancelled, Runtime, Task
 from miles_core.sync import Lock, Notifier
+from miles_core.update_connections import UpdateConnections
 from miles_core.versions import VersionLedger
 
 T = TypeVar("T")
@@ -52,6 +53,7 @@ class RunContext:
         self.buffer = DataBuffer(
             config.buffer_config(), dynamic_filter(config.dynamic_sampling_filter, config)
         )
+        self.connections = UpdateConnections()
         self.update_lock = Lock(rt, "the weights lock")
         """Held from a step's training to the end of its update, and by each sync: a sync
         sends the trainer's current weights, right only while they are the published ones."""

@@ -154,6 +154,7 @@ class Orchestrator:
 
     def engine_started(self, engine: str, incarnation: int, how: str) -> None:
         if not self.ctx.stopping:
+            self.ctx.connections.engines_created()
             self.health.recovery_ended(engine, incarnation)
             self.engines.started(engine, incarnation, how)
 

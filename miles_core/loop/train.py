@@ -64,6 +64,7 @@ class Trainer:
         """The world reports new processes for ``cell``: they are healed at the next refresh."""
         ctx = self.ctx
         ctx.emit(CellStarted, cell=cell, incarnation=incarnation, how=how)
+        ctx.connections.cell_replaced(cell)
         state = ctx.cells.state(cell)
         if state is CellState.ALIVE:  # replaced behind our back: the state it held is gone
             self.cell_failed(cell, f"its processes were replaced ({how})", kill=False)
@@ -112,6 +113,7 @@ class Trainer:
                 ctx.record_cells()
                 if plan.reconfigure:
                     ctx.emit(QuorumChanged, quorum_id=plan.quorum_id, members=plan.members)
+                    ctx.connections.reconfigured(plan.members)
                     if not reconfigured:
                         reconfigured = True
                         ctx.heartbeats_paused += 1

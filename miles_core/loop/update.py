@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, overload
 
 from miles_core.backend import (
+    CellFailure,
     ComponentFailure,
     EngineFailure,
     RequestRefused,
@@ -47,6 +48,7 @@ from miles_core.events import (
     FlushRefused,
     UpdateAborted,
     UpdateBegan,
+    UpdateGroupConnected,
     UpdateSessionClosed,
     UpdateSessionOpened,
     VersionPublished,
@@ -406,6 +408,7 @@ class Updater:
         published version to ``only`` (a sync of restarted engines)."""
         ctx = self.ctx
         call = ctx.cells.routed("update_weights" if publish else "sync_engines")
+        has_new_engines = ctx.connections.has_new_engines  # read once, before the attempts
         while True:
             cell = call.target()
             engines = tuple(e for e in ctx.engines.live() if only is None or e in only)
@@ -440,6 +443,7 @@ class Updater:
             )
             ctx.monitor_paused += 1  # a busy engine is not a dead one
             try:
+                await self._connect(update_id, cell, targets, has_new_engines)
                 while (action := update.next_action()) is not None:
                     await self._run_action(update_id, cell, action, targets)
                     update.complete(action)
@@ -457,6 +461,7 @@ class Updater:
                     reason=failure.reason,
                 )
                 if isinstance(failure, EngineFailure):
+                    ctx.connections.member_failed(cell)
                     if failure.engine in targets:
                         self.engines.failed(failure.engine, targets[failure.engine], failure.reason)
                 else:
@@ -464,6 +469,37 @@ class Updater:
                     self.trainer.cell_failed(cell, failure.reason)
             finally:
                 ctx.monitor_paused -= 1
+
+    async def _connect(
+        self, update_id: int, cell: int, targets: dict[str, int], has_new_engines: bool
+    ) -> None:
+        """Make ``cell``'s weight-update group afresh where miles does (update_connections),
+        or keep the one it holds. A kept group that names a process since replaced fails the
+        cell, as miles' updater raises calling the old engine actor (and miles marks a cell
+        whose call raised errored: group.py ``_execute_first_alive``)."""
+        ctx = self.ctx
+        connections = ctx.connections
+        reason = connections.reason_to_connect(cell, targets, has_new_engines)
+        if reason is None:
+            kept = connections.group(cell)
+            gone = ctx.engines.replaced(kept)
+            if gone is not None:
+                raise CellFailure(
+                    cell,
+                    f"its weight-update group names {gone}'s process {kept[gone]}, replaced "
+                    "since the group was made",
+                )
+            return
+        await ctx.cluster.transport.connect(update_id, cell, targets)
+        connections.connected(cell, targets)
+        ctx.emit(
+            UpdateGroupConnected,
+            update_id=update_id,
+            updater=cell,
+            engines=tuple(targets),
+            incarnations=tuple(targets.values()),
+            reason=reason.value,
+        )
 
     async def _update_weights(self, publish: bool, only: tuple[str, ...] | None = None) -> None:
         """``route``, bracketed as miles brackets an update: with
