@@ -62,6 +62,7 @@ class FaultKind(StrEnum):
     HANG_CALL = "hang_call"
     SLOW_START = "slow_start"
     SLOW_LINK = "slow_link"
+    PARTITION = "partition"
     DELAY_ROUTER = "delay_router"
     FAIL_ROUTER = "fail_router"
     DROP_HEARTBEAT = "drop_heartbeat"

@@ -49,6 +49,7 @@ AIMABLE: dict[tuple[str, str], str] = {
     ("kill_engine", "during_recovery"): ENGINE,
     ("slow_cell", "step_begin"): IMPAIRMENT,
     ("slow_link", "step_begin"): IMPAIRMENT,
+    ("partition", "step_begin"): IMPAIRMENT,
     ("delay_router", "step_begin"): IMPAIRMENT,
     ("fail_router", "step_begin"): IMPAIRMENT,
 }

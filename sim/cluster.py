@@ -93,8 +93,8 @@ class SimTransport:
     ) -> Delivery:
         """One collective to every engine: as slow as its slowest link."""
         seconds = self._link_seconds(source_cell, bucket, engines)
-        await self._send(source_cell, bucket, engines, seconds)
-        return Delivery(tuple(engines), seconds)
+        stalled = await self._send(source_cell, bucket, engines, seconds)
+        return Delivery(tuple(engines), stalled + seconds)
 
     async def send_bucket_each(
         self,
@@ -107,8 +107,8 @@ class SimTransport:
         """p2p: each engine on its own link, all at once; the source is busy until the
         slowest arrives (its own bandwidth is not shared between the links in this model)."""
         links = {e: self._link_seconds(source_cell, bucket, {e: i}) for e, i in engines.items()}
-        await self._send(source_cell, bucket, engines, max(links.values()))
-        return tuple(Delivery((e,), seconds) for e, seconds in links.items())
+        stalled = await self._send(source_cell, bucket, engines, max(links.values()))
+        return tuple(Delivery((e,), stalled + seconds) for e, seconds in links.items())
 
     def _link_seconds(self, source_cell: int, bucket: Bucket, engines: Mapping[str, int]) -> float:
         cluster = self.cluster
@@ -127,14 +127,16 @@ class SimTransport:
         bucket: Bucket,
         engines: Mapping[str, int],
         seconds: float,
-    ) -> None:
+    ) -> float:
         """A collective completes for nobody until every member takes part: a dead member
         fails it at once (its connections close), a hung one (alive, answering nothing)
-        stalls it until the group's timeout, and is then the one named."""
+        stalls it until the group's timeout, and is then the one named. The seconds it
+        stalled first while the link was cut (a partition)."""
         cluster = self.cluster
         source = cluster.cells[source_cell]
         self._check_group(source_cell, engines)
         _check_receivers(cluster, engines)  # one not in the update's group fails the collective
+        stalled = await self._cut(source_cell, bucket) if cluster.impaired("partition") else 0.0
         absent = [e for e in engines if cluster.engines[e].hung]
         if absent:
             seconds = cluster.collective_timeout
@@ -152,6 +154,25 @@ class SimTransport:
                     cluster.engines[engine].load_adapter(unit.removeprefix(LORA_UNIT_PREFIX))
         # the bucket arrived; a fault here strikes before the updater's next step
         cluster.faults.fire(FaultPoint.AFTER_BUCKET, cell=source_cell, bucket=bucket.index)
+        return stalled
+
+    async def _cut(self, source_cell: int, bucket: Bucket) -> float:
+        """The link to the engines is cut: no member hears from another until the cut ends
+        (or liveness mode's heal ends it), and a collective that waited the group's whole
+        timeout fails as a whole, its source raising (torch's broadcast does). The seconds
+        it waited."""
+        cluster = self.cluster
+        source = cluster.cells[source_cell]
+        began, timeout = cluster.rt.now(), cluster.collective_timeout
+        waited = source.work(min(cluster.impairment_left("partition"), timeout), cluster.healed)
+        if await waited == 1:
+            raise source.failure(f"killed sending bucket {bucket.index}")
+        if cluster.impaired("partition"):
+            raise source.failure(
+                f"its broadcast of bucket {bucket.index} heard from no engine for {timeout:g}s: "
+                "the link to the engines is cut"
+            )
+        return cluster.rt.now() - began
 
     def _check_group(self, source_cell: int, engines: Mapping[str, int]) -> None:
         """A bucket travels over the group its cell connected: a process the group was not
@@ -254,6 +275,8 @@ class SimCluster:
         self._exchanges: dict[tuple[int, int], Exchange] = {}
         self._impairments: dict[str, tuple[float, float]] = {}
         """what -> (factor, until): slow cells and links, router delays and failures."""
+        self.healed = rt.signal()
+        """Set when liveness mode's heal ends every impairment (then replaced)."""
         self._replies: dict[str, tuple[float, Awaitable[None]]] = {}
         """what -> (when asked, the reply's wait) shared by every call of it at that instant."""
         self._handles: dict[tuple[str, int], EngineHandle] = {}
@@ -318,6 +341,11 @@ class SimCluster:
             self._replies[what] = (now, reply)
         return reply
 
+    def impairment_left(self, what: str) -> float:
+        """Seconds until ``what``'s impairment ends (0 when it is not impaired)."""
+        _, until = self._impairments.get(what, (1.0, 0.0))
+        return max(0.0, until - self.rt.now())
+
     def impaired(self, what: str) -> bool:
         """Whether ``what`` is impaired now (asked by every heartbeat: nothing to look up
         when nothing was ever impaired)."""
@@ -330,6 +358,8 @@ class SimCluster:
         dead cells are given back for the fault schedule to start."""
         now = self.rt.now()
         self._impairments = {what: (1.0, now) for what in self._impairments}
+        self.healed.set()  # a stall on a cut link ends with the cut
+        self.healed = self.rt.signal()
         for engine_id, engine in self.engines.items() if engines else ():
             stuck = engine.dead or engine.hung or engine.unanswered
             if stuck and engine_id not in self._starting:

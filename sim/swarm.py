@@ -49,6 +49,7 @@ from miles_core.scenario.faults import (
     After,
     AnyFault,
     AtTime,
+    Partition,
     SlowLink,
     make_fault,
     target_engine,
@@ -316,6 +317,8 @@ def _impairments(d: _Draw, rate: float, forced: str | None = None) -> None:
         kinds.append(("delay_router", delay))
     if not lone and (rng.random() < 0.25 * rate or forced == "fail_router"):
         kinds.append(("fail_router", {"duration": rng.uniform(1, 2) * step}))
+    if forced == "partition":  # drawn on its own stream otherwise (_partition)
+        kinds.append(("partition", {"duration": rng.uniform(1, 3) * step}))
     for (kind, keys), s in zip(kinds, starts, strict=False):
         d.faults.append(make_fault(kind, point="step_begin", step=s, **keys))
 
@@ -485,10 +488,27 @@ def _slow_updates(seed: int, world: WorldShape, loop: LoopConfig) -> dict[str, f
 def _slowest_update(world: WorldShape, timing: TimeModel, faults: list[AnyFault]) -> float:
     """An update's wire time, as slow as the slowest slow_link drawn makes it (with the
     default links a few milliseconds; with slow updates seconds, and a slow_link of 58x on
-    seed 386 held one for 448 s, past the window of 60 s)."""
+    seed 386 held one for 448 s, past the window of 60 s), and held by the longest cut."""
     rate = min(timing.link_bytes_per_second, timing.nvlink_bytes_per_second)
     factor = max((f.factor for f in faults if isinstance(f, SlowLink)), default=1.0)
-    return world.param_bytes * max(1, world.num_engines) / rate * factor
+    cut = max((f.duration for f in faults if isinstance(f, Partition)), default=0.0)
+    return world.param_bytes * max(1, world.num_engines) / rate * factor + cut
+
+
+PARTITION_SHARE = 0.15
+"""The share of seeds with faults whose trainers and engines are cut apart once."""
+
+
+def _partition(seed: int, d: _Draw) -> None:
+    """A cut between the trainers and the engines, from a stream of its own (the rest of the
+    drawing stays as it was): opening as a step begins, for one to three steps, shorter
+    than the collective timeout (miles' 30 min), so an update under it waits, then goes on."""
+    stream = random.Random(derive_seed(seed, "swarm.partition"))
+    if stream.random() >= PARTITION_SHARE:
+        return
+    step = stream.randint(1, max(1, min(int(0.6 * d.steps), d.steps - 4)))
+    duration = stream.uniform(1, 3) * d.step_seconds
+    d.faults.append(make_fault("partition", point="step_begin", step=step, duration=duration))
 
 
 AFTER_SHARE = 0.5
@@ -638,6 +658,8 @@ def swarm_scenario(
     if aimed != ENGINE:
         engines(d, rate)
     _impairments(d, rate, forced=aim.kind if aim is not None and aimed == IMPAIRMENT else None)
+    if aimed != IMPAIRMENT:
+        _partition(seed, d)
     if aimed != CELL:
         _lost_heartbeats(d, rate)
     if aim is not None and aimed in (CELL, ENGINE):  # last: a probe sees every other fault

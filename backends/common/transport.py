@@ -33,6 +33,9 @@ from miles_core.transfer import Bucket
 if TYPE_CHECKING:
     from backends.common.cluster import RayCell, RayWorld
 
+CUT_POLL_SECONDS = 0.02
+"""How often a send on a cut link looks whether the cut ended."""
+
 DESTROY_SECONDS = 10.0
 """How long each side of an old group's destruction is waited for, in the background."""
 
@@ -200,6 +203,26 @@ class _Fanout:
         await self._slow_link(t)
         return self._arrived(update_id, source_cell, bucket, engines, t)
 
+    async def _cut(self, source: int, bucket: Bucket) -> None:
+        """The link to the engines is cut (a partition): nothing moves until the cut ends (or
+        liveness mode's heal ends it), and a collective that waited the group's whole timeout
+        fails as a whole, its source raising (torch's broadcast does). Loopback cannot be
+        cut: the wait stands in for it, at the send, in every transport."""
+        world = self.world
+        if not world.impaired("partition"):
+            return
+        loop = asyncio.get_running_loop()
+        timeout = world.collective_timeout
+        deadline = loop.time() + timeout
+        while world.impaired("partition"):
+            if loop.time() >= deadline:
+                raise CellFailure(
+                    source,
+                    f"its broadcast of bucket {bucket.index} heard from no engine for "
+                    f"{timeout:g}s: the link to the engines is cut",
+                )
+            await asyncio.sleep(min(CUT_POLL_SECONDS, max(0.0, deadline - loop.time())))
+
     async def _slow_link(self, t: float) -> None:
         world = self.world
         if world.impaired("link"):  # a slow link: the same bytes, this many times longer
@@ -327,6 +350,7 @@ class CollectiveTransport(_Fanout):
         cell = world.cells[source_cell]
         name = await self._group(update_id, cell, engines)
         started = world.rt.now()
+        await self._cut(source_cell, bucket)
         await self._send(cell, bucket, dict.fromkeys(engines, name), engines, version)
         return await self._delivered(update_id, source_cell, bucket, engines, started)
 
@@ -352,6 +376,7 @@ class CollectiveTransport(_Fanout):
         for engine, incarnation in sorted(engines.items()):
             names[engine] = await self._group(update_id, cell, {engine: incarnation})
         started = world.rt.now()
+        await self._cut(source_cell, bucket)
         await self._send(cell, bucket, names, engines, version)
         await self._slow_link(started)
         return tuple(
@@ -430,6 +455,7 @@ class HandleTransport(_Fanout):
         cell = world.cells[source_cell]
         await self._checked(update_id, cell)
         started = world.rt.now()
+        await self._cut(source_cell, bucket)
         shared = await self._all({"cell": cell.call("share_bucket", update_id, bucket)}, cell.index)
         handle, self.seconds = shared[0][0]  # the cell's rank 0 packed it
         send = api.UpdateWeightsFromTensorReqInput(

@@ -4,8 +4,8 @@ Whether a request enters the router (a full buffer stops submission, as miles'
 ``_worker_loop`` does while a put waits), an update sends a bucket or a cell
 begins a step in a given stretch of time is the run's own pace: generation, the
 dynamic filter, dead engines and retries decide it, and no schedule can promise
-it. A slow_cell, slow_link, delay_router or fail_router window that met nothing
-it acts on has nothing to witness, and so has a slow_start window in which no
+it. A slow_cell, slow_link, partition, delay_router or fail_router window that met
+nothing it acts on has nothing to witness, and so has a slow_start window in which no
 start of its engine began (a restart or a recovery is the faults' and the health
 monitor's doing, not the schedule's) (fault_witness passes it once it has closed);
 ``idle_faults`` says which and why, for the run's report and the sweep's count.
@@ -22,6 +22,7 @@ from miles_core.kinds import FaultKind
 from miles_core.oracles.witness_index import (
     WitnessIndex,
     bucket_sends_in,
+    cut_sends_in,
     requests_in,
     retries_in,
     start_begins,
@@ -40,6 +41,12 @@ def _no_bucket_sends(fault: FaultInjected, index: WitnessIndex) -> str | None:
     return None if bucket_sends_in(fault, index) else "no bucket send began in it"
 
 
+def _nothing_crossed(fault: FaultInjected, index: WitnessIndex) -> str | None:
+    if bucket_sends_in(fault, index) or cut_sends_in(fault, index):
+        return None
+    return "no bucket send began in it"
+
+
 def _no_cell_steps(fault: FaultInjected, index: WitnessIndex) -> str | None:
     return None if steps_in(fault, index) else f"no step of cell {fault.cell} began in it"
 
@@ -55,6 +62,7 @@ _IDLE: dict[FaultKind, Callable[[FaultInjected, WitnessIndex], str | None]] = {
     FaultKind.SLOW_START: _no_engine_starts,
     FaultKind.SLOW_CELL: _no_cell_steps,
     FaultKind.SLOW_LINK: _no_bucket_sends,
+    FaultKind.PARTITION: _nothing_crossed,
     FaultKind.DELAY_ROUTER: _no_requests,
     FaultKind.FAIL_ROUTER: _no_requests,
 }

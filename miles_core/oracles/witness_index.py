@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
@@ -27,6 +28,7 @@ from miles_core.events import (
     RunStarted,
     SampleGenerated,
     StepCommitted,
+    UpdateAborted,
     UpdateBegan,
 )
 from miles_core.kinds import FaultKind
@@ -46,6 +48,7 @@ _FOLLOWED = (
 """What the kill, start and restart witnesses read after their fault."""
 
 _PICKED = (
+    UpdateAborted,
     FaultInjected,
     FaultScheduled,
     AttemptBegan,
@@ -71,6 +74,7 @@ class WitnessIndex:
     attempts: dict[tuple[int, int], float] = field(default_factory=dict)
     trained: list[CellTrained] = field(default_factory=list)
     buckets: list[BucketReceived] = field(default_factory=list)
+    aborted: list[UpdateAborted] = field(default_factory=list)
     updaters: dict[int, int] = field(default_factory=dict)
     """update id -> the cell that sent it (a bucket's route is its sender and engines)."""
     samples: list[SampleGenerated] = field(default_factory=list)
@@ -102,6 +106,8 @@ class WitnessIndex:
                 index.trained.append(e)
             elif isinstance(e, BucketReceived):
                 index.buckets.append(e)
+            elif isinstance(e, UpdateAborted):
+                index.aborted.append(e)
             elif isinstance(e, UpdateBegan):
                 index.updaters[e.update_id] = e.updater
             elif isinstance(e, HeartbeatMissed):
@@ -164,6 +170,20 @@ def bucket_sends_in(fault: FaultInjected, index: WitnessIndex) -> list[BucketRec
     """The bucket sends that began during the fault's window."""
     start, end = window(fault)
     return [b for b in index.buckets if start <= b.t - b.seconds < end]
+
+
+CUT = "the link to the engines is cut"
+"""How both worlds end a collective that waited out its timeout on a cut link."""
+
+
+def cut_sends_in(fault: FaultInjected, index: WitnessIndex) -> list[UpdateAborted]:
+    """The updates that failed on a collective this cut stalled past its timeout: after the
+    window opened (the failure comes a timeout after the send began, maybe past the window's
+    end), before the next partition opened."""
+    start = fault.t
+    later = [w for w, _ in index.windows(FaultKind.PARTITION) if w > start]
+    until = min(later, default=math.inf)
+    return [a for a in index.aborted if start <= a.t < until and CUT in a.reason]
 
 
 def steps_in(fault: FaultInjected, index: WitnessIndex) -> list[CellTrained]:

@@ -18,6 +18,9 @@ recorded after the fault fired:
     slow_link             buckets sent in the window took longer per byte than the
                           others of the same route (sender, engines), by at least half
                           the slowdown
+    partition             no bucket whose send began in the window arrived before the
+                          window closed, and one began in it, or an update failed on a
+                          collective the cut stalled past its timeout
     delay_router          requests sent in the window spent at least half the delay
                           outside the engine (the router's own time)
     fail_router           a request sent in the window failed at the router (a try that
@@ -26,8 +29,8 @@ recorded after the fault fired:
 
 A fault that fired and changed nothing fails its witness, and so does one that
 had nothing to act on, unless its window's traffic is the run's own pace: a
-slow_cell, slow_link, delay_router or fail_router window that nothing it acts on
-passed through is idle (``miles_core.oracles.idle_windows`` says why no schedule
+slow_cell, slow_link, partition, delay_router or fail_router window that nothing it acts
+on passed through is idle (``miles_core.oracles.idle_windows`` says why no schedule
 can promise otherwise); once closed it has nothing to witness and passes. In a
 run that completed, every scheduled fault must have fired; ``unfired_reason``
 says why one did not (the run ended first, or its point was never reached). A run
@@ -66,6 +69,7 @@ from miles_core.oracles.idle_windows import idle_reason
 from miles_core.oracles.witness_index import (
     WitnessIndex,
     bucket_sends_in,
+    cut_sends_in,
     requests_in,
     retries_in,
     start_begins,
@@ -374,6 +378,29 @@ def _link_slowed(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | N
     return _slower(inside, outside, fault.factor or 1.0, "bucket sends")
 
 
+CUT_TOLERANCE = 0.05
+"""Seconds a bucket may arrive before the cut's recorded end: a real world's fault is
+recorded a moment before its window is set (the simulator's at the same instant)."""
+
+
+def _link_cut(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None:
+    """Nothing crossed the cut: every bucket whose send began in the window arrived once it
+    had closed (a send waits for the link, or fails at the group's timeout: cut_sends_in)."""
+    del seq
+    _, end = window(fault)
+    early = [b for b in bucket_sends_in(fault, index) if b.t < end - CUT_TOLERANCE]
+    if early:
+        b = early[0]
+        return (
+            f"bucket {b.bucket} of update {b.update_id} went through the cut link: its send "
+            f"began at t={b.t - b.seconds:.4g} and arrived at t={b.t:.4g}, before the cut "
+            f"ended at t={end:.4g}"
+        )
+    if bucket_sends_in(fault, index) or cut_sends_in(fault, index):
+        return None
+    return "no bucket send began in it"
+
+
 def _router_delayed(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None:
     del seq
     start = fault.t
@@ -432,6 +459,7 @@ WITNESSES: dict[FaultKind, Callable[[FaultInjected, int, WitnessIndex], str | No
     FaultKind.SLOW_START: _start_slowed,
     FaultKind.SLOW_CELL: _cell_slowed,
     FaultKind.SLOW_LINK: _link_slowed,
+    FaultKind.PARTITION: _link_cut,
     FaultKind.DELAY_ROUTER: _router_delayed,
     FaultKind.FAIL_ROUTER: _router_failed,
     FaultKind.DROP_HEARTBEAT: _heartbeat_dropped,

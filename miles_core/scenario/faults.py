@@ -25,8 +25,9 @@ Which kinds take which triggers: kills and restarts (kill_cell, kill_rank, stop_
 kill_engine, restart_engine) any; fail_rank (a rank that raises, alive) only
 ``before_allreduce``; hang_engine any but ``mid_generation`` (an exit
 halfway through a request); hang_call, start_cell and the timed impairments
-(slow_cell, slow_start, slow_link, delay_router, fail_router, drop_heartbeat) ``at`` or
-``step_begin``, since they start a window of time rather than strike inside a call.
+(slow_cell, slow_start, slow_link, partition, delay_router, fail_router, drop_heartbeat)
+``at`` or ``step_begin``, since they start a window of time rather than strike inside a
+call.
 """
 
 from __future__ import annotations
@@ -369,6 +370,20 @@ class SlowLink(FaultSpec):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Partition(FaultSpec):
+    """The network between the trainer cells and the engines is cut for ``duration`` seconds
+    (a switch or a link down): a weight-update collective begun in the window moves no byte
+    until it ends, and one that would wait longer than the group's timeout
+    (``update_weight_collective_timeout``) fails as a whole, its updating cell raising, as
+    torch's broadcast does (miles then errors that cell). Generation, the router, the
+    control calls and the cells' own exchanges go other ways and are not cut."""
+
+    duration: float
+    kind: ClassVar[FaultKind] = FaultKind.PARTITION
+    points: ClassVar[frozenset[FaultPoint | None]] = WINDOW_POINTS
+
+
+@dataclass(frozen=True, kw_only=True)
 class DelayRouter(FaultSpec):
     """Every request through the router waits ``seconds`` more."""
 
@@ -401,6 +416,7 @@ AnyFault = (
     | HangCall
     | SlowStart
     | SlowLink
+    | Partition
     | DelayRouter
     | FailRouter
 )
@@ -420,6 +436,7 @@ FAULT_TYPES: Mapping[FaultKind, type[FaultSpec]] = {
         HangCall,
         SlowStart,
         SlowLink,
+        Partition,
         DelayRouter,
         FailRouter,
     )

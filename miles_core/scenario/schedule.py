@@ -40,6 +40,7 @@ from miles_core.scenario.faults import (
     DelayRouter,
     DropHeartbeat,
     FailRouter,
+    Partition,
     SlowCell,
     SlowLink,
     SlowStart,
@@ -52,20 +53,23 @@ if TYPE_CHECKING:
     from miles_core.scenario.model import Scenario
     from miles_core.versions import VersionLedger
 
-Impairment = SlowCell | SlowStart | SlowLink | DelayRouter | FailRouter | DropHeartbeat
+Impairment = SlowCell | SlowStart | SlowLink | Partition | DelayRouter | FailRouter | DropHeartbeat
 """A fault that changes how the world behaves for ``duration`` seconds."""
 
 
 def impaired_part(fault: Impairment) -> tuple[str, float]:
     """What part of a world an impairment acts on, and its factor, in the one spelling both
     worlds use: ``cell-N`` and ``link`` (slower by the factor), ``router-delay`` and
-    ``start-ENGINE`` (seconds added: factor - 1), ``router-fail``, ``heartbeat-N`` (muted)."""
+    ``start-ENGINE`` (seconds added: factor - 1), ``partition`` (the weight link cut),
+    ``router-fail``, ``heartbeat-N`` (muted)."""
     if isinstance(fault, SlowCell):
         return f"cell-{fault.cell}", fault.factor
     if isinstance(fault, SlowStart):
         return f"start-{fault.engine}", 1.0 + fault.seconds
     if isinstance(fault, SlowLink):
         return "link", fault.factor
+    if isinstance(fault, Partition):
+        return "partition", 1.0
     if isinstance(fault, DelayRouter):
         return "router-delay", 1.0 + fault.seconds
     if isinstance(fault, FailRouter):
