@@ -50,6 +50,7 @@ from miles_core.events import (
 )
 from miles_core.kinds import AbortCause, FaultKind
 from miles_core.oracles.placement import order_key
+from miles_core.oracles.witness_index import CUT
 from miles_core.update_connections import ConnectReason
 from miles_core.weight_update import UpdateKind
 
@@ -86,6 +87,8 @@ class _Walk:
     """Engine -> when a recovery was asked for it inside its slow_start window."""
     ranks_per_cell: dict[int, int] = field(default_factory=dict)
     """Cell -> its ranks, as the world placed them."""
+    cuts: list[tuple[float, float]] = field(default_factory=list)
+    """The partition windows opened so far: (start, end)."""
 
     def see(self, e: Event) -> None:
         if isinstance(e, RunStarted):
@@ -100,6 +103,8 @@ class _Walk:
             self.alive.discard(e.engine)
         elif isinstance(e, FaultInjected) and e.fault in _HANGS and e.engine:
             self.hung[e.engine] = self.incarnation.get(e.engine, 0)
+        elif isinstance(e, FaultInjected) and e.fault is FaultKind.PARTITION:
+            self.cuts.append((e.t, e.t + (e.duration or 0.0)))
         elif isinstance(e, FaultInjected) and e.fault is FaultKind.SLOW_START and e.engine:
             self.slow_starts[e.engine] = (e.t + (e.duration or 0.0), e.seconds or 0.0)
         elif isinstance(e, EngineRecoveryAsked) and e.t < self.slow_starts.get(e.engine, (0,))[0]:
@@ -268,6 +273,17 @@ def _kept_kv(e: Event, w: _Walk) -> bool:
     return isinstance(e, SampleGenerated) and e.kept_kv
 
 
+def _held_by_a_cut(e: Event, w: _Walk) -> bool:
+    """A bucket whose send began while the trainers and engines were cut apart arrived once
+    the cut ended, or an update failed on a collective the cut held past its timeout."""
+    if isinstance(e, UpdateAborted):
+        return CUT in e.reason
+    if not isinstance(e, BucketReceived) or not w.cuts:
+        return False
+    began = e.t - e.seconds
+    return any(start <= began < end <= e.t for start, end in w.cuts)
+
+
 def _stale_group_renewed(e: Event, w: _Walk) -> bool:
     return isinstance(e, UpdateGroupConnected) and e.reason == ConnectReason.STALE
 
@@ -320,6 +336,11 @@ _CORE: tuple[tuple[str, str, Test], ...] = (
      _engine_across_nodes),
     ("nodes_of_two_address_families",
      "the nodes were named two ways or more (IPv4, IPv6, unresolved names)", _address_families),
+    ("stale_update_group_renewed", "an updater cell made its weight-update group afresh "
+     "because a refresh had reconfigured the cells since it connected (miles #1444)",
+     _stale_group_renewed),
+    ("update_held_by_a_cut", "a weight update waited out a partition between the trainers "
+     "and the engines (or failed on it, past the collective timeout)", _held_by_a_cut),
 )  # fmt: skip
 """The probes CI's sweep must reach (``--require-probes``), as (name, what, test)."""
 
@@ -327,9 +348,6 @@ _OTHER: tuple[tuple[str, str, Test], ...] = (
     ("engine_health_failed", "an engine failed a health check", _kinds(EngineHealthFailed)),
     ("group_dropped", "a group was dropped", _kinds(GroupDropped)),
     ("kept_kv_across_update", "a sample kept its KV cache across an update", _kept_kv),
-    ("stale_update_group_renewed", "an updater cell made its weight-update group afresh "
-     "because a refresh had reconfigured the cells since it connected (miles #1444)",
-     _stale_group_renewed),
     ("collective_stalled_by_hung_member", "a broadcast waited out its timeout for a member "
      "that took no part (a hang mid-update)", _collective_stalled),
 )  # fmt: skip

@@ -13,6 +13,7 @@ from miles_core.errors import ConfigError
 from miles_core.events import BucketReceived, FaultInjected, UpdateAborted
 from miles_core.kinds import AbortCause, FaultKind
 from miles_core.oracles.idle_windows import idle_faults
+from miles_core.probes import probes_hit
 from miles_core.scenario import load_scenario_file, make_fault
 from miles_core.scenario.library import SCENARIOS
 from miles_core.scenario.liveness import Liveness
@@ -44,6 +45,7 @@ def test_a_cut_stalls_what_it_meets_and_fails_a_send_past_the_timeout() -> None:
         sent = _sent_in(result.history, cut)
         end = cut.t + cut.duration  # each arrives as the cut ends (and its bytes move)
         assert sent and all(end <= b.t < end + 0.01 for b in sent)
+    assert "update_held_by_a_cut" in probes_hit(result.history)
 
 
 def test_a_world_that_ignores_the_cut_fails_the_witness(monkeypatch: pytest.MonkeyPatch) -> None:
