@@ -366,6 +366,11 @@ class SimCluster:
                 self.restart_engine(engine_id)
         return tuple(i for i, cell in enumerate(self.cells) if cell.dead)
 
+    def fail_rank(self, index: int) -> None:
+        """A rank of the cell raises in the step about to exchange, its process alive (the
+        simulated cell is one unit: which rank does not matter here)."""
+        self.cells[index].raising = True
+
     def kill_cell(self, index: int) -> None:
         """Kill at once: in virtual time a named point is now."""
         self.cells[index].kill()

@@ -44,7 +44,7 @@ class SimFaultActions:
 
     def fail_rank(self, cell: int, rank: int) -> None:
         del rank
-        self.cluster.cells[cell].raising = True
+        self.cluster.fail_rank(cell)
 
     def kill_engine(self, engine: str, point: FaultPoint | None) -> None:
         del point

@@ -6,6 +6,10 @@ Where each decision is made:
   processes live when it begins, each addressed by its incarnation; a bucket
   is recorded when the world's transport says it arrived, a stamp when the
   engine answered;
+- its cell sends over the weight-update group it kept from its last update, made
+  afresh only where miles makes it (miles_core.update_connections: a new engine
+  process, a refresh since, a member lost, other engines); a kept group that names
+  a replaced process fails the cell, as miles' call to the old actor raises;
 - a process replaced during the update did not receive its buckets: its stamp
   is refused (EngineFailure) and the update is retried, now with the new
   process, before anything is published;
