@@ -17,7 +17,8 @@ miles/backends/megatron_utils/actor.py ``update_weights`` says:
 
 Here also where the engines to update are not the ones connected (an engine
 left rotation, or only a restarted one is synced): a collective needs every
-member, so a group for other engines cannot carry the update.
+member, so a group for other engines cannot carry the update; and after an
+engine failed the cell's attempt (``member_failed``).
 
 The flag is read once per update, before its attempts (miles' group.py
 ``update_weights`` fetches ``get_updatable_engines_and_lock`` once, then retries):
@@ -46,6 +47,8 @@ class ConnectReason(StrEnum):
 
 
 class UpdateConnections:
+    """The run's connection state: each cell's group, the stale marks, miles' flag."""
+
     def __init__(self) -> None:
         self._groups: dict[int, dict[str, int]] = {}
         """Each cell's group: the engine processes it was made for (engine -> incarnation)."""
