@@ -330,6 +330,34 @@ def _update_calls(loop: LoopConfig) -> tuple[str, ...]:
     return HUNG_CALLS
 
 
+ROUND_TRIP_SHARE = 0.5
+"""The share of seeds with no other cell fault whose updater goes away and comes back twice."""
+
+
+def _updater_round_trip(seed: int, d: _Draw) -> None:
+    """The updater (cell 0) dies, comes back, an engine restarts, and it dies again: the
+    update moves to another cell and back, then to that cell again with an engine process
+    new since its group was made (the sequence miles #1444 is about). From a stream of its
+    own; only in a seed with no other cell fault (two cells down at once is a total loss)."""
+    stream = random.Random(derive_seed(seed, "swarm.round_trip"))
+    if d.killed_cells or d.steps < 9 or stream.random() >= ROUND_TRIP_SHARE:
+        return
+    s = stream.randint(1, d.steps - 8)
+    engine = f"engine-{stream.randrange(d.world.num_engines)}"
+    F = make_fault
+    motif = [
+        F("kill_cell", cell=0, point="step_begin", step=s),
+        F("start_cell", cell=0, point="step_begin", step=s + 2),
+        F("restart_engine", engine=engine, point="step_begin", step=s + 3),
+        F("kill_cell", cell=0, point="step_begin", step=s + 5),
+        F("start_cell", cell=0, point="step_begin", step=s + 7),
+    ]
+    if any(f in d.faults for f in motif):  # the same fault twice is an error
+        return
+    d.faults += motif
+    d.killed_cells.add(0)
+
+
 def _lost_heartbeats(d: _Draw, rate: float) -> None:
     """A healthy cell whose heartbeats are lost for longer than detection takes (misses x
     interval + timeout): declared dead and stopped, a false positive, then started again.
@@ -657,6 +685,8 @@ def swarm_scenario(
     engines = _engines_at_points if rng.random() < 0.5 else _engines_at_times
     if aimed != ENGINE:
         engines(d, rate)
+    if aimed is None:
+        _updater_round_trip(seed, d)
     _impairments(d, rate, forced=aim.kind if aim is not None and aimed == IMPAIRMENT else None)
     if aimed != IMPAIRMENT:
         _partition(seed, d)

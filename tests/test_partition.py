@@ -108,3 +108,13 @@ def test_the_swarm_draws_cuts_and_its_runs_pass() -> None:
     for seed in seeds[:4]:
         result = run_scenario(swarm_scenario(seed), seed)
         assert result.ok, f"{result.failures()}\nreplay: python -m sim run swarm --seed {seed}"
+
+
+def test_a_send_a_cut_held_is_no_baseline_for_a_slow_link() -> None:
+    """Swarm seed 8707: a partition held a send of the same route outside a slow_link's
+    window; counted in the slow_link's baseline it made the slowed sends look 25.9x slower,
+    under the 26.3x a 51.7x slowdown must show, and fault_witness failed."""
+    result = run_scenario(swarm_scenario(8707), 8707)
+    kinds = {e.fault for e in result.history if isinstance(e, FaultInjected)}
+    assert {FaultKind.PARTITION, FaultKind.SLOW_LINK} <= kinds
+    assert result.ok, f"{result.failures()}\nreplay: python -m sim run swarm --seed 8707"
