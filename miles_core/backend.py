@@ -54,6 +54,18 @@ class CellFailure(ComponentFailure):
         self.cell = cell
 
 
+LINK_CUT = "the link to the engines is cut"
+"""What a collective that waited out its timeout on a partition says (both worlds); the
+partition's witness and probe read it."""
+
+
+def link_cut(cell: int, bucket: int, timeout: float) -> CellFailure:
+    """The source cell's failure when a bucket's collective waited ``timeout`` on a cut link
+    (torch's broadcast raises there, in the sending rank)."""
+    reason = f"its broadcast of bucket {bucket} heard from no engine for {timeout:g}s: {LINK_CUT}"
+    return CellFailure(cell, reason)
+
+
 class EngineFailure(ComponentFailure):
     def __init__(self, engine: str, reason: str) -> None:
         super().__init__(engine, reason)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from miles_core.backend import LINK_CUT
 from miles_core.engines import EngineState
 from miles_core.events import (
     AttemptBegan,
@@ -50,7 +51,6 @@ from miles_core.events import (
 )
 from miles_core.kinds import AbortCause, FaultKind
 from miles_core.oracles.placement import order_key
-from miles_core.oracles.witness_index import CUT
 from miles_core.update_connections import ConnectReason
 from miles_core.weight_update import UpdateKind
 
@@ -277,7 +277,7 @@ def _held_by_a_cut(e: Event, w: _Walk) -> bool:
     """A bucket whose send began while the trainers and engines were cut apart arrived once
     the cut ended, or an update failed on a collective the cut held past its timeout."""
     if isinstance(e, UpdateAborted):
-        return CUT in e.reason
+        return LINK_CUT in e.reason
     if not isinstance(e, BucketReceived) or not w.cuts:
         return False
     began = e.t - e.seconds

@@ -32,6 +32,7 @@ from miles_core.backend import (
     GenerateResult,
     RouterFailure,
     WorldObserver,
+    link_cut,
 )
 from miles_core.kinds import FaultPoint
 from miles_core.placement import Bundle, LayoutConfig, Placement, compute_layout, place
@@ -168,10 +169,7 @@ class SimTransport:
         if await waited == 1:
             raise source.failure(f"killed sending bucket {bucket.index}")
         if cluster.impaired("partition"):
-            raise source.failure(
-                f"its broadcast of bucket {bucket.index} heard from no engine for {timeout:g}s: "
-                "the link to the engines is cut"
-            )
+            raise link_cut(source_cell, bucket.index, timeout)
         return cluster.rt.now() - began
 
     def _check_group(self, source_cell: int, engines: Mapping[str, int]) -> None:

@@ -25,6 +25,7 @@ from miles_core.backend import (
     GenerateRequest,
     GenerateResult,
     RouterFailure,
+    link_cut,
 )
 from miles_core.kinds import FaultPoint
 from miles_core.scenario.seeds import derive_seed
@@ -216,11 +217,7 @@ class _Fanout:
         deadline = loop.time() + timeout
         while world.impaired("partition"):
             if loop.time() >= deadline:
-                raise CellFailure(
-                    source,
-                    f"its broadcast of bucket {bucket.index} heard from no engine for "
-                    f"{timeout:g}s: the link to the engines is cut",
-                )
+                raise link_cut(source, bucket.index, timeout)
             await asyncio.sleep(min(CUT_POLL_SECONDS, max(0.0, deadline - loop.time())))
 
     async def _slow_link(self, t: float) -> None:

@@ -22,7 +22,7 @@ from miles_core.kinds import FaultKind
 from miles_core.oracles.witness_index import (
     WitnessIndex,
     bucket_sends_in,
-    cut_sends_in,
+    cut_met_something,
     requests_in,
     retries_in,
     start_begins,
@@ -42,9 +42,7 @@ def _no_bucket_sends(fault: FaultInjected, index: WitnessIndex) -> str | None:
 
 
 def _nothing_crossed(fault: FaultInjected, index: WitnessIndex) -> str | None:
-    if bucket_sends_in(fault, index) or cut_sends_in(fault, index):
-        return None
-    return "no bucket send began in it"
+    return None if cut_met_something(fault, index) else "no bucket send began in it"
 
 
 def _no_cell_steps(fault: FaultInjected, index: WitnessIndex) -> str | None:

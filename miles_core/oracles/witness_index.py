@@ -6,6 +6,7 @@ import math
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
+from miles_core.backend import LINK_CUT
 from miles_core.events import (
     AttemptBegan,
     BucketReceived,
@@ -172,10 +173,6 @@ def bucket_sends_in(fault: FaultInjected, index: WitnessIndex) -> list[BucketRec
     return [b for b in index.buckets if start <= b.t - b.seconds < end]
 
 
-CUT = "the link to the engines is cut"
-"""How both worlds end a collective that waited out its timeout on a cut link."""
-
-
 def cut_sends_in(fault: FaultInjected, index: WitnessIndex) -> list[UpdateAborted]:
     """The updates that failed on a collective this cut stalled past its timeout: after the
     window opened (the failure comes a timeout after the send began, maybe past the window's
@@ -183,7 +180,12 @@ def cut_sends_in(fault: FaultInjected, index: WitnessIndex) -> list[UpdateAborte
     start = fault.t
     later = [w for w, _ in index.windows(FaultKind.PARTITION) if w > start]
     until = min(later, default=math.inf)
-    return [a for a in index.aborted if start <= a.t < until and CUT in a.reason]
+    return [a for a in index.aborted if start <= a.t < until and LINK_CUT in a.reason]
+
+
+def cut_met_something(fault: FaultInjected, index: WitnessIndex) -> bool:
+    """A bucket send began in the partition's window, or an update failed on it."""
+    return bool(bucket_sends_in(fault, index) or cut_sends_in(fault, index))
 
 
 def steps_in(fault: FaultInjected, index: WitnessIndex) -> list[CellTrained]:

@@ -69,7 +69,7 @@ from miles_core.oracles.idle_windows import idle_reason
 from miles_core.oracles.witness_index import (
     WitnessIndex,
     bucket_sends_in,
-    cut_sends_in,
+    cut_met_something,
     requests_in,
     retries_in,
     start_begins,
@@ -398,9 +398,7 @@ def _link_cut(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None
             f"began at t={b.t - b.seconds:.4g} and arrived at t={b.t:.4g}, before the cut "
             f"ended at t={end:.4g}"
         )
-    if bucket_sends_in(fault, index) or cut_sends_in(fault, index):
-        return None
-    return "no bucket send began in it"
+    return None if cut_met_something(fault, index) else "no bucket send began in it"
 
 
 def _router_delayed(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None:
