@@ -118,14 +118,17 @@ def attempt_group(
     arrived, abandoned = f"{prefix}/rank{rank}/arrived", f"{prefix}/abandoned"
     store.add(arrived, 1)
     deadline = time.monotonic() + timeout.total_seconds()
-    while store.add(arrived, 0) < members:
+
+    def check_abandoned() -> None:
         if store.check([abandoned]):
             raise RuntimeError(f"the attempt was abandoned: {store.get(abandoned).decode()}")
+
+    while store.add(arrived, 0) < members:
+        check_abandoned()
         if time.monotonic() > deadline:
             raise RuntimeError(f"a member never joined in {timeout.total_seconds():g} s")
         time.sleep(JOIN_POLL_S)
-    if store.check([abandoned]):  # a member arrived and was then killed with its cell
-        raise RuntimeError(f"the attempt was abandoned: {store.get(abandoned).decode()}")
+    check_abandoned()  # a member arrived and was then killed with its cell
     name = f"{prefix}/rank{rank}"
     return gloo_group(store_addr, name, position, members, timeout, ATTEMPT_RENDEZVOUS)
 
