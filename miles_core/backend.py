@@ -124,6 +124,9 @@ class GenerateResult:
     """The versions of the response's token spans, in order (meta_info's weight_versions)."""
     kept_kv: bool = False
     """Tokens after an update attended to KV an older version computed (in_place)."""
+    cached_versions: tuple[int | None, ...] = ()
+    """The versions of the weights that computed the prompt KV it reused from the engine's
+    prefix cache (SGLang reports only ``cached_tokens``; the world says which weights)."""
 
 
 @dataclass(frozen=True)

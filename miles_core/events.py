@@ -616,6 +616,9 @@ class SampleGenerated(Event):
     request that an update paused and resumed has more than one."""
     kept_kv: bool = False
     """It continued across an update on keys and values an older version computed (in_place)."""
+    cached_versions: tuple[int | None, ...] = ()
+    """The weights that computed the prompt KV it reused from the engine's prefix cache, as
+    the world reports them (empty: it reused none)."""
     outcome: SampleOutcome = SampleOutcome.COMPLETED
     sent: float = 0.0
     """When the control plane sent the request (``t`` is when the answer came)."""

@@ -284,6 +284,10 @@ def _held_by_a_cut(e: Event, w: _Walk) -> bool:
     return any(start <= began < end <= e.t for start, end in w.cuts)
 
 
+def _prompt_kv_reused(e: Event, w: _Walk) -> bool:
+    return isinstance(e, SampleGenerated) and bool(e.cached_versions)
+
+
 def _stale_group_renewed(e: Event, w: _Walk) -> bool:
     return isinstance(e, UpdateGroupConnected) and e.reason == ConnectReason.STALE
 
@@ -341,6 +345,8 @@ _CORE: tuple[tuple[str, str, Test], ...] = (
      _stale_group_renewed),
     ("update_held_by_a_cut", "a weight update waited out a partition between the trainers "
      "and the engines (or failed on it, past the collective timeout)", _held_by_a_cut),
+    ("prompt_kv_reused", "a request started from prompt KV an engine's prefix cache held "
+     "(miles #2782)", _prompt_kv_reused),
 )  # fmt: skip
 """The probes CI's sweep must reach (``--require-probes``), as (name, what, test)."""
 

@@ -13,7 +13,12 @@ plane.
 - ``/update_weight_version`` aborts every request in flight unless told
   ``abort_all_requests: false`` (SGLang's default is true).
 - ``/flush_cache`` refuses while a request holds KV pages (a running or frozen
-  one); retracted and queued ones hold none. An SGLang before #31962
+  one); retracted and queued ones hold none. It drops the prefix cache
+  (``[sim] prefix_cache``): a prompt's KV, kept per process from the first
+  request that computed it, and reused by later requests for the prompt
+  (``shared``, as SGLang's radix cache: whatever weights computed it) or only under
+  the same weights (``by_version``); each response names the weights of the KV it
+  reused. Entries live until a flush or the process's end (no eviction). An SGLang before #31962
   (``[sim] flush_refuses_while_queued``) also refuses while any request waits.
 - A hung engine (a fault) answers nothing until it is killed.
 """
@@ -38,25 +43,33 @@ from sim.runtime import SimSignal
 if TYPE_CHECKING:
     from sim.cluster import SimCluster
 
+_NONE = object()
+"""No entry in the prefix cache (None is a version: the initial weights)."""
+
 
 class _Request:
     """One generate request's progress: tokens done, the versions its spans came from."""
 
     __slots__ = (
         "aborted",
+        "cached",
         "death",
         "done",
         "first",
         "holds_pages",
         "kept_kv",
+        "prompt",
         "recompute",
         "spans",
         "started",
         "total",
     )
 
-    def __init__(self, total: float, started: float, death: SimSignal) -> None:
+    def __init__(self, total: float, started: float, death: SimSignal, prompt: int) -> None:
         self.total = total
+        self.prompt = prompt
+        self.cached: list[int | None] = []
+        """The weights that computed the prompt KV it reused from the prefix cache."""
         self.started = started
         self.death = death
         """The death of the process the request was sent to (not of a restarted one)."""
@@ -107,6 +120,8 @@ class SimEngine(_Mortal):
         self.session_open = False
         """Between begin_update and end_update (SGLang's weight-update session)."""
         self.in_flight = 0
+        self.prefixes: dict[int, int | None] = {}
+        """The prefix cache: prompt -> the weights that computed its KV."""
         self.jobs: set[_Request] = set()
         """Requests this process has admitted and not finished."""
         self._resumed: SimSignal = self.rt.signal()
@@ -162,7 +177,7 @@ class SimEngine(_Mortal):
         if self.hung:
             await self.answer()
         length = self._lengths.lognormvariate(self._length_mu, self._length_sigma)
-        job = _Request(length, self.rt.now(), self._death)
+        job = _Request(length, self.rt.now(), self._death, request.prompt_id)
         self.jobs.add(job)
         try:
             while job.done < job.total:
@@ -193,6 +208,7 @@ class SimEngine(_Mortal):
         t = self.cluster.timing
         interrupt = self._interrupt
         if job.recompute:  # retracted: the KV of prompt and tokens so far, on these weights
+            self._prompt_kv(job)
             prefill = (t.prompt_tokens + job.done) * t.prefill_seconds_per_token
             outcome = await self.work(prefill, interrupt, death=job.death)
             if outcome == 1:
@@ -205,6 +221,7 @@ class SimEngine(_Mortal):
         faults, strike = self.cluster.faults, False
         if job.first:
             job.first = False
+            self._prompt_kv(job)
             halfway = self.rt.now() + seconds / 2  # an after_time is judged then
             strike = faults.armed(FaultPoint.MID_GENERATION, by=halfway, engine=self.id)
         self.in_flight += 1
@@ -225,6 +242,18 @@ class SimEngine(_Mortal):
             raise self.failure("killed mid-generation")
         job.done = job.total if outcome == 0 else job.done + (self.rt.now() - began) / per_token
         return True if outcome == 2 else None
+
+    def _prompt_kv(self, job: _Request) -> None:
+        """A prefill's prompt KV: reused from the prefix cache where its policy allows (the
+        weights that computed it recorded), else computed now and cached."""
+        policy = self.cluster.world.prefix_cache
+        if policy == "off":
+            return
+        cached = self.prefixes.get(job.prompt, _NONE)
+        if cached is not _NONE and (policy == "shared" or cached == self.version):
+            job.cached.append(cached)  # type: ignore[arg-type]
+        else:
+            self.prefixes[job.prompt] = self.version
 
     async def _wait_paused(self, job: _Request) -> bool:
         """Wait while the engine is paused (a queued, retracted or frozen request); True when
@@ -250,6 +279,7 @@ class SimEngine(_Mortal):
             self.rt.now() - job.started,  # engine_seconds
             versions,
             job.kept_kv,
+            tuple(job.cached),
         )
 
     def _reward(self) -> float:
@@ -283,6 +313,7 @@ class SimEngine(_Mortal):
             raise RequestRefused(
                 self.id, f"Cache not flushed: {len(self.jobs)} requests wait in the queue"
             )
+        self.prefixes.clear()
 
     async def begin_update(self) -> None:
         """SGLang refuses a second begin while a session is open."""

@@ -583,6 +583,24 @@ def _old_sglang(seed: int, world: WorldShape, loop: LoopConfig) -> tuple[WorldSh
     return world, False
 
 
+PREFIX_CACHE_SHARE = 0.5
+"""The share of seeds whose engines keep a prefix cache."""
+
+
+def _prefix_cache(seed: int, world: WorldShape, loop: LoopConfig) -> WorldShape:
+    """The engines' prefix cache, from a stream of its own: half the seeds keep one, keyed
+    by weight version or shared as SGLang's radix cache. Shared only where every update
+    flushes it (not in_place): under in_place it hands prompts KV from weights the
+    staleness filter never sees, and a correct control plane still fails cached_kv_fresh
+    (scenarios/files/prefix_cache_across_updates.toml), so the swarm would judge the
+    world, not the loop."""
+    stream = random.Random(derive_seed(seed, "swarm.prefix"))
+    if stream.random() >= PREFIX_CACHE_SHARE:
+        return world
+    shared = stream.random() < 0.5 and loop.pause_generation_mode is not PauseMode.IN_PLACE
+    return dataclasses.replace(world, prefix_cache="shared" if shared else "by_version")
+
+
 def _detection(loop: LoopConfig) -> float:
     """How long a hung engine may hold a step with fault tolerance: an update's call waits
     out the health check's timeout, then the monitor's next check and its timeout."""
@@ -630,6 +648,7 @@ def swarm_scenario(
     loop = _miles_health_checks(seed, _lora(seed, loop))
     if aim is not None:
         world, loop = adjust(aim, world, loop)
+    world = _prefix_cache(seed, world, loop)
     # 0/1 rewards give the filter work: a group of 2 is all equal half the time, so a step
     # may wait for twice the generation; the progress window makes room for that
     filtered = loop.dynamic_sampling_filter is not None

@@ -137,6 +137,9 @@ def _conformance_cases() -> list[tuple[Scenario, int | None]]:
     kept = load_scenario_file(
         ROOT / "scenarios" / "files" / "update_group_kept_across_failover.toml"
     )
+    # miles #2782: a prefix cache keyed by weight version under in_place, where no flush
+    # comes between updates: real KV reused only under the weights that computed it
+    prefix = load_scenario_file(ROOT / "scenarios" / "files" / "prefix_cache_across_updates.toml")
     return [
         (SCENARIOS["no_failure"], None),
         (SCENARIOS["cell_crash_before_allreduce"], None),
@@ -149,6 +152,7 @@ def _conformance_cases() -> list[tuple[Scenario, int | None]]:
         (after, None),
         (flush_hangs, None),
         (kept, None),
+        (prefix, None),
         # a cut between trainers and engines mid-update: a bucket waits out the collective
         # timeout and its cell fails; the retry on the other cell waits out the rest
         (cut, None),
@@ -235,7 +239,15 @@ def _the_cut_stalls_then_fails_the_sender(history: History) -> None:
         assert sent and all(b.t >= end - 0.05 for b in sent), (cut, sent)
 
 
+def _prompt_kv_reused_under_its_own_weights(history: History) -> None:
+    reused = [e for e in history if isinstance(e, SampleGenerated) and e.cached_versions]
+    assert reused, "no request started from the prefix cache"
+    assert all(set(e.cached_versions) <= set(e.all_versions[:1]) for e in reused)
+    assert any(isinstance(e, GroupRecycled) for e in history)  # prompts generated again
+
+
 STORIES: dict[str, Callable[[History], None]] = {
+    "prefix_cache_across_updates": _prompt_kv_reused_under_its_own_weights,
     "partition_mid_update": _the_cut_stalls_then_fails_the_sender,
     "update_group_kept_across_failover": _the_stale_group_is_made_afresh,
     "rank_faults": _each_rank_fault_fails_its_cell_whole,

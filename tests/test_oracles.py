@@ -1724,6 +1724,7 @@ def test_check_all_returns_every_oracle_by_name() -> None:
         "end_state",
         "monotonic_versions",
         "bounded_staleness",
+        "cached_kv_fresh",
         "exactly_once",
         "recycled_regenerated",
         "whole_groups",

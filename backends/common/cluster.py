@@ -232,6 +232,7 @@ class RayWorld:
         stack: Stack = CPU_STACK,
         collective_timeout: float = 1800.0,
         flush_refuses_while_queued: bool = False,
+        prefix_cache: str = "off",
     ) -> None:
         self.rt = rt
         self.stack = stack
@@ -249,6 +250,8 @@ class RayWorld:
         engines' groups, and the transport's deadline): --update-weight-collective-timeout."""
         self.flush_refuses_while_queued = flush_refuses_while_queued
         """The engines act as an SGLang before #31962 ([sim] flush_refuses_while_queued)."""
+        self.prefix_cache = prefix_cache
+        """The engines' prefix cache policy ([sim] prefix_cache)."""
         model = build_model(policy)
         self.units: tuple[UpdateUnit, ...] = update_units(model)
         self.model_bytes = sum(u.nbytes for u in self.units)

@@ -32,6 +32,7 @@ from typing import Any, Final
 import torch
 
 from backends.common.policy import BOS, SEP
+from backends.common.prefix_cache import PrefixCache
 
 
 @functools.cache
@@ -126,6 +127,10 @@ class Decoding:
     """The weight version of each run of tokens, in order (meta_info weight_versions)."""
     kept_kv: bool = False
     """A token came from newer weights than the KV it attended to (in_place)."""
+    cached_tokens: int = 0
+    """Prompt tokens whose KV came from the prefix cache (SGLang's ``cached_tokens``)."""
+    cached_versions: list[str] = field(default_factory=list)
+    """The weight versions that computed the KV it reused from the prefix cache."""
     aborted: bool = False
     stopped_on: int | None = None
     """The stop token that finished the request (finish reason "stop"), if one did."""
@@ -144,10 +149,15 @@ class Decoding:
         self.cache_version = None
 
     @torch.no_grad()
-    def step(self, model: torch.nn.Module, version: str) -> None:
-        """Generate one token under ``version`` (prefilling first if the request holds no KV)."""
+    def step(
+        self, model: torch.nn.Module, version: str, prefixes: PrefixCache | None = None
+    ) -> None:
+        """Generate one token under ``version`` (prefilling first if the request holds no KV:
+        its prompt's from the prefix cache where ``prefixes`` allows)."""
         if self.cache is None:
             ids, self.cache_version = [*self.prompt, *self.tokens], version
+            if prefixes is not None and prefixes.on:
+                ids = self._prompt_kv(model, version, prefixes)
         else:
             ids = self.tokens[-1:]
             if self.cache_version != version:
@@ -164,6 +174,22 @@ class Decoding:
             self.spans.append(version)
         if token in self.stop_tokens:
             self.stopped_on = token
+
+    def _prompt_kv(self, model: torch.nn.Module, version: str, prefixes: PrefixCache) -> list[int]:
+        """Fill ``cache`` with the prompt's KV but its last token, from the prefix cache or
+        computed (and cached) now; the ids left to prefill."""
+        rest = [*self.prompt[-1:], *self.tokens]
+        hit = prefixes.lookup(self.prompt, version)
+        if hit is not None:
+            self.cache = hit.cache
+            self.cached_tokens += hit.tokens
+            self.cached_versions.append(hit.version)
+            return rest
+        if len(self.prompt) < 2:
+            return [*self.prompt, *self.tokens]
+        _, self.cache = forward(model, self.prompt[:-1], None)
+        prefixes.store(self.prompt, self.cache, version)
+        return rest
 
 
 @torch.no_grad()

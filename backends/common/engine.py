@@ -14,8 +14,9 @@ colocated trainer, loopback only; engine_handles), /destroy_weights_update_group
 /get_weight_version), /server_info and /get_server_info (engine_info),
 /weights_checker (engine_checker). meta_info also carries ``weight_versions``
 (the version of each span of the response) and, named as the testbed's own,
-``testbed_kept_kv``; so does /testbed/weights_checksum, so the oracles can
-compare weights bitwise.
+``testbed_kept_kv`` and ``testbed_cached_versions`` (the weights that computed the
+prompt KV a request took from the prefix cache, beside SGLang's ``cached_tokens``); so
+does /testbed/weights_checksum, so the oracles can compare weights bitwise.
 
 SGLang's behaviour where the control plane depends on it: a pause with mode
 ``abort`` ends the requests in flight (finish_reason abort), ``retract``
@@ -69,6 +70,7 @@ from backends.common.engine_state import EngineState, state_of
 from backends.common.engine_updates import UpdateRoutes
 from backends.common.engine_weights import EngineWeights
 from backends.common.policy import PolicyConfig, build_model
+from backends.common.prefix_cache import PrefixCache
 from backends.common.ray_session import LOOPBACK, LOOPBACK_NAMES
 from backends.common.wire import GLOO_TIMEOUT
 
@@ -91,13 +93,15 @@ class EngineServer(UpdateRoutes):
         api_key: str | None = None,
         collective_timeout: float = GLOO_TIMEOUT.total_seconds(),
         flush_refuses_while_queued: bool = False,
+        prefix_cache: str = "off",
     ) -> None:
         """``token_seconds``: a floor on each token's time (a real engine's decode time; the
         tiny policy takes about a millisecond), so requests live long enough to be paused.
         ``collective_timeout``: how long a broadcast of an update group waits for a member
         that never takes part (SGLang's groups take torch's default).
         ``flush_refuses_while_queued``: /flush_cache as an SGLang before #31962 answers it,
-        refused while any request waits (a retract pause puts them all back in the queue)."""
+        refused while any request waits (a retract pause puts them all back in the queue).
+        ``prefix_cache``: the prefix cache's policy ([sim] prefix_cache; prefix_cache.py)."""
         if host not in LOOPBACK_NAMES and not api_key:
             raise ValueError(
                 f"host: binding {host!r} (not loopback) needs api_key, as SGLang's --api-key: "
@@ -106,6 +110,7 @@ class EngineServer(UpdateRoutes):
         self.engine_id = engine_id
         self.token_seconds = token_seconds
         self.flush_refuses_while_queued = flush_refuses_while_queued
+        self.prefixes = PrefixCache(prefix_cache)
         self.host, self.api_key = host, api_key
         prepare_process(device)
         self.model = build_model(policy).to(device)
@@ -249,7 +254,9 @@ class EngineServer(UpdateRoutes):
         self._stepping += 1
         try:
             loop = asyncio.get_running_loop()
-            await loop.run_in_executor(self._decoder, job.step, self.model, self.weight_version)
+            await loop.run_in_executor(
+                self._decoder, job.step, self.model, self.weight_version, self.prefixes
+            )
         finally:
             self._stepping -= 1
             self._stepped.set()
@@ -283,7 +290,8 @@ class EngineServer(UpdateRoutes):
             "testbed_kept_kv": job.kept_kv,
             "prompt_tokens": len(job.prompt),
             "completion_tokens": len(job.tokens),
-            "cached_tokens": 0,  # no prefix cache here
+            "cached_tokens": job.cached_tokens,
+            "testbed_cached_versions": job.cached_versions,
             "e2e_latency": time.monotonic() - created,  # SGLang's: arrival to finish, seconds
             "output_token_logprobs": [
                 [lp, t, None] for lp, t in zip(job.logprobs, job.tokens, strict=True)
@@ -326,6 +334,8 @@ class EngineServer(UpdateRoutes):
             return refused(f"Cache not flushed: {holding} requests hold KV pages")
         if self._jobs and self.flush_refuses_while_queued:
             return refused(f"Cache not flushed: {len(self._jobs)} requests wait in the queue")
+        # in the decoding thread, the prefix cache's only other user
+        await asyncio.get_running_loop().run_in_executor(self._decoder, self.prefixes.clear)
         return web.Response(text="Cache flushed.")
 
 
@@ -341,6 +351,7 @@ class EngineActor:
         device: str = "cpu",
         collective_timeout: float = GLOO_TIMEOUT.total_seconds(),
         flush_refuses_while_queued: bool = False,
+        prefix_cache: str = "off",
     ) -> None:
         self.server = EngineServer(
             engine_id,
@@ -349,6 +360,7 @@ class EngineActor:
             device=device,
             collective_timeout=collective_timeout,
             flush_refuses_while_queued=flush_refuses_while_queued,
+            prefix_cache=prefix_cache,
         )
 
     async def start(self, delay: float = 0.0) -> int:

@@ -68,6 +68,7 @@ class RayEngine:
                 stack.device,
                 self.world.collective_timeout,
                 self.world.flush_refuses_while_queued,
+                self.world.prefix_cache,
             )
         )
         self.actor = actor

@@ -393,6 +393,7 @@ def _world(
         stack=options.stack,
         collective_timeout=scenario.loop.update_weight_collective_timeout,
         flush_refuses_while_queued=scenario.world.flush_refuses_while_queued,
+        prefix_cache=scenario.world.prefix_cache,
     )
 
 

@@ -94,6 +94,7 @@ class RayRouter:
             engine_seconds=meta.get("e2e_latency"),
             versions=tuple(_version(v) for v in meta.get("weight_versions", ())),
             kept_kv=bool(meta.get("testbed_kept_kv", False)),
+            cached_versions=tuple(_version(v) for v in meta.get("testbed_cached_versions", ())),
         )
 
 

@@ -58,7 +58,14 @@ def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def launch_command(model_dir: Path, port: int) -> list[str]:
+def launch_command(model_dir: Path, port: int, prefix_cache: str = "off") -> list[str]:
+    """SGLang's radix cache is its ``shared`` prefix cache; ``off`` disables it; SGLang has
+    no cache keyed by weight version, so ``by_version`` is refused before any launch."""
+    if prefix_cache not in ("off", "shared"):
+        raise ValueError(
+            f"prefix_cache: got {prefix_cache!r}, which SGLang cannot do; pass off or shared"
+        )
+    radix = ["--disable-radix-cache"] if prefix_cache == "off" else []
     return [
         sys.executable,
         "-m",
@@ -77,6 +84,7 @@ def launch_command(model_dir: Path, port: int) -> list[str]:
         "--disable-cuda-graph",
         "--random-seed",
         "0",
+        *radix,
     ]
 
 
@@ -92,10 +100,15 @@ class SGLangEngineActor:
         device: str = "",
         collective_timeout: float = 0.0,
         flush_refuses_while_queued: bool = False,
+        prefix_cache: str = "off",
     ) -> None:
         """``token_seconds``, ``collective_timeout`` and ``flush_refuses_while_queued`` are the
         local engine's: SGLang decodes at its own pace, its update groups take torch's default
-        timeout, and its /flush_cache answers as its own version does."""
+        timeout, and its /flush_cache answers as its own version does. ``prefix_cache``: its
+        radix cache on (shared) or off; SGLang reports no weights for the KV it reuses, so
+        ``cached_kv_fresh`` has nothing to judge on a real SGLang."""
+        launch_command(Path(), 0, prefix_cache)  # refuses what SGLang cannot do, now
+        self.prefix_cache = prefix_cache
         self.engine_id = engine_id
         self.policy = policy
         self.dir = tempfile.mkdtemp(prefix=f"sglang-{engine_id}-")
@@ -110,7 +123,7 @@ class SGLangEngineActor:
         port = _free_port()
         log = open(Path(self.dir) / "server.log", "wb")  # noqa: SIM115 - the server's lifetime
         self.process = subprocess.Popen(
-            launch_command(model, port),
+            launch_command(model, port, self.prefix_cache),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

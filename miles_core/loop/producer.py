@@ -154,6 +154,7 @@ class Producer:
                 version=result.weight_version if result else None,
                 versions=result.versions if result else (),
                 kept_kv=result.kept_kv if result else False,
+                cached_versions=result.cached_versions if result else (),
                 outcome=outcome,
                 sent=sent,
                 engine_seconds=result.engine_seconds if result else None,

@@ -9,6 +9,8 @@ first violation with the events that prove it, or None.
                           a named error); a crash or a stall never passes
     monotonic_versions    versions never go backwards: published, per engine, at the consumer
     bounded_staleness     every trained group has 0 <= staleness <= bound
+    cached_kv_fresh       no trained sample reused prompt KV (an engine's prefix cache) from
+                          weights older than the staleness bound allows
     exactly_once          each prompt is trained at most once; at the end each drawn prompt
                           is trained, dropped or outstanding
     recycled_regenerated  a refused group goes where the unused handler says (retry:
@@ -39,6 +41,7 @@ from contextlib import contextmanager
 
 from miles_core.events import History
 from miles_core.oracles.base import Indexed, Violation, forget
+from miles_core.oracles.cached_kv import cached_kv_fresh
 from miles_core.oracles.delivery import exactly_once, recycled_regenerated
 from miles_core.oracles.end_state import end_state
 from miles_core.oracles.groups import whole_groups
@@ -57,6 +60,7 @@ from miles_core.oracles.witnesses import fault_witness, unfired_reason
 SAFETY: dict[str, Callable[[History], Violation | None]] = {
     "monotonic_versions": monotonic_versions,
     "bounded_staleness": bounded_staleness,
+    "cached_kv_fresh": cached_kv_fresh,
     "exactly_once": exactly_once,
     "recycled_regenerated": recycled_regenerated,
     "whole_groups": whole_groups,
@@ -123,6 +127,7 @@ __all__ = [
     "Indexed",
     "Violation",
     "bounded_staleness",
+    "cached_kv_fresh",
     "check_all",
     "end_state",
     "exactly_once",

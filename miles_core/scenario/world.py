@@ -39,11 +39,21 @@ class WorldShape:
     CPU backend's local engines sleep to it, the simulator decodes at the larger of it and
     its decode_seconds_per_token); longer requests live across more weight updates. The
     CPU backend's --engine-token-seconds overrides it."""
+    prefix_cache: str = "off"
+    """The engines' prefix cache (SGLang's radix cache), in every world: ``off`` (each
+    request computes its prompt's KV), ``shared`` (SGLang's: a prompt's KV is reused by any
+    later request for it, whatever weights computed it, until /flush_cache drops it, miles
+    #2782) or ``by_version`` (reused only under the weights that computed it). Every world
+    records the versions of the KV a request reused; ``cached_kv_fresh`` judges them."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in SHAPE_SWITCHES:
+            if f.name in SHAPE_CHOICES:
+                if value not in SHAPE_CHOICES[f.name]:
+                    choices = ", ".join(SHAPE_CHOICES[f.name])
+                    raise ConfigError(f.name, f"got {value!r}", f"pass one of {choices}")
+            elif f.name in SHAPE_SWITCHES:
                 if not isinstance(value, bool):
                     raise ConfigError(f.name, f"got {value!r}", "pass true or false")
             elif f.name in SHAPE_PACES:
@@ -161,13 +171,17 @@ class TimeModel:
 
 NODE_ADDRESSES = ("ipv4", "ipv6", "hostnames", "mixed")
 """How the simulator may name its nodes ([sim] node_addresses)."""
+PREFIX_CACHES = ("off", "shared", "by_version")
+"""The engines' prefix caches ([sim] prefix_cache)."""
 SHAPE_SWITCHES = frozenset({"flush_refuses_while_queued"})
 """The shape's keys that are true or false (SGLang's behaviours)."""
 SHAPE_PACES = frozenset({"engine_token_seconds"})
-"""The shape's keys that are seconds (the engines' pace); every other one is a count."""
+"""The shape's keys that are seconds (the engines' pace)."""
+SHAPE_CHOICES = {"prefix_cache": PREFIX_CACHES}
+"""The shape's keys that name one of a few choices; every other one is a count."""
 MAX_TOKEN_SECONDS = 10.0
 """The slowest token pace a scenario may set: a request of a few hundred tokens then lasts
 about an hour already."""
 SHAPE_KEYS = frozenset(f.name for f in fields(WorldShape))
-SHAPE_COUNTS = SHAPE_KEYS - SHAPE_SWITCHES - SHAPE_PACES
+SHAPE_COUNTS = SHAPE_KEYS - SHAPE_SWITCHES - SHAPE_PACES - SHAPE_CHOICES.keys()
 TIME_KEYS = frozenset(f.name for f in fields(TimeModel))
