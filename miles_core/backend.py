@@ -127,6 +127,9 @@ class GenerateResult:
     cached_versions: tuple[int | None, ...] = ()
     """The versions of the weights that computed the prompt KV it reused from the engine's
     prefix cache (SGLang reports only ``cached_tokens``; the world says which weights)."""
+    incarnation: int | None = None
+    """The process that answered, where the router sent it elsewhere than asked (None: the
+    one asked): a server whose actor is gone may still be in the router (miles #100)."""
 
 
 @dataclass(frozen=True)
@@ -228,7 +231,16 @@ class Router(Protocol):
         self, engine: str, incarnation: int, request: GenerateRequest
     ) -> GenerateResult:
         """Send one generate call to that process of ``engine``; raises EngineFailure if it
-        is dead or replaced, RouterFailure if the router could not deliver it."""
+        is dead or replaced, RouterFailure if the router could not deliver it. A server the
+        router still lists after its actor went (an orphan) may take the call instead, as
+        the router's least-requests policy sends it there (the result names it)."""
+        ...
+
+    def remove_worker(self, engine: str, incarnation: int) -> bool:
+        """Take that process's server out of the router, by its address (its actor may be
+        gone), and abort what it still serves; True if it was still listed (an orphan).
+        miles' ``SGLangEngine.shutdown`` removes the worker through the actor, so a lost
+        actor's server stays (miles #100)."""
         ...
 
 

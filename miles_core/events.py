@@ -571,6 +571,16 @@ class EngineExited(Event):
 
 
 @frozen_value(kw_only=True)
+class OrphanRemoved(Event):
+    """The control plane took a process's server out of the router, and the world says it
+    was still there, serving: its actor had gone without its ``shutdown`` (miles #100). What
+    it still served was aborted."""
+
+    engine: str
+    incarnation: int
+
+
+@frozen_value(kw_only=True)
 class EngineStateChanged(Event):
     """The control plane moved an engine in its table (rotation); see miles_core.engines."""
 

@@ -60,6 +60,7 @@ class FaultKind(StrEnum):
     RESTART_ENGINE = "restart_engine"
     HANG_ENGINE = "hang_engine"
     HANG_CALL = "hang_call"
+    ORPHAN_ENGINE = "orphan_engine"
     SLOW_START = "slow_start"
     SLOW_LINK = "slow_link"
     PARTITION = "partition"

@@ -39,6 +39,7 @@ from miles_core.events import (
     HealBegan,
     HealEnded,
     HeartbeatMissed,
+    OrphanRemoved,
     PlacementMade,
     RequestRetried,
     RunStarted,
@@ -347,6 +348,8 @@ _CORE: tuple[tuple[str, str, Test], ...] = (
      "and the engines (or failed on it, past the collective timeout)", _held_by_a_cut),
     ("prompt_kv_reused", "a request started from prompt KV an engine's prefix cache held "
      "(miles #2782)", _prompt_kv_reused),
+    ("orphan_removed_from_router", "the control plane took out of the router a server "
+     "whose actor was gone (miles #100)", _kinds(OrphanRemoved)),
 )  # fmt: skip
 """The probes CI's sweep must reach (``--require-probes``), as (name, what, test)."""
 

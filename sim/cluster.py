@@ -23,6 +23,7 @@ Time models (miles_core.scenario.TimeModel):
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Awaitable, Mapping
 
@@ -47,16 +48,35 @@ from sim.runtime import SimRuntime, SimTask
 class SimRouter:
     def __init__(self, cluster: SimCluster) -> None:
         self.cluster = cluster
+        self.orphans: dict[tuple[str, int], SimEngine] = {}
+        """Servers still listed whose actor is gone (the orphan_engine fault), by process."""
 
     def generate(
         self, engine: str, incarnation: int, request: GenerateRequest
     ) -> Awaitable[GenerateResult]:
-        """The engine's own call when nothing was ever impaired (no coroutine of the router's
-        around every request); the router's delays and failures otherwise."""
+        """The engine's own call when nothing was ever impaired and no orphan is listed (no
+        coroutine of the router's around every request); the router's delays, failures and
+        choice otherwise."""
         cluster = self.cluster
-        if cluster._impairments:
+        if cluster._impairments or self.orphans:
             return self._impaired(engine, incarnation, request)
         return cluster.engines[engine].generate(incarnation, request)
+
+    def remove_worker(self, engine: str, incarnation: int) -> bool:
+        orphan = self.orphans.pop((engine, incarnation), None)
+        if orphan is None:
+            return False
+        orphan.abort_all()
+        return True
+
+    def _orphan_for(self, engine: str) -> SimEngine | None:
+        """The router's least-requests choice: an orphan with fewer requests in flight than
+        the process asked for takes the request (the first such, by process; ties stay)."""
+        load = len(self.cluster.engines[engine].jobs)
+        for key in sorted(self.orphans):
+            if len(self.orphans[key].jobs) < load:
+                return self.orphans[key]
+        return None
 
     async def _impaired(
         self, engine: str, incarnation: int, request: GenerateRequest
@@ -68,6 +88,10 @@ class SimRouter:
         if cluster.impaired("router-fail"):
             await cluster.rt.sleep(cluster.timing.router_failure_seconds)
             raise RouterFailure(f"request for group {request.group_id} to {engine} failed")
+        orphan = self._orphan_for(engine) if self.orphans else None
+        if orphan is not None:
+            result = await orphan.generate(orphan.incarnation, request)
+            return dataclasses.replace(result, incarnation=orphan.incarnation)
         return await cluster.engines[engine].generate(incarnation, request)
 
 
@@ -403,6 +427,22 @@ class SimCluster:
         """The process leaves every ``call`` unanswered from now on (answering the rest)."""
         engine = self.engines[engine_id]
         engine.unanswered = engine.unanswered | {call}
+
+    def orphan_engine(self, engine_id: str) -> None:
+        """The engine's actor is lost, its server left running: the process goes on serving
+        (its requests, its weights) as an orphan in the router, and the slot holds no
+        process until a restart; the world reports the actor's exit."""
+        engine = self.engines[engine_id]
+        if engine.dead:
+            return
+        self.router.orphans[(engine_id, engine.incarnation)] = engine
+        slot = SimEngine(self, engine_id)
+        slot.incarnation, slot.dead = engine.incarnation, True
+        self.engines[engine_id] = slot
+        if self.observer is not None:
+            self.observer.engine_exited(
+                engine_id, engine.incarnation, "its actor was lost; its server runs on"
+            )
 
     def restart_engine(self, engine_id: str) -> None:
         """Replace the engine's process (a fault's restart, or the control plane's recovery):

@@ -338,6 +338,12 @@ class SimEngine(_Mortal):
         if abort_all_requests:  # SGLang's default: every request in flight ends, aborted
             self._interrupt_all(None)
 
+    def abort_all(self) -> None:
+        """SGLang's ``/abort_request`` with ``abort_all``, sent to the server's address: every
+        request in flight ends aborted (a hung process answers nothing)."""
+        if not self.hung:
+            self._interrupt_all(None)
+
     async def unload_adapter(self, adapter: str) -> None:
         """SGLang's ``/unload_lora_adapter``: refused for an adapter this process does not
         hold (``LoRAManager.unload_lora_adapter``: "LoRA adapter ... is not loaded")."""

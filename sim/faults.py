@@ -59,6 +59,9 @@ class SimFaultActions:
     def hang_call(self, engine: str, call: str) -> None:
         self.cluster.hang_call(engine, call)
 
+    def orphan_engine(self, engine: str) -> None:
+        self.cluster.orphan_engine(engine)
+
     def heal(self, engines: bool) -> tuple[int, ...]:
         return self.cluster.heal(engines)
 

@@ -24,6 +24,7 @@ from miles_core.errors import ConfigError
 from miles_core.events import PromptDrawn
 from miles_core.loop import update as update_module
 from miles_core.loop.producer import Producer
+from miles_core.loop.supervision import EngineSupervisor
 from miles_core.loop.train import Trainer
 from miles_core.loop.update import Updater
 from miles_core.transfer import TransferMode
@@ -382,6 +383,14 @@ def connection_kept_after_reconfigure(mp: Patcher) -> None:
     mp.setattr(UpdateConnections, "reconfigured", lambda self, cells: None)
 
 
+def orphan_left_in_router(mp: Patcher) -> None:
+    """A process out of rotation is not taken out of the router (miles before #100: the
+    health monitor only ``ray.kill``-ed the actor; and through a lost actor ever since): a
+    server whose actor is gone keeps serving the weights it holds, and the router sends it
+    requests after the updates it never gets."""
+    mp.setattr(EngineSupervisor, "_unroute", lambda self, engine, incarnation: None)
+
+
 PLANTS: dict[str, tuple[Plant, str]] = {
     "publish_after_resume": (publish_after_resume, "update_order"),
     "discarded_attempt_commits": (discarded_attempt_commits, "step_attempts"),
@@ -405,6 +414,7 @@ PLANTS: dict[str, tuple[Plant, str]] = {
     "recovery_asked_while_starting": (recovery_asked_while_starting, "fault_witness"),
     "monitor_probes_through_updates": (monitor_probes_through_updates, "end_state"),
     "connection_kept_after_reconfigure": (connection_kept_after_reconfigure, "end_state"),
+    "orphan_left_in_router": (orphan_left_in_router, "published_weights"),
 }
 
 

@@ -292,6 +292,29 @@ def _engines_at_times(d: _Draw, rate: float) -> None:
             d.faults += [make_fault("kill_engine", engine=engine, at=t), restart]
 
 
+ORPHAN_SHARE = 0.25
+"""The share of fault-tolerance seeds with faults that lose an engine's actor, its server
+left running in the router (orphan_engine, miles #100)."""
+
+
+def _orphan(seed: int, d: _Draw) -> None:
+    """An orphan, from a stream of its own, as a step begins in the fault phase: only with
+    fault tolerance, which brings the engine back with a new process (without it the
+    engine stays down, and with one engine the run would end), and only on an engine no
+    other fault strikes (seed 77's hang_call found the orphan's engine still starting
+    again, with no process to hang)."""
+    stream = random.Random(derive_seed(seed, "swarm.orphan"))
+    if not d.fault_tolerance or stream.random() >= ORPHAN_SHARE:
+        return
+    struck = {getattr(f, "engine", None) for f in d.faults}
+    free = [e for e in d.world.engine_ids if e not in struck]
+    if not free:
+        return
+    step = stream.randint(1, max(1, round(0.6 * d.steps)))
+    engine = stream.choice(free)
+    d.faults.append(make_fault("orphan_engine", engine=engine, point="step_begin", step=step))
+
+
 def _impairments(d: _Draw, rate: float, forced: str | None = None) -> None:
     """At most one window of each kind, each opening as a step begins (so that it has a
     step, an update or requests to act on) on a step of its own, long enough for them."""
@@ -706,6 +729,8 @@ def swarm_scenario(
         engines(d, rate)
     if aimed is None:
         _updater_round_trip(seed, d)
+    if aimed != ENGINE:
+        _orphan(seed, d)
     _impairments(d, rate, forced=aim.kind if aim is not None and aimed == IMPAIRMENT else None)
     if aimed != IMPAIRMENT:
         _partition(seed, d)

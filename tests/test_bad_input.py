@@ -42,6 +42,7 @@ from miles_core.scenario import (
 )
 from miles_core.scenario.faults import FAULT_TYPES, TRIGGERS, trigger_keys
 from miles_core.scenario.limits import LIMIT_KEYS, MAX_FILE_BYTES, Limits
+from miles_core.scenario.liveness import Liveness
 from miles_core.scenario.load import TOP_KEYS
 from miles_core.scenario.world import SHAPE_COUNTS, SHAPE_PACES, SHAPE_SWITCHES, TIME_KEYS
 
@@ -1351,6 +1352,7 @@ SECTION_KEYS = {
     "[loop]": set(LOOP_KEYS),
     "[limits]": set(LIMITS),
     "expect": {"status", "error"},
+    "liveness": {f.name for f in dataclasses.fields(Liveness)},
 }
 
 

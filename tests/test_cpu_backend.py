@@ -44,6 +44,7 @@ from miles_core.engines import EngineState
 from miles_core.events import (
     BucketReceived,
     CellStateChanged,
+    EngineExited,
     EngineRecoveryAsked,
     EnginesFlushed,
     EngineStarted,
@@ -54,6 +55,7 @@ from miles_core.events import (
     GroupRecycled,
     HealEnded,
     History,
+    OrphanRemoved,
     QuorumChanged,
     RequestRetried,
     SampleGenerated,
@@ -140,6 +142,9 @@ def _conformance_cases() -> list[tuple[Scenario, int | None]]:
     # miles #2782: a prefix cache keyed by weight version under in_place, where no flush
     # comes between updates: real KV reused only under the weights that computed it
     prefix = load_scenario_file(ROOT / "scenarios" / "files" / "prefix_cache_across_updates.toml")
+    # miles #100: an actor lost, its server left running in the router; taken out by its
+    # address, what it served aborted, and the engine brought back
+    orphan = load_scenario_file(ROOT / "scenarios" / "files" / "orphan_engine_in_router.toml")
     return [
         (SCENARIOS["no_failure"], None),
         (SCENARIOS["cell_crash_before_allreduce"], None),
@@ -153,6 +158,7 @@ def _conformance_cases() -> list[tuple[Scenario, int | None]]:
         (flush_hangs, None),
         (kept, None),
         (prefix, None),
+        (orphan, None),
         # a cut between trainers and engines mid-update: a bucket waits out the collective
         # timeout and its cell fails; the retry on the other cell waits out the rest
         (cut, None),
@@ -246,7 +252,22 @@ def _prompt_kv_reused_under_its_own_weights(history: History) -> None:
     assert any(isinstance(e, GroupRecycled) for e in history)  # prompts generated again
 
 
+def _the_orphan_leaves_the_router(history: History) -> None:
+    exited = next(e for e in history if isinstance(e, EngineExited) and e.engine == "engine-1")
+    removed = [(e.engine, e.incarnation) for e in history if isinstance(e, OrphanRemoved)]
+    assert removed == [("engine-1", exited.incarnation)]
+    sent_after = [  # the router sent the orphan nothing once it was removed
+        e
+        for e in history
+        if isinstance(e, SampleGenerated)
+        and (e.engine, e.incarnation) == ("engine-1", exited.incarnation)
+        and e.sent > exited.t
+    ]
+    assert sent_after == []
+
+
 STORIES: dict[str, Callable[[History], None]] = {
+    "orphan_engine_in_router": _the_orphan_leaves_the_router,
     "prefix_cache_across_updates": _prompt_kv_reused_under_its_own_weights,
     "partition_mid_update": _the_cut_stalls_then_fails_the_sender,
     "update_group_kept_across_failover": _the_stale_group_is_made_afresh,

@@ -283,6 +283,7 @@ class RayWorld:
             cell.kill()
         for engine in self.engines.values():
             engine.kill()
+        self.router.close()
         await self.http.close()
         del self.store
 

@@ -115,6 +115,18 @@ class RayEngine:
                 self.gone = True
             self.world.engine_exited(self.id, incarnation, "its actor died")
 
+    def orphan(self) -> None:
+        """The actor is lost and its server left running (the orphan_engine fault): the slot
+        lets go of its process without killing it, the router keeps its address, and the
+        world reports the actor's exit. The local engine's server lives in its actor's
+        process, so that actor is kept, out of the slot's reach, until the world closes."""
+        if self.actor is None or self.url is None:
+            return  # no process serving: nothing to orphan
+        incarnation = self.incarnation
+        self.world.router.keep_orphan(self.id, incarnation, self.actor, self.url)
+        self.actor, self.url, self.gone = None, None, True
+        self.world.engine_exited(self.id, incarnation, "its actor was lost; its server runs on")
+
     def kill(self) -> None:
         if self.actor is not None:
             ray.kill(self.actor, no_restart=True)

@@ -82,6 +82,10 @@ class RayFaultActions:
     def hang_engine(self, engine: str) -> None:
         self.world.engines[engine].hang()
 
+    def orphan_engine(self, engine: str) -> None:
+        """The actor lost, its server left running and listed in the router."""
+        self.world.engines[engine].orphan()
+
     def hang_call(self, engine: str, call: str) -> None:
         """Ordered now, in effect a Ray call later (milliseconds): an HTTP call already on its
         way may still be answered, as a process that hangs a moment later would answer it."""

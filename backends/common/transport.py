@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+import ray
 
 from backends.common import participation
 from backends.common import sglang_api as api
@@ -46,10 +47,52 @@ HTTP_TIMEOUT = aiohttp.ClientTimeout(total=120)
 
 class RayRouter:
     """Routes each call to the engine process the orchestration chose (sglang-router would
-    apply its own policy instead; see docs/cpu.md, "The router")."""
+    apply its own policy instead; see docs/cpu.md, "The router"), unless a server it still
+    lists whose actor is gone (an orphan) has fewer requests in flight: the least-requests
+    policy of miles' router (``_use_url``) sends the call there."""
 
     def __init__(self, world: RayWorld) -> None:
         self.world = world
+        self.orphans: dict[tuple[str, int], tuple[Any, str]] = {}
+        """(engine, incarnation) -> the actor kept alive for its server, and its address."""
+        self._in_flight: dict[tuple[str, int], int] = {}
+        """Requests in flight per process, as the router counts them."""
+
+    def keep_orphan(self, engine: str, incarnation: int, actor: Any, url: str) -> None:
+        self.orphans[(engine, incarnation)] = (actor, url)
+
+    def remove_worker(self, engine: str, incarnation: int) -> bool:
+        """Out of the router; its requests aborted by its address (SGLang's /abort_request
+        with abort_all), in the background."""
+        entry = self.orphans.pop((engine, incarnation), None)
+        if entry is None:
+            return False
+        abort = api.AbortReq(abort_all=True)
+        self.world.spawn(self._post(entry[1], abort.ROUTE, api.body(abort)), f"abort-{engine}")
+        return True
+
+    async def _post(self, url: str, route: str, body: dict[str, Any]) -> dict[str, Any]:
+        """One call to a server by its address; any failure is the router's."""
+        try:
+            async with self.world.http.post(url + route, json=body) as reply:
+                if reply.status >= 400:
+                    raise RouterFailure(f"{route} answered {reply.status}")
+                return await reply.json() if reply.content_type == "application/json" else {}
+        except (TimeoutError, aiohttp.ClientError, ConnectionError) as error:
+            raise RouterFailure(f"{route}: {type(error).__name__}") from None
+
+    def close(self) -> None:
+        """Stop the orphans' actors (no process outlives its run)."""
+        for actor, _ in self.orphans.values():
+            ray.kill(actor, no_restart=True)
+        self.orphans.clear()
+
+    def _orphan_for(self, engine: str, incarnation: int) -> tuple[str, int] | None:
+        load = self._in_flight.get((engine, incarnation), 0)
+        for key in sorted(self.orphans):
+            if self._in_flight.get(key, 0) < load:
+                return key
+        return None
 
     async def generate(
         self, engine: str, incarnation: int, request: GenerateRequest
@@ -59,10 +102,28 @@ class RayRouter:
             await asyncio.sleep(world.slowdown("router-delay") - 1.0)
         if world.impaired("router-fail"):
             raise RouterFailure("router failing (injected)")
+        orphan = self._orphan_for(engine, incarnation) if self.orphans else None
+        key = orphan or (engine, incarnation)
+        self._in_flight[key] = self._in_flight.get(key, 0) + 1
+        try:
+            return await self._generate(engine, incarnation, request, orphan)
+        finally:
+            self._in_flight[key] -= 1
+
+    async def _generate(
+        self,
+        engine: str,
+        incarnation: int,
+        request: GenerateRequest,
+        orphan: tuple[str, int] | None,
+    ) -> GenerateResult:
+        world = self.world
         target = world.engines[engine]
-        world.faults.fire(FaultPoint.MID_GENERATION, engine=engine)
         rid = f"g{request.group_id}-s{request.sample}"
-        if target.doomed:  # the mid-generation kill: this request ends the process halfway
+        url = None if orphan is None else self.orphans[orphan][1]  # kept if it is removed
+        if url is None:
+            world.faults.fire(FaultPoint.MID_GENERATION, engine=engine)
+        if target.doomed and url is None:  # the mid-generation kill: ends the process halfway
             target.doomed = False
             await target.die_midway(incarnation, rid)
         prompt = prompt_tokens(world.seed, request.prompt_id)
@@ -76,9 +137,12 @@ class RayRouter:
                 "sampling_seed": seed,
             },
         )
-        reply = await target.request(
-            incarnation, generate.METHOD, generate.ROUTE, api.body(generate)
-        )
+        if url is None:
+            reply = await target.request(
+                incarnation, generate.METHOD, generate.ROUTE, api.body(generate)
+            )
+        else:
+            reply = await self._post(url, generate.ROUTE, api.body(generate))
         meta = reply["meta_info"]
         version = _version(meta["weight_version"])
         aborted = meta["finish_reason"]["type"] == "abort"
@@ -86,7 +150,7 @@ class RayRouter:
         score = reward(prompt, response)
         world.rewards[request.group_id] = (*world.rewards.get(request.group_id, ()), score)
         return GenerateResult(
-            engine=engine,
+            engine=engine if orphan is None else orphan[0],
             weight_version=version,
             aborted=aborted,
             reward=score,
@@ -95,6 +159,7 @@ class RayRouter:
             versions=tuple(_version(v) for v in meta.get("weight_versions", ())),
             kept_kv=bool(meta.get("testbed_kept_kv", False)),
             cached_versions=tuple(_version(v) for v in meta.get("testbed_cached_versions", ())),
+            incarnation=None if orphan is None else orphan[1],
         )
 
 

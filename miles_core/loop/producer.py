@@ -111,6 +111,8 @@ class Producer:
                     break
                 if not await self._retry(request, engine, incarnation, sent, tries, routing):
                     break
+            if result is not None and result.incarnation is not None:  # an orphan answered
+                engine, incarnation = result.engine, result.incarnation
             self._record(request, engine, incarnation, sent, outcome, result)
             if routing is not None:  # the last try failed too: miles' _post re-raises
                 raise self._request_failed(request, tries, routing)

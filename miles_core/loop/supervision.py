@@ -6,7 +6,13 @@ Where each decision is made:
   (ties broken by the "router" random stream), addressed to its current
   process (incarnation);
 - a failed call takes that process out of rotation (DOWN); the failure of a
-  process that was already replaced is stale news and changes nothing;
+  process that was already replaced is stale news and changes nothing but this:
+  a process out of rotation, for whatever reason, is also taken out of the
+  world's router by its address (``_unroute``), and what it still serves is
+  aborted. miles does it in ``SGLangEngine.shutdown``, called through the actor
+  (since #100; before, the health monitor only ``ray.kill``-ed the actor), so a
+  server whose actor is lost stays in the router, serving old weights to requests
+  the control plane never sees go there: an orphan;
 - a new process reported by the world serves at once only if no version was
   ever reserved (its initial weights are then the current ones); otherwise it
   waits out of rotation for a sync (``on_unsynced``) or the next update.
@@ -21,7 +27,7 @@ from collections.abc import Callable
 
 from miles_core.engines import EngineState
 from miles_core.errors import NoLiveEngineError
-from miles_core.events import EngineExited, EngineStarted
+from miles_core.events import EngineExited, EngineStarted, OrphanRemoved
 from miles_core.loop.context import RunContext
 
 
@@ -107,11 +113,18 @@ class EngineSupervisor:
         last live one ends the run with a clear error instead of a stall, once a restart had
         its chance."""
         ctx = self.ctx
+        self._unroute(engine, incarnation)
         if not ctx.engines.failed(engine, incarnation, reason):
             return
         ctx.record_engines()
         if not ctx.config.use_fault_tolerance and not ctx.engines.live():
             ctx.spawn(self._lost(engine, reason), "every-engine-lost")
+
+    def _unroute(self, engine: str, incarnation: int) -> None:
+        """That process is out of rotation: out of the router too, whatever became of its
+        actor; the world says whether its server was still there."""
+        if self.ctx.cluster.router.remove_worker(engine, incarnation):
+            self.ctx.emit(OrphanRemoved, engine=engine, incarnation=incarnation)
 
     async def _lost(self, engine: str, reason: str) -> None:
         """Every engine is down and no recovery will come: end the run, unless a process the

@@ -7,12 +7,15 @@ the engine does not answer with ``finish_reason: abort``. A client that
 updates the version without ``abort_all_requests: false`` aborts them all
 (SGLang's default; miles #2589, #2296), and this oracle says so. Under
 retract a resumed request's KV is recomputed, so it never keeps old keys and
-values; under abort no request lives across an update at all.
+values; under abort no request lives across an update at all. A request the
+control plane aborted on an orphan's server as it removed it from the router
+(OrphanRemoved: the actor was gone, the server still serving) was ended by
+the fault's consequence, not by an update.
 """
 
 from __future__ import annotations
 
-from miles_core.events import EnginesPaused, History, RunStarted, SampleGenerated
+from miles_core.events import EnginesPaused, History, OrphanRemoved, RunStarted, SampleGenerated
 from miles_core.kinds import PauseMode, SampleOutcome
 from miles_core.oracles.base import Indexed, Violation, select
 
@@ -22,11 +25,14 @@ NAME = "requests_kept"
 def requests_kept(history: History) -> Violation | None:
     mode = PauseMode.RETRACT
     pauses: list[Indexed] = []  # every pause, in order; searched by engine only on a violation
-    for seq, e in select(history, RunStarted, EnginesPaused, SampleGenerated):
+    orphans: set[tuple[str, int]] = set()  # processes removed from the router as orphans
+    for seq, e in select(history, RunStarted, EnginesPaused, SampleGenerated, OrphanRemoved):
         if isinstance(e, SampleGenerated):
             aborted = e.outcome is SampleOutcome.ABORTED
             if not aborted and not e.kept_kv and mode is not PauseMode.ABORT:
                 continue  # nothing _judge could find (most samples: asked before the call)
+            if aborted and orphans and (e.engine, e.incarnation) in orphans:
+                continue  # aborted as its orphan server was removed
             problem = _judge(mode, e)
             if problem is not None:
                 during = [
@@ -39,6 +45,8 @@ def requests_kept(history: History) -> Violation | None:
             mode = e.pause_mode
         elif isinstance(e, EnginesPaused):
             pauses.append((seq, e))
+        elif isinstance(e, OrphanRemoved):
+            orphans.add((e.engine, e.incarnation))
     return None
 
 

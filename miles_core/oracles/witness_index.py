@@ -23,6 +23,7 @@ from miles_core.events import (
     HealEnded,
     HeartbeatMissed,
     History,
+    OrphanRemoved,
     QuorumChanged,
     RequestRetried,
     RunEnded,
@@ -45,6 +46,7 @@ _FOLLOWED = (
     EngineStarted,
     EngineStateChanged,
     EngineRecoveryAsked,
+    OrphanRemoved,
 )
 """What the kill, start and restart witnesses read after their fault."""
 

@@ -10,6 +10,11 @@ recorded after the fault fired:
     kill_engine           the world saw the process die, or the engine left rotation
     hang_engine           the engine left rotation (a health check or a call timed out)
     hang_call             the engine left rotation (the unanswered call timed out)
+    orphan_engine         the world reported the actor's exit, and its server was found
+                          still serving: the control plane's removal found it in the
+                          router, or it answered a request after the exit; with fault
+                          tolerance a later process served (an engine with no live
+                          process then had nothing to orphan)
     restart_engine        the world reported a new process, which came to serve
     slow_start            a start of the engine begun in the window (a restart or a
                           recovery) answered no sooner than the seconds added
@@ -58,6 +63,7 @@ from miles_core.events import (
     FaultScheduled,
     HealEnded,
     History,
+    OrphanRemoved,
     QuorumChanged,
     RunEnded,
     RunStarted,
@@ -242,6 +248,67 @@ def _engine_hung(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | N
         ),
     )
     return None if down else f"nothing noticed that engine {engine} stopped answering"
+
+
+def _engine_orphaned(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None:
+    engine, after = fault.engine, index.after(seq)
+    exited = _first(after, lambda x: isinstance(x, EngineExited) and x.engine == engine)
+    if exited is None:
+        if _has_process(engine, seq, index):
+            return f"the world never reported engine {engine}'s actor lost"
+        return None  # no process to orphan
+    incarnation, since = exited[1].incarnation, exited[1].t  # type: ignore[union-attr]
+    removed = _first(
+        after,
+        lambda x: (
+            isinstance(x, OrphanRemoved) and x.engine == engine and x.incarnation == incarnation
+        ),
+    )
+    served = any(
+        s.engine == engine and s.incarnation == incarnation and s.t > since and not s.aborted
+        for s in index.samples
+    )
+    if removed is None and not served:
+        return (
+            f"engine {engine}'s process {incarnation} exited and left no server behind: none "
+            "was found in the router, none answered after the exit"
+        )
+    if index.started is not None and index.started.fault_tolerance:
+        return _engine_served_again(engine, incarnation, exited[0], index)
+    return None
+
+
+def _engine_served_again(
+    engine: str | None, incarnation: int, since: int, index: WitnessIndex
+) -> str | None:
+    """Fault tolerance brought a later process of the engine to serve (or another fault
+    struck the engine, whose own witness judges what became of it)."""
+    serving = _first(
+        [p for p in index.events if p[0] > since],
+        lambda x: (
+            isinstance(x, EngineStateChanged)
+            and x.engine == engine
+            and x.incarnation > incarnation
+            and x.new is EngineState.SERVING
+        ),
+    )
+    if serving is None and not _struck_again(engine, since, index):
+        return f"fault tolerance never brought engine {engine} back after process {incarnation}"
+    return None
+
+
+def _has_process(engine: str | None, seq: int, index: WitnessIndex) -> bool:
+    """Whether the world had reported a process of the engine started, and not its exit,
+    before event ``seq``."""
+    started = exited = -1
+    for s, e in index.events:
+        if s >= seq:
+            break
+        if isinstance(e, EngineStarted) and e.engine == engine:
+            started = max(started, e.incarnation)
+        elif isinstance(e, EngineExited) and e.engine == engine:
+            exited = max(exited, e.incarnation)
+    return started > exited
 
 
 def _engine_restarted(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None:
@@ -456,6 +523,7 @@ WITNESSES: dict[FaultKind, Callable[[FaultInjected, int, WitnessIndex], str | No
     FaultKind.RESTART_ENGINE: _engine_restarted,
     FaultKind.HANG_ENGINE: _engine_hung,
     FaultKind.HANG_CALL: _engine_hung,
+    FaultKind.ORPHAN_ENGINE: _engine_orphaned,
     FaultKind.SLOW_START: _start_slowed,
     FaultKind.SLOW_CELL: _cell_slowed,
     FaultKind.SLOW_LINK: _link_slowed,

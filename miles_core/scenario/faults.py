@@ -24,7 +24,7 @@ only at that cell's moment (the updater's bucket, a healing cell).
 Which kinds take which triggers: kills and restarts (kill_cell, kill_rank, stop_cell,
 kill_engine, restart_engine) any; fail_rank (a rank that raises, alive) only
 ``before_allreduce``; hang_engine any but ``mid_generation`` (an exit
-halfway through a request); hang_call, start_cell and the timed impairments
+halfway through a request); hang_call, orphan_engine, start_cell and the timed impairments
 (slow_cell, slow_start, slow_link, partition, delay_router, fail_router, drop_heartbeat)
 ``at`` or ``step_begin``, since they start a window of time rather than strike inside a
 call.
@@ -327,6 +327,19 @@ class HangEngine(FaultSpec):
     points: ClassVar[frozenset[FaultPoint | None]] = ANY_POINT - {FaultPoint.MID_GENERATION}
 
 
+@dataclass(frozen=True, kw_only=True)
+class OrphanEngine(FaultSpec):
+    """The engine's actor is lost and its server process lives on, serving the weights it
+    holds, still in the router (miles #100: the health monitor killed the actor without its
+    ``shutdown``; or the actor's own process died, its server a process of its own). The
+    world reports the actor's exit; the router still sends the server requests (it has the
+    fewest in flight) until the control plane removes it by its address."""
+
+    engine: str
+    kind: ClassVar[FaultKind] = FaultKind.ORPHAN_ENGINE
+    points: ClassVar[frozenset[FaultPoint | None]] = WINDOW_POINTS
+
+
 HUNG_CALLS = ("pause_generation", "flush_cache", "update_weight_version", "continue_generation")
 """The control calls of an update a hang_call fault can leave unanswered (SGLang's routes)."""
 
@@ -414,6 +427,7 @@ AnyFault = (
     | RestartEngine
     | HangEngine
     | HangCall
+    | OrphanEngine
     | SlowStart
     | SlowLink
     | Partition
@@ -433,6 +447,7 @@ FAULT_TYPES: Mapping[FaultKind, type[FaultSpec]] = {
         KillEngine,
         RestartEngine,
         HangEngine,
+        OrphanEngine,
         HangCall,
         SlowStart,
         SlowLink,

@@ -112,6 +112,11 @@ class FaultActions(Protocol):
         from now on, answering everything else, until the process is replaced."""
         ...
 
+    def orphan_engine(self, engine: str) -> None:
+        """Lose the engine's actor, its server left running and in the router (reported as
+        the actor's exit)."""
+        ...
+
     def impair(self, fault: Impairment) -> None:
         """Slow or fail part of the world from now for ``fault.duration`` seconds."""
         ...
@@ -395,6 +400,9 @@ class FaultSchedule:
         elif kind is FaultKind.HANG_CALL:
             assert engine is not None
             actions.hang_call(engine, fault.call)  # type: ignore[union-attr]
+        elif kind is FaultKind.ORPHAN_ENGINE:
+            assert engine is not None
+            actions.orphan_engine(engine)
         else:
             assert isinstance(fault, Impairment)
             actions.impair(fault)
