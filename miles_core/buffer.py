@@ -4,7 +4,11 @@ This is miles' ``fully_async_data_buffer.py`` without the asyncio: a FIFO of
 prompt groups between the rollout producer and the trainer, and the verdicts
 it reaches. Where each decision is made:
 
-- ``put``: the abort filter first (a group with any aborted sample goes to the
+- ``put``: a group with a request an engine refused (an input longer than its
+  context) is dropped under either handler: generated again, it would be
+  refused again, and recycled first it would come back for ever (NeMo-RL
+  #3938's one over-long prompt; miles' ``_post`` raises after its tries and the
+  run fails). Then the abort filter (a group with any aborted sample goes to the
   unused handler: retry recycles its prompt, drop discards it), then the
   dynamic filter (a rejected group is dropped, never recycled: regenerating it
   would be rejected again), then capacity. A full buffer returns BLOCKED and
@@ -44,6 +48,8 @@ class SampleStatus(StrEnum):
     COMPLETED = "completed"
     TRUNCATED = "truncated"
     ABORTED = "aborted"
+    REFUSED = "refused"
+    """The engine refused the request (an input longer than its context): no tokens."""
 
 
 class UnusedHandler(StrEnum):
@@ -103,7 +109,8 @@ class Group:
         if not self.items:
             raise ConfigError(f"group {self.group_id}", "has no samples", "put groups of n samples")
         for sample in self.samples():
-            if sample.status is not SampleStatus.ABORTED and not sample.weight_versions:
+            unfinished = sample.status in (SampleStatus.ABORTED, SampleStatus.REFUSED)
+            if not unfinished and not sample.weight_versions:
                 raise ConfigError(
                     f"group {self.group_id} sample {sample.index}.weight_versions",
                     "is empty for a finished sample",
@@ -116,6 +123,11 @@ class Group:
                 yield item
             else:
                 yield from item
+
+    @property
+    def refused(self) -> bool:
+        """An engine refused one of its requests: generated again, it would be refused again."""
+        return any(s.status is SampleStatus.REFUSED for s in self.samples())
 
     @property
     def aborted(self) -> bool:
@@ -170,6 +182,7 @@ class Reason(StrEnum):
     ABORTED = "aborted"
     STALE = "stale"
     DYNAMIC_FILTER = "dynamic_filter"
+    REFUSED = "refused"
 
 
 @dataclass(frozen=True)
@@ -317,6 +330,9 @@ class DataBuffer:
                 "is already queued",
                 "give every generation attempt its own group_id",
             )
+        if group.refused:  # dropped under either handler: a retry would be refused again
+            self._window.dropped += 1
+            return Verdict(group, Fate.DROP, Reason.REFUSED)
         if group.aborted:
             self._window.aborted += 1
             return self._unused(group, Reason.ABORTED)

@@ -61,6 +61,7 @@ class FaultKind(StrEnum):
     HANG_ENGINE = "hang_engine"
     HANG_CALL = "hang_call"
     ORPHAN_ENGINE = "orphan_engine"
+    POISON_PROMPT = "poison_prompt"
     SLOW_START = "slow_start"
     SLOW_LINK = "slow_link"
     PARTITION = "partition"
@@ -96,6 +97,9 @@ class SampleOutcome(StrEnum):
     """The engine died or could not be reached during the call."""
     ROUTER_FAILED = "router_failed"
     """The router could not deliver the request; the engine behind it may be fine."""
+    REFUSED = "refused"
+    """The engine refused the request itself (a 400: an input longer than its context); the
+    engine is fine, the request is not, and sending it again changes nothing."""
 
 
 class PutFate(StrEnum):

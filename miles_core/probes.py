@@ -50,7 +50,7 @@ from miles_core.events import (
     UpdateGroupConnected,
     VersionPublished,
 )
-from miles_core.kinds import AbortCause, FaultKind
+from miles_core.kinds import AbortCause, FaultKind, SampleOutcome
 from miles_core.oracles.placement import order_key
 from miles_core.update_connections import ConnectReason
 from miles_core.weight_update import UpdateKind
@@ -285,6 +285,10 @@ def _held_by_a_cut(e: Event, w: _Walk) -> bool:
     return any(start <= began < end <= e.t for start, end in w.cuts)
 
 
+def _refused(e: Event, w: _Walk) -> bool:
+    return isinstance(e, SampleGenerated) and e.outcome is SampleOutcome.REFUSED
+
+
 def _prompt_kv_reused(e: Event, w: _Walk) -> bool:
     return isinstance(e, SampleGenerated) and bool(e.cached_versions)
 
@@ -350,6 +354,8 @@ _CORE: tuple[tuple[str, str, Test], ...] = (
      "(miles #2782)", _prompt_kv_reused),
     ("orphan_removed_from_router", "the control plane took out of the router a server "
      "whose actor was gone (miles #100)", _kinds(OrphanRemoved)),
+    ("request_refused", "an engine refused a request itself (an over-long prompt: NeMo-RL "
+     "#3938)", _refused),
 )  # fmt: skip
 """The probes CI's sweep must reach (``--require-probes``), as (name, what, test)."""
 

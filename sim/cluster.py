@@ -58,7 +58,7 @@ class SimRouter:
         coroutine of the router's around every request); the router's delays, failures and
         choice otherwise."""
         cluster = self.cluster
-        if cluster._impairments or self.orphans:
+        if cluster._impairments or self.orphans or cluster.poison_armed:
             return self._impaired(engine, incarnation, request)
         return cluster.engines[engine].generate(incarnation, request)
 
@@ -88,6 +88,9 @@ class SimRouter:
         if cluster.impaired("router-fail"):
             await cluster.rt.sleep(cluster.timing.router_failure_seconds)
             raise RouterFailure(f"request for group {request.group_id} to {engine} failed")
+        if cluster.poison_armed:  # this request's prompt is the over-long one
+            cluster.poison_armed = False
+            cluster.poisoned.add(request.prompt_id)
         orphan = self._orphan_for(engine) if self.orphans else None
         if orphan is not None:
             result = await orphan.generate(orphan.incarnation, request)
@@ -292,6 +295,10 @@ class SimCluster:
         self.cells = [SimCell(self, i) for i in range(world.num_cells)]
         self.engines = {e: SimEngine(self, e) for e in self.engine_ids}
         self.router = SimRouter(self)
+        self.poison_armed = False
+        """The next prompt asked for is over-long (the poison_prompt fault has fired)."""
+        self.poisoned: set[int] = set()
+        """Prompts longer than the engines' context: every engine refuses them."""
         self.transport = SimTransport(self)
         self.observer: WorldObserver | None = None
         self._exchanges: dict[tuple[int, int], Exchange] = {}
@@ -427,6 +434,10 @@ class SimCluster:
         """The process leaves every ``call`` unanswered from now on (answering the rest)."""
         engine = self.engines[engine_id]
         engine.unanswered = engine.unanswered | {call}
+
+    def poison_prompt(self) -> None:
+        """The next prompt asked for is longer than the engines' context."""
+        self.poison_armed = True
 
     def orphan_engine(self, engine_id: str) -> None:
         """The engine's actor is lost, its server left running: the process goes on serving

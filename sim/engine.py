@@ -43,6 +43,9 @@ from sim.runtime import SimSignal
 if TYPE_CHECKING:
     from sim.cluster import SimCluster
 
+OVER_LONG = "the input is longer than the model's context length"
+"""SGLang's refusal of an over-long prompt (the poison_prompt fault), answered at once."""
+
 _NONE = object()
 """No entry in the prefix cache (None is a version: the initial weights)."""
 
@@ -176,6 +179,8 @@ class SimEngine(_Mortal):
         self.check(incarnation)
         if self.hung:
             await self.answer()
+        if self.cluster.poisoned and request.prompt_id in self.cluster.poisoned:
+            raise RequestRefused(self.id, OVER_LONG)
         length = self._lengths.lognormvariate(self._length_mu, self._length_sigma)
         job = _Request(length, self.rt.now(), self._death, request.prompt_id)
         self.jobs.add(job)

@@ -62,6 +62,9 @@ class SimFaultActions:
     def orphan_engine(self, engine: str) -> None:
         self.cluster.orphan_engine(engine)
 
+    def poison_prompt(self) -> None:
+        self.cluster.poison_prompt()
+
     def heal(self, engines: bool) -> tuple[int, ...]:
         return self.cluster.heal(engines)
 

@@ -391,6 +391,18 @@ def orphan_left_in_router(mp: Patcher) -> None:
     mp.setattr(EngineSupervisor, "_unroute", lambda self, engine, incarnation: None)
 
 
+def refused_request_fails_engine(mp: Patcher) -> None:
+    """An engine's refusal of a request (an over-long prompt) taken for the engine's failure:
+    the engine leaves rotation, the group is aborted and, under retry, recycled first, so
+    the prompt goes to the next engine, and the next (NeMo-RL #3938)."""
+
+    def as_failure(self: Producer, engine: str, incarnation: int, refusal: Any) -> Any:
+        self.engines.failed(engine, incarnation, refusal.reason)
+        return SampleStatus.ABORTED
+
+    mp.setattr(Producer, "_refused", as_failure)
+
+
 PLANTS: dict[str, tuple[Plant, str]] = {
     "publish_after_resume": (publish_after_resume, "update_order"),
     "discarded_attempt_commits": (discarded_attempt_commits, "step_attempts"),
@@ -415,6 +427,7 @@ PLANTS: dict[str, tuple[Plant, str]] = {
     "monitor_probes_through_updates": (monitor_probes_through_updates, "end_state"),
     "connection_kept_after_reconfigure": (connection_kept_after_reconfigure, "end_state"),
     "orphan_left_in_router": (orphan_left_in_router, "published_weights"),
+    "refused_request_fails_engine": (refused_request_fails_engine, "recycled_regenerated"),
 }
 
 

@@ -315,6 +315,19 @@ def _orphan(seed: int, d: _Draw) -> None:
     d.faults.append(make_fault("orphan_engine", engine=engine, point="step_begin", step=step))
 
 
+POISON_SHARE = 0.15
+"""The share of seeds with faults whose data set has one over-long prompt (poison_prompt)."""
+
+
+def _poison(seed: int, d: _Draw) -> None:
+    """One prompt longer than the engines' context, asked for after a step in the fault
+    phase begins, from a stream of its own (NeMo-RL #3938)."""
+    stream = random.Random(derive_seed(seed, "swarm.poison"))
+    if stream.random() < POISON_SHARE:
+        step = stream.randint(1, max(1, round(0.6 * d.steps)))
+        d.faults.append(make_fault("poison_prompt", point="step_begin", step=step))
+
+
 def _impairments(d: _Draw, rate: float, forced: str | None = None) -> None:
     """At most one window of each kind, each opening as a step begins (so that it has a
     step, an update or requests to act on) on a step of its own, long enough for them."""
@@ -731,6 +744,8 @@ def swarm_scenario(
         _updater_round_trip(seed, d)
     if aimed != ENGINE:
         _orphan(seed, d)
+    if aimed is None:
+        _poison(seed, d)
     _impairments(d, rate, forced=aim.kind if aim is not None and aimed == IMPAIRMENT else None)
     if aimed != IMPAIRMENT:
         _partition(seed, d)

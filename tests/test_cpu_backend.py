@@ -145,6 +145,8 @@ def _conformance_cases() -> list[tuple[Scenario, int | None]]:
     # miles #100: an actor lost, its server left running in the router; taken out by its
     # address, what it served aborted, and the engine brought back
     orphan = load_scenario_file(ROOT / "scenarios" / "files" / "orphan_engine_in_router.toml")
+    # NeMo-RL #3938: a prompt past the engines' context, refused with a real 400
+    over_long = load_scenario_file(ROOT / "scenarios" / "files" / "over_long_prompt.toml")
     return [
         (SCENARIOS["no_failure"], None),
         (SCENARIOS["cell_crash_before_allreduce"], None),
@@ -159,6 +161,7 @@ def _conformance_cases() -> list[tuple[Scenario, int | None]]:
         (kept, None),
         (prefix, None),
         (orphan, None),
+        (over_long, None),
         # a cut between trainers and engines mid-update: a bucket waits out the collective
         # timeout and its cell fails; the retry on the other cell waits out the rest
         (cut, None),
@@ -266,7 +269,18 @@ def _the_orphan_leaves_the_router(history: History) -> None:
     assert sent_after == []
 
 
+def _the_over_long_prompt_is_dropped(history: History) -> None:
+    refused = [
+        e for e in history if isinstance(e, SampleGenerated) and e.outcome is SampleOutcome.REFUSED
+    ]
+    assert refused and {e.prompt_id for e in refused} == {refused[0].prompt_id}
+    dropped = [e.reason for e in history if isinstance(e, GroupDropped)]
+    assert dropped == ["refused"]
+    assert not any(isinstance(e, EngineStateChanged) and not e.up for e in history)
+
+
 STORIES: dict[str, Callable[[History], None]] = {
+    "over_long_prompt": _the_over_long_prompt_is_dropped,
     "orphan_engine_in_router": _the_orphan_leaves_the_router,
     "prefix_cache_across_updates": _prompt_kv_reused_under_its_own_weights,
     "partition_mid_update": _the_cut_stalls_then_fails_the_sender,

@@ -82,6 +82,10 @@ class RayFaultActions:
     def hang_engine(self, engine: str) -> None:
         self.world.engines[engine].hang()
 
+    def poison_prompt(self) -> None:
+        """The next prompt asked for is sent longer than the engines' context."""
+        self.world.router.poison_armed = True
+
     def orphan_engine(self, engine: str) -> None:
         """The actor lost, its server left running and listed in the router."""
         self.world.engines[engine].orphan()

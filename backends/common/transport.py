@@ -17,7 +17,13 @@ import ray
 
 from backends.common import participation
 from backends.common import sglang_api as api
-from backends.common.policy import RESPONSE_TOKENS, Trajectory, prompt_tokens, reward
+from backends.common.policy import (
+    CONTEXT_LENGTH,
+    RESPONSE_TOKENS,
+    Trajectory,
+    prompt_tokens,
+    reward,
+)
 from miles_core.backend import (
     CellFailure,
     ComponentFailure,
@@ -25,6 +31,7 @@ from miles_core.backend import (
     EngineFailure,
     GenerateRequest,
     GenerateResult,
+    RequestRefused,
     RouterFailure,
     link_cut,
 )
@@ -57,6 +64,10 @@ class RayRouter:
         """(engine, incarnation) -> the actor kept alive for its server, and its address."""
         self._in_flight: dict[tuple[str, int], int] = {}
         """Requests in flight per process, as the router counts them."""
+        self.poison_armed = False
+        """The next prompt asked for is over-long (the poison_prompt fault has fired)."""
+        self.poisoned: set[int] = set()
+        """Prompts sent longer than the engines' context (the engines refuse them)."""
 
     def keep_orphan(self, engine: str, incarnation: int, actor: Any, url: str) -> None:
         self.orphans[(engine, incarnation)] = (actor, url)
@@ -75,6 +86,8 @@ class RayRouter:
         """One call to a server by its address; any failure is the router's."""
         try:
             async with self.world.http.post(url + route, json=body) as reply:
+                if reply.status == 400:  # the server refused the request itself
+                    raise RequestRefused(url, (await reply.text())[:200])
                 if reply.status >= 400:
                     raise RouterFailure(f"{route} answered {reply.status}")
                 return await reply.json() if reply.content_type == "application/json" else {}
@@ -126,7 +139,12 @@ class RayRouter:
         if target.doomed and url is None:  # the mid-generation kill: ends the process halfway
             target.doomed = False
             await target.die_midway(incarnation, rid)
+        if self.poison_armed:  # this request's prompt is the over-long one
+            self.poison_armed = False
+            self.poisoned.add(request.prompt_id)
         prompt = prompt_tokens(world.seed, request.prompt_id)
+        if request.prompt_id in self.poisoned:  # padded past the context: SGLang says 400
+            prompt = [*prompt[:-1], *[prompt[-2]] * CONTEXT_LENGTH, prompt[-1]]
         seed = derive_seed(world.seed, f"sample-{request.group_id}-{request.sample}") % 2**31
         generate = api.GenerateReqInput(
             rid=rid,
@@ -139,7 +157,7 @@ class RayRouter:
         )
         if url is None:
             reply = await target.request(
-                incarnation, generate.METHOD, generate.ROUTE, api.body(generate)
+                incarnation, generate.METHOD, generate.ROUTE, api.body(generate), refusable=True
             )
         else:
             reply = await self._post(url, generate.ROUTE, api.body(generate))

@@ -20,7 +20,10 @@ Where each decision is made:
   handler); one the router fails is sent again --request-retry-interval later,
   to the engine picked then, up to --request-max-retries tries in all (miles'
   ``_post``: 60, 1 s apart), and after the last the run fails
-  (RequestFailedError), as miles' worker dies with ``_post``'s error;
+  (RequestFailedError), as miles' worker dies with ``_post``'s error; one the
+  engine refuses itself (a 400: an input longer than its context) ends its
+  sample refused, the engine still in rotation, and its group is dropped
+  (miles' ``_post`` would try it 60 times and fail the run);
 - a full buffer blocks the put until a get makes space (backpressure): nothing
   accepted is lost;
 - the consumer drains ``rollout_batch_size`` groups through the buffer at the
@@ -38,7 +41,13 @@ import itertools
 from collections import deque
 from typing import Any
 
-from miles_core.backend import EngineFailure, GenerateRequest, GenerateResult, RouterFailure
+from miles_core.backend import (
+    EngineFailure,
+    GenerateRequest,
+    GenerateResult,
+    RequestRefused,
+    RouterFailure,
+)
 from miles_core.buffer import Fate, Group, Sample, SampleStatus, Verdict
 from miles_core.errors import RequestFailedError
 from miles_core.events import (
@@ -97,11 +106,17 @@ class Producer:
                 engines.acquire(engine)
                 sent = ctx.rt.now()
                 outcome, result, routing = SampleOutcome.ENGINE_FAILED, None, None
+                refused = SampleStatus.ABORTED
                 try:
                     result = await ctx.cluster.router.generate(engine, incarnation, request)
                     outcome = SampleOutcome.ABORTED if result.aborted else SampleOutcome.COMPLETED
                 except EngineFailure as failure:
                     engines.failed(engine, incarnation, failure.reason)
+                except RequestRefused as refusal:
+                    outcome, refused = (
+                        SampleOutcome.REFUSED,
+                        self._refused(engine, incarnation, refusal),
+                    )
                 except RouterFailure as failure:
                     outcome, routing = SampleOutcome.ROUTER_FAILED, failure
                 finally:
@@ -116,6 +131,8 @@ class Producer:
             self._record(request, engine, incarnation, sent, outcome, result)
             if routing is not None:  # the last try failed too: miles' _post re-raises
                 raise self._request_failed(request, tries, routing)
+            if outcome is SampleOutcome.REFUSED:
+                return Sample(index, (), refused)
             if result is None or outcome is not SampleOutcome.COMPLETED:
                 return Sample(index, (), SampleStatus.ABORTED)
             versions = result.versions or (result.weight_version,)
@@ -132,6 +149,15 @@ class Producer:
             self._samples_in_flight -= 1
             if self._backfill and self._samples_in_flight == self._room - self._n:
                 self._progress.notify()  # room for one more group just opened: wake run()
+
+    def _refused(self, engine: str, incarnation: int, refusal: RequestRefused) -> SampleStatus:
+        """The engine refused the request itself (a 400: an input longer than its context):
+        the request is at fault, not the engine, which stays in rotation; the sample is
+        refused and its group dropped (``DataBuffer.put``). Taken for the engine's failure,
+        one over-long prompt, recycled and sent to engine after engine, takes them all down
+        in turn (NeMo-RL #3938)."""
+        del engine, incarnation, refusal
+        return SampleStatus.REFUSED
 
     def _record(
         self,

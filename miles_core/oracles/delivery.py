@@ -7,7 +7,9 @@ reason); at the end each drawn prompt is trained, dropped or outstanding
 
 recycled_regenerated: a group the buffer refuses (aborted or stale) goes where
 ``--async-unused-samples-handler`` says: recycled under retry, dropped under drop
-(the dynamic filter drops whatever the handler: miles' ``DefaultDataBuffer.put`` and
+(the dynamic filter drops whatever the handler, and so does the buffer a group
+one of whose requests an engine refused, an over-long prompt, which is never
+recycled: miles' ``DefaultDataBuffer.put`` and
 ``get`` hand aborted and stale groups to the one handler,
 miles/rollout/fully_async_data_buffer.py). A recycled group puts its
 prompt back for regeneration, and recycled prompts go before new ones (miles'
@@ -30,7 +32,9 @@ from miles_core.events import (
     PromptDrawn,
     RunEnded,
     RunStarted,
+    SampleGenerated,
 )
+from miles_core.kinds import SampleOutcome
 from miles_core.oracles.base import Indexed, Violation, select
 
 NAME = "exactly_once"
@@ -122,12 +126,18 @@ def recycled_regenerated(history: History) -> Violation | None:
     again, before any new prompt is drawn."""
     fresh: dict[int, Indexed] = {}  # drawn, no group started yet
     waiting: dict[int, Indexed] = {}  # recycled, no group started since
+    refused: dict[int, Indexed] = {}  # groups an engine refused a request of
     handler: UnusedHandler | None = None
     kinds = (RunStarted, GroupRecycled, GroupDropped, PromptDrawn, GroupStarted, RunEnded)
-    for seq, e in select(history, *kinds):
-        if isinstance(e, RunStarted):
+    for seq, e in select(history, *kinds, SampleGenerated):
+        if isinstance(e, SampleGenerated):
+            if e.outcome is SampleOutcome.REFUSED:
+                refused.setdefault(e.group_id, (seq, e))
+        elif isinstance(e, RunStarted):
             handler = e.unused_samples_handler
         elif isinstance(e, GroupDropped):
+            if e.group_id in refused:
+                continue  # dropped under either handler: a retry would be refused again
             if handler is UnusedHandler.RETRY and not _filtered(e.reason):
                 return Violation(
                     RECYCLED,
@@ -136,6 +146,13 @@ def recycled_regenerated(history: History) -> Violation | None:
                     ((seq, e),),
                 )
         elif isinstance(e, GroupRecycled):
+            if e.group_id in refused:
+                return Violation(
+                    RECYCLED,
+                    f"group {e.group_id} (prompt {e.prompt_id}) was recycled, but an engine "
+                    "refused one of its requests: generated again, it is refused again",
+                    (refused[e.group_id], (seq, e)),
+                )
             if handler is UnusedHandler.DROP:
                 return Violation(
                     RECYCLED,

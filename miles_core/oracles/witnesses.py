@@ -10,6 +10,7 @@ recorded after the fault fired:
     kill_engine           the world saw the process die, or the engine left rotation
     hang_engine           the engine left rotation (a health check or a call timed out)
     hang_call             the engine left rotation (the unanswered call timed out)
+    poison_prompt         a request sent once it fired was refused by its engine
     orphan_engine         the world reported the actor's exit, and its server was found
                           still serving: the control plane's removal found it in the
                           router, or it answered a request after the exit; with fault
@@ -311,6 +312,14 @@ def _has_process(engine: str | None, seq: int, index: WitnessIndex) -> bool:
     return started > exited
 
 
+def _prompt_refused(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None:
+    """A request sent once it fired was refused by its engine (the over-long prompt)."""
+    del seq
+    if any(s.outcome is SampleOutcome.REFUSED and s.sent >= fault.t for s in index.samples):
+        return None
+    return "no request sent after it fired was refused as over-long"
+
+
 def _engine_restarted(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None:
     engine, after = fault.engine, index.after(seq)
     up = _first(after, lambda x: isinstance(x, EngineStarted) and x.engine == engine)
@@ -524,6 +533,7 @@ WITNESSES: dict[FaultKind, Callable[[FaultInjected, int, WitnessIndex], str | No
     FaultKind.HANG_ENGINE: _engine_hung,
     FaultKind.HANG_CALL: _engine_hung,
     FaultKind.ORPHAN_ENGINE: _engine_orphaned,
+    FaultKind.POISON_PROMPT: _prompt_refused,
     FaultKind.SLOW_START: _start_slowed,
     FaultKind.SLOW_CELL: _cell_slowed,
     FaultKind.SLOW_LINK: _link_slowed,

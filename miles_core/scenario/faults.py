@@ -24,7 +24,8 @@ only at that cell's moment (the updater's bucket, a healing cell).
 Which kinds take which triggers: kills and restarts (kill_cell, kill_rank, stop_cell,
 kill_engine, restart_engine) any; fail_rank (a rank that raises, alive) only
 ``before_allreduce``; hang_engine any but ``mid_generation`` (an exit
-halfway through a request); hang_call, orphan_engine, start_cell and the timed impairments
+halfway through a request); hang_call, orphan_engine, poison_prompt, start_cell and the timed
+impairments
 (slow_cell, slow_start, slow_link, partition, delay_router, fail_router, drop_heartbeat)
 ``at`` or ``step_begin``, since they start a window of time rather than strike inside a
 call.
@@ -340,6 +341,17 @@ class OrphanEngine(FaultSpec):
     points: ClassVar[frozenset[FaultPoint | None]] = WINDOW_POINTS
 
 
+@dataclass(frozen=True, kw_only=True)
+class PoisonPrompt(FaultSpec):
+    """The next prompt the engines are asked for after it fires is longer than their
+    context: every engine refuses each request for it (SGLang answers 400, "the input is
+    longer than the model's context length"), as one over-long prompt in a data set does
+    (NeMo-RL #3938: one such prompt froze a 32-node run)."""
+
+    kind: ClassVar[FaultKind] = FaultKind.POISON_PROMPT
+    points: ClassVar[frozenset[FaultPoint | None]] = WINDOW_POINTS
+
+
 HUNG_CALLS = ("pause_generation", "flush_cache", "update_weight_version", "continue_generation")
 """The control calls of an update a hang_call fault can leave unanswered (SGLang's routes)."""
 
@@ -428,6 +440,7 @@ AnyFault = (
     | HangEngine
     | HangCall
     | OrphanEngine
+    | PoisonPrompt
     | SlowStart
     | SlowLink
     | Partition
@@ -448,6 +461,7 @@ FAULT_TYPES: Mapping[FaultKind, type[FaultSpec]] = {
         RestartEngine,
         HangEngine,
         OrphanEngine,
+        PoisonPrompt,
         HangCall,
         SlowStart,
         SlowLink,

@@ -117,6 +117,10 @@ class FaultActions(Protocol):
         the actor's exit)."""
         ...
 
+    def poison_prompt(self) -> None:
+        """Make the next prompt the engines are asked for longer than their context."""
+        ...
+
     def impair(self, fault: Impairment) -> None:
         """Slow or fail part of the world from now for ``fault.duration`` seconds."""
         ...
@@ -403,6 +407,8 @@ class FaultSchedule:
         elif kind is FaultKind.ORPHAN_ENGINE:
             assert engine is not None
             actions.orphan_engine(engine)
+        elif kind is FaultKind.POISON_PROMPT:
+            actions.poison_prompt()
         else:
             assert isinstance(fault, Impairment)
             actions.impair(fault)
