@@ -82,15 +82,15 @@ class SimRouter:
         self, engine: str, incarnation: int, request: GenerateRequest
     ) -> GenerateResult:
         cluster = self.cluster
+        if cluster.poison_armed:  # the first request sent since: its prompt is over-long
+            cluster.poison_armed = False
+            cluster.poisoned.add(request.prompt_id)
         delay = cluster.slowdown("router-delay") - 1.0
         if delay > 0:
             await cluster.rt.sleep(delay)
         if cluster.impaired("router-fail"):
             await cluster.rt.sleep(cluster.timing.router_failure_seconds)
             raise RouterFailure(f"request for group {request.group_id} to {engine} failed")
-        if cluster.poison_armed:  # this request's prompt is the over-long one
-            cluster.poison_armed = False
-            cluster.poisoned.add(request.prompt_id)
         orphan = self._orphan_for(engine) if self.orphans else None
         if orphan is not None:
             result = await orphan.generate(orphan.incarnation, request)

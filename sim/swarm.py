@@ -35,6 +35,7 @@ fully-async retract seeds, which draw no faults and must end FlushTimeoutError).
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from dataclasses import dataclass
 
@@ -54,7 +55,7 @@ from miles_core.scenario.faults import (
     make_fault,
     target_engine,
 )
-from miles_core.scenario.liveness import Liveness
+from miles_core.scenario.liveness import Liveness, step_parts
 from miles_core.transfer import TransferMode
 from sim.aim import CELL, ENGINE, IMPAIRMENT, adjust, aimed_faults, family, probe_with
 
@@ -306,6 +307,8 @@ def _orphan(seed: int, d: _Draw) -> None:
     stream = random.Random(derive_seed(seed, "swarm.orphan"))
     if not d.fault_tolerance or stream.random() >= ORPHAN_SHARE:
         return
+    if d.health_interval > 5.0:  # miles' 30 s checks: its recovery may come after the end
+        return  # (seed 5915's orphan at step 7 of 12 was never brought back)
     struck = {getattr(f, "engine", None) for f in d.faults}
     free = [e for e in d.world.engine_ids if e not in struck]
     if not free:
@@ -517,6 +520,19 @@ def _node_addresses(seed: int) -> str:
 LORA_SHARE = 0.2
 """The share of seeds that train and push only a LoRA adapter."""
 
+TOKEN_PACE_SHARE = 0.2
+"""The share of seeds whose engines keep a token pace ([sim] engine_token_seconds)."""
+
+
+def _token_pace(seed: int, world: WorldShape) -> WorldShape:
+    """The engines' token pace, from a stream of its own: in a fifth of the seeds a floor
+    of 0.02 s a token (twice the simulator's decode time), so requests live across more
+    updates."""
+    stream = random.Random(derive_seed(seed, "swarm.pace"))
+    if stream.random() >= TOKEN_PACE_SHARE:
+        return world
+    return dataclasses.replace(world, engine_token_seconds=0.02)
+
 
 def _lora(seed: int, loop: LoopConfig) -> LoopConfig:
     """A LoRA run (--lora-adapter), from a stream of its own: the adapter is one atomic
@@ -637,6 +653,17 @@ def _prefix_cache(seed: int, world: WorldShape, loop: LoopConfig) -> WorldShape:
     return dataclasses.replace(world, prefix_cache="shared" if shared else "by_version")
 
 
+def _paced_rollout(world: WorldShape, timing: TimeModel, loop: LoopConfig) -> float:
+    """A step's generation at the engines' token pace, in waves of the in-flight cap: the
+    progress window's room for it where a pace is drawn (seed 6981: 32 samples 8 at a time
+    at 0.02 s a token, and the window of 8 train steps was 2 s short)."""
+    if not world.engine_token_seconds:
+        return 0.0
+    samples = loop.rollout_batch_size * loop.n_samples_per_prompt
+    waves = math.ceil(samples / (loop.async_max_concurrent_samples or samples))
+    return waves * step_parts(world, timing, loop)["rollout"]
+
+
 def _detection(loop: LoopConfig) -> float:
     """How long a hung engine may hold a step with fault tolerance: an update's call waits
     out the health check's timeout, then the monitor's next check and its timeout."""
@@ -684,7 +711,7 @@ def swarm_scenario(
     loop = _miles_health_checks(seed, _lora(seed, loop))
     if aim is not None:
         world, loop = adjust(aim, world, loop)
-    world = _prefix_cache(seed, world, loop)
+    world = _token_pace(seed, _prefix_cache(seed, world, loop))
     # 0/1 rewards give the filter work: a group of 2 is all equal half the time, so a step
     # may wait for twice the generation; the progress window makes room for that
     filtered = loop.dynamic_sampling_filter is not None
@@ -764,6 +791,7 @@ def swarm_scenario(
         _ordered(d.faults),
         progress_window=(24 if filtered else 8) * step_seconds
         + _detection(loop)
+        + _paced_rollout(world, timing, loop)
         + _slowest_update(world, timing, d.faults),
         liveness=_liveness(seed, steps, liveness),
     )

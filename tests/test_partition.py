@@ -118,3 +118,15 @@ def test_a_send_a_cut_held_is_no_baseline_for_a_slow_link() -> None:
     kinds = {e.fault for e in result.history if isinstance(e, FaultInjected)}
     assert {FaultKind.PARTITION, FaultKind.SLOW_LINK} <= kinds
     assert result.ok, f"{result.failures()}\nreplay: python -m sim run swarm --seed 8707"
+
+
+def test_a_send_within_a_node_is_not_judged_against_sends_between_nodes() -> None:
+    """Swarm seed 3322: one engine beside cell 1, away from cell 0; cell 1 sent only inside
+    a slow_link's window, so the fallback baseline was cell 0's sends between nodes, ten
+    times slower per byte, and a 64x slowdown read as 13x. Routes are now keyed by whether
+    the send stays within a node (the world's placement), and a send with no baseline of
+    its kind is not judged."""
+    result = run_scenario(swarm_scenario(3322), 3322)
+    slow = [e for e in result.history if isinstance(e, FaultInjected)]
+    assert FaultKind.SLOW_LINK in {e.fault for e in slow}
+    assert result.ok, f"{result.failures()}\nreplay: python -m sim run swarm --seed 3322"

@@ -111,6 +111,9 @@ class RayRouter:
         self, engine: str, incarnation: int, request: GenerateRequest
     ) -> GenerateResult:
         world = self.world
+        if self.poison_armed:  # the first request sent since: its prompt is over-long
+            self.poison_armed = False
+            self.poisoned.add(request.prompt_id)
         if world.impaired("router-delay"):
             await asyncio.sleep(world.slowdown("router-delay") - 1.0)
         if world.impaired("router-fail"):
@@ -139,9 +142,6 @@ class RayRouter:
         if target.doomed and url is None:  # the mid-generation kill: ends the process halfway
             target.doomed = False
             await target.die_midway(incarnation, rid)
-        if self.poison_armed:  # this request's prompt is the over-long one
-            self.poison_armed = False
-            self.poisoned.add(request.prompt_id)
         prompt = prompt_tokens(world.seed, request.prompt_id)
         if request.prompt_id in self.poisoned:  # padded past the context: SGLang says 400
             prompt = [*prompt[:-1], *[prompt[-2]] * CONTEXT_LENGTH, prompt[-1]]

@@ -168,8 +168,13 @@ class Producer:
         outcome: SampleOutcome,
         result: GenerateResult | None,
     ) -> None:
-        """The request's last try, as SampleGenerated."""
+        """The request's last try, as SampleGenerated; none once the run has ended. Its group
+        task was cancelled then, but a cancel reaches the group's sample tasks only when the
+        group next runs, and an answer that arrived first would be recorded after RunEnded
+        (CI saw it on the CPU backend: a sibling of the sample whose error ended the run)."""
         ctx = self.ctx
+        if ctx.stopping:
+            return
         ctx.history.append(  # built here, not through emit's keyword dict: once per request
             SampleGenerated(
                 t=ctx.rt.now(),

@@ -24,6 +24,7 @@ from miles_core.events import (
     HeartbeatMissed,
     History,
     OrphanRemoved,
+    PlacementMade,
     QuorumChanged,
     RequestRetried,
     RunEnded,
@@ -63,6 +64,7 @@ _PICKED = (
     RequestRetried,
     FaultsHealed,
     UpdateBegan,
+    PlacementMade,
 )
 """The other events the index keeps (RunEnded is followed)."""
 
@@ -85,6 +87,8 @@ class WitnessIndex:
     """The tries the router failed that were sent again (a request's last is a sample)."""
     misses: list[HeartbeatMissed] = field(default_factory=list)
     started: RunStarted | None = None
+    placement: PlacementMade | None = None
+    """Where the world put the cells and engines (a send within a node is faster)."""
     ended: Indexed | None = None
     healed: FaultsHealed | None = None
     """Liveness mode's heal: the faults it disarmed never fire, and it ends every window."""
@@ -123,6 +127,8 @@ class WitnessIndex:
                 index.steps += 1
             elif isinstance(e, RunStarted):
                 index.started = index.started or e
+            elif isinstance(e, PlacementMade):
+                index.placement = index.placement or e
             elif isinstance(e, RunEnded):
                 index.ended = index.ended or (seq, e)
         return index
@@ -139,6 +145,23 @@ class WitnessIndex:
         """The heal ended the fault's window before it would have closed by itself."""
         healed = self.healed
         return healed is not None and fault.t <= healed.t < window(fault)[1]
+
+    def within_a_node(self, cell: int | None, engines: tuple[str, ...]) -> bool | None:
+        """Whether a send from ``cell`` to ``engines`` stays within one node, by the world's
+        placement (None when it is not known)."""
+        placement = self.placement
+        if placement is None or cell is None or cell >= len(placement.cells):
+            return None
+        nodes = {placement.nodes[p] for p in placement.cells[cell]}
+        if len(nodes) != 1:
+            return False
+        for engine in engines:
+            index = int(engine.rpartition("-")[2])
+            if index >= len(placement.engines):
+                return None
+            if not {placement.nodes[p] for p in placement.engines[index]} <= nodes:
+                return False
+        return True
 
     def windows(self, kind: FaultKind, cell: int | None = None) -> list[tuple[float, float]]:
         return [

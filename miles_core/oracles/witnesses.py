@@ -429,19 +429,25 @@ def _cell_slowed(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | N
 
 
 def _link_slowed(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None:
-    """Time per byte in the window against the same route's outside it (sender and engines:
-    within a node a bucket moves ten times faster than between nodes, so a failover to a
-    cell beside the engines must not read as a link that was not slowed); where no send
-    of a route came outside the window, against every send outside it."""
+    """Time per byte in the window against the same route's outside it (the engines, and
+    whether the sender sits on their node by the world's placement: within a node a bucket
+    moves ten times faster than between nodes, so a failover to a cell beside the engines
+    must not read as a link that was not slowed, nor one away from them as a slowdown;
+    seed 3322's only sends from the cell beside its engine were in the window). A send whose
+    route sent nothing outside the window has no baseline: with the placement known it is
+    not judged (against sends of the other kind of link a 64x slowdown read as 13x), and a
+    window with no judged send passes; without it, every send outside is the baseline."""
     del seq
     # a send a partition held is no baseline either (seed 8707: a stalled send of the same
     # route, outside the window, made the others look 26x slower than they were)
     windows = index.windows(FaultKind.SLOW_LINK) + index.windows(FaultKind.PARTITION)
 
-    def route(b: BucketReceived) -> tuple[int | None, tuple[str, ...]]:
-        return (index.updaters.get(b.update_id), b.engines)
+    def route(b: BucketReceived) -> tuple[object, tuple[str, ...]]:
+        cell = index.updaters.get(b.update_id)
+        local = index.within_a_node(cell, b.engines)
+        return (cell if local is None else local, b.engines)
 
-    baseline: dict[tuple[int | None, tuple[str, ...]], list[float]] = {}
+    baseline: dict[tuple[object, tuple[str, ...]], list[float]] = {}
     for b in index.buckets:
         if not _inside(b.t - b.seconds, windows):
             baseline.setdefault(route(b), []).append(b.seconds / max(1, b.nbytes))
@@ -451,6 +457,8 @@ def _link_slowed(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | N
         inside = [b.seconds / max(1, b.nbytes) / statistics.median(baseline[route(b)])
                   for b in same]  # fmt: skip
         return _slower(inside, [1.0], fault.factor or 1.0, "bucket sends")
+    if sends and baseline and index.placement is not None:
+        return None  # sends outside the window, none of these routes: no comparison
     inside = [b.seconds / max(1, b.nbytes) for b in sends]
     outside = [x for per_route in baseline.values() for x in per_route]
     return _slower(inside, outside, fault.factor or 1.0, "bucket sends")

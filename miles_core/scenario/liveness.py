@@ -81,7 +81,7 @@ class LivenessBound:
         return f"{self.seconds:.1f} s = {self.slack:g} x ({terms})"
 
 
-def _step_seconds(world: WorldShape, timing: TimeModel, loop: LoopConfig) -> dict[str, float]:
+def step_parts(world: WorldShape, timing: TimeModel, loop: LoopConfig) -> dict[str, float]:
     """One step's nominal parts: its batch generated (p99 lengths, the engines' concurrency,
     the dynamic filter's refills), trained, exchanged, and the weights sent and stamped."""
     sigma = timing.response_tokens_sigma
@@ -127,7 +127,7 @@ def liveness_bound(
         terms.append(("slow start", slow_start))
     checkpoint = 3 * world.param_bytes / timing.checkpoint_bytes_per_second
     terms.append((f"heal {world.num_cells} cell(s)", checkpoint * world.num_cells))
-    step = _step_seconds(world, timing, loop)
+    step = step_parts(world, timing, loop)
     terms.append(("sync restarted engines", step["update"]))
     for part, seconds in step.items():
         terms.append((f"{liveness.steps + 1} x {part}", (liveness.steps + 1) * seconds))
