@@ -78,9 +78,15 @@ class RayRouter:
         entry = self.orphans.pop((engine, incarnation), None)
         if entry is None:
             return False
-        abort = api.AbortReq(abort_all=True)
-        self.world.spawn(self._post(entry[1], abort.ROUTE, api.body(abort)), f"abort-{engine}")
+        self.world.spawn(self._abort(entry[1]), f"abort-{engine}")
         return True
+
+    async def _abort(self, url: str) -> None:
+        """Best effort: a server that cannot be reached (hung, gone) has nothing to abort
+        that the router would still send it."""
+        abort = api.AbortReq(abort_all=True)
+        with contextlib.suppress(RouterFailure, RequestRefused):
+            await self._post(url, abort.ROUTE, api.body(abort))
 
     async def _post(self, url: str, route: str, body: dict[str, Any]) -> dict[str, Any]:
         """One call to a server by its address; any failure is the router's."""

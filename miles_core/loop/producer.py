@@ -106,14 +106,14 @@ class Producer:
                 engines.acquire(engine)
                 sent = ctx.rt.now()
                 outcome, result, routing = SampleOutcome.ENGINE_FAILED, None, None
-                refused = SampleStatus.ABORTED
+                refusal_status = SampleStatus.ABORTED
                 try:
                     result = await ctx.cluster.router.generate(engine, incarnation, request)
                     outcome = SampleOutcome.ABORTED if result.aborted else SampleOutcome.COMPLETED
                 except EngineFailure as failure:
                     engines.failed(engine, incarnation, failure.reason)
                 except RequestRefused as refusal:
-                    outcome, refused = (
+                    outcome, refusal_status = (
                         SampleOutcome.REFUSED,
                         self._refused(engine, incarnation, refusal),
                     )
@@ -132,7 +132,7 @@ class Producer:
             if routing is not None:  # the last try failed too: miles' _post re-raises
                 raise self._request_failed(request, tries, routing)
             if outcome is SampleOutcome.REFUSED:
-                return Sample(index, (), refused)
+                return Sample(index, (), refusal_status)
             if result is None or outcome is not SampleOutcome.COMPLETED:
                 return Sample(index, (), SampleStatus.ABORTED)
             versions = result.versions or (result.weight_version,)
