@@ -343,7 +343,7 @@ class OrphanEngine(FaultSpec):
 
 @dataclass(frozen=True, kw_only=True)
 class PoisonPrompt(FaultSpec):
-    """The next prompt the engines are asked for after it fires is longer than their
+    """The prompt of the first request sent after it fires is longer than the engines'
     context: every engine refuses each request for it (SGLang answers 400, "the input is
     longer than the model's context length"), as one over-long prompt in a data set does
     (NeMo-RL #3938: one such prompt froze a 32-node run)."""
