@@ -356,6 +356,8 @@ _CORE: tuple[tuple[str, str, Test], ...] = (
      "whose actor was gone (miles #100)", _kinds(OrphanRemoved)),
     ("request_refused", "an engine refused a request itself (an over-long prompt: NeMo-RL "
      "#3938)", _refused),
+    ("collective_stalled_by_hung_member", "a broadcast waited out its timeout for a member "
+     "that took no part (a hang mid-update)", _collective_stalled),
 )  # fmt: skip
 """The probes CI's sweep must reach (``--require-probes``), as (name, what, test)."""
 
@@ -363,8 +365,6 @@ _OTHER: tuple[tuple[str, str, Test], ...] = (
     ("engine_health_failed", "an engine failed a health check", _kinds(EngineHealthFailed)),
     ("group_dropped", "a group was dropped", _kinds(GroupDropped)),
     ("kept_kv_across_update", "a sample kept its KV cache across an update", _kept_kv),
-    ("collective_stalled_by_hung_member", "a broadcast waited out its timeout for a member "
-     "that took no part (a hang mid-update)", _collective_stalled),
 )  # fmt: skip
 """Counted and reported, not required."""
 

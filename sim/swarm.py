@@ -318,6 +318,40 @@ def _orphan(seed: int, d: _Draw) -> None:
     d.faults.append(make_fault("orphan_engine", engine=engine, point="step_begin", step=step))
 
 
+HUNG_MID_UPDATE_SHARE = 0.5
+"""The share of eligible fault-tolerance seeds whose engine hangs between two buckets of
+a broadcast, with the collective timeout at HUNG_COLLECTIVE_TIMEOUT."""
+HUNG_COLLECTIVE_TIMEOUT = 15.0
+"""Seconds a broadcast waits for a member that takes no part (miles' default is 30 min)."""
+
+
+def _hung_mid_update(seed: int, d: _Draw, loop: LoopConfig) -> LoopConfig:
+    """An engine that hangs right after bucket 0 of an update, from a stream of its own:
+    bucket 1's broadcast stalls every member until the collective timeout, then fails as a
+    whole and names the member that took no part (ft_engine_hangs_mid_update's story, the
+    probe collective_stalled_by_hung_member). Only with fault tolerance (the engine is
+    taken out and recovered), broadcast (a p2p send stalls its own link only), two buckets
+    or more, two engines or more, and on an engine no other fault strikes."""
+    stream = random.Random(derive_seed(seed, "swarm.hung_mid_update"))
+    eligible = (
+        d.fault_tolerance
+        and loop.transfer_mode is TransferMode.BROADCAST
+        and d.n_buckets > 1
+        and d.world.num_engines > 1
+        and d.health_interval <= 5.0
+    )
+    if not eligible or stream.random() >= HUNG_MID_UPDATE_SHARE:
+        return loop
+    struck = {getattr(f, "engine", None) for f in d.faults}
+    free = [e for e in d.world.engine_ids if e not in struck]
+    if not free:
+        return loop
+    step = stream.randint(1, max(1, round(0.5 * d.steps)))
+    hang = {"point": "after_bucket", "bucket": 0, "after_step": step - 1}
+    d.faults.append(make_fault("hang_engine", engine=stream.choice(free), **hang))
+    return dataclasses.replace(loop, update_weight_collective_timeout=HUNG_COLLECTIVE_TIMEOUT)
+
+
 POISON_SHARE = 0.15
 """The share of seeds with faults whose data set has one over-long prompt (poison_prompt)."""
 
@@ -773,6 +807,9 @@ def swarm_scenario(
         _orphan(seed, d)
     if aimed is None:
         _poison(seed, d)
+        loop = _hung_mid_update(seed, d, loop)
+    hung = loop.update_weight_collective_timeout == HUNG_COLLECTIVE_TIMEOUT
+    stall = 2 * HUNG_COLLECTIVE_TIMEOUT if hung else 0.0  # the stall, and its retry's sync
     _impairments(d, rate, forced=aim.kind if aim is not None and aimed == IMPAIRMENT else None)
     if aimed != IMPAIRMENT:
         _partition(seed, d)
@@ -792,6 +829,7 @@ def swarm_scenario(
         progress_window=(24 if filtered else 8) * step_seconds
         + _detection(loop)
         + _paced_rollout(world, timing, loop)
-        + _slowest_update(world, timing, d.faults),
+        + _slowest_update(world, timing, d.faults)
+        + stall,
         liveness=_liveness(seed, steps, liveness),
     )
