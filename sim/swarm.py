@@ -293,6 +293,12 @@ def _engines_at_times(d: _Draw, rate: float) -> None:
             d.faults += [make_fault("kill_engine", engine=engine, at=t), restart]
 
 
+def _unstruck_engines(d: _Draw) -> list[str]:
+    """The engines no fault drawn so far strikes."""
+    struck = {getattr(f, "engine", None) for f in d.faults}
+    return [e for e in d.world.engine_ids if e not in struck]
+
+
 ORPHAN_SHARE = 0.25
 """The share of fault-tolerance seeds with faults that lose an engine's actor, its server
 left running in the router (orphan_engine, miles #100)."""
@@ -309,8 +315,7 @@ def _orphan(seed: int, d: _Draw) -> None:
         return
     if d.health_interval > 5.0:  # miles' 30 s checks: its recovery may come after the end
         return  # (seed 5915's orphan at step 7 of 12 was never brought back)
-    struck = {getattr(f, "engine", None) for f in d.faults}
-    free = [e for e in d.world.engine_ids if e not in struck]
+    free = _unstruck_engines(d)
     if not free:
         return
     step = stream.randint(1, max(1, round(0.6 * d.steps)))
@@ -342,8 +347,7 @@ def _hung_mid_update(seed: int, d: _Draw, loop: LoopConfig) -> LoopConfig:
     )
     if not eligible or stream.random() >= HUNG_MID_UPDATE_SHARE:
         return loop
-    struck = {getattr(f, "engine", None) for f in d.faults}
-    free = [e for e in d.world.engine_ids if e not in struck]
+    free = _unstruck_engines(d)
     if not free:
         return loop
     step = stream.randint(1, max(1, round(0.5 * d.steps)))

@@ -282,20 +282,26 @@ def _engine_orphaned(fault: FaultInjected, seq: int, index: WitnessIndex) -> str
 def _engine_served_again(
     engine: str | None, incarnation: int, since: int, index: WitnessIndex
 ) -> str | None:
-    """Fault tolerance brought a later process of the engine to serve (or another fault
-    struck the engine, whose own witness judges what became of it)."""
+    """Fault tolerance brought a later process of the engine to serve."""
+    if _served_from(engine, incarnation + 1, since, index):
+        return None
+    return f"fault tolerance never brought engine {engine} back after process {incarnation}"
+
+
+def _served_from(engine: str | None, incarnation: int, since: int, index: WitnessIndex) -> bool:
+    """After event ``since``, process ``incarnation`` of the engine, or one that replaced it
+    in turn, came to serve; or another fault struck the engine, whose own witness judges
+    what became of it."""
     serving = _first(
         [p for p in index.events if p[0] > since],
         lambda x: (
             isinstance(x, EngineStateChanged)
             and x.engine == engine
-            and x.incarnation > incarnation
+            and x.incarnation >= incarnation
             and x.new is EngineState.SERVING
         ),
     )
-    if serving is None and not _struck_again(engine, since, index):
-        return f"fault tolerance never brought engine {engine} back after process {incarnation}"
-    return None
+    return serving is not None or _struck_again(engine, since, index)
 
 
 def _has_process(engine: str | None, seq: int, index: WitnessIndex) -> bool:
@@ -326,16 +332,7 @@ def _engine_restarted(fault: FaultInjected, seq: int, index: WitnessIndex) -> st
     if up is None:
         return f"the world never reported a new process for engine {engine}"
     incarnation = up[1].incarnation  # type: ignore[union-attr]
-    serving = _first(  # this process, or one that replaced it in turn
-        [p for p in after if p[0] > up[0]],
-        lambda x: (
-            isinstance(x, EngineStateChanged)
-            and x.engine == engine
-            and x.incarnation >= incarnation
-            and x.new is EngineState.SERVING
-        ),
-    )
-    if serving is None and not _struck_again(engine, up[0], index):
+    if not _served_from(engine, incarnation, up[0], index):
         return f"engine {engine}'s new process {incarnation} (or a later one) never came to serve"
     return None
 
