@@ -254,7 +254,13 @@ def _mid_generation_in(d: _Draw, aim: CoverageCell, probe: Probe, s: int) -> lis
     setups: list[list[AnyFault]] = [[]]
     if aim.phase in ("healing", "allreduce"):
         cell = d.rng.randrange(1, d.world.num_cells)
-        dropped = (FaultKind.KILL_CELL, FaultKind.STOP_CELL, FaultKind.START_CELL)
+        dropped = (  # a rank's fault takes its cell down too (seed 79: left unstarted)
+            FaultKind.KILL_CELL,
+            FaultKind.STOP_CELL,
+            FaultKind.START_CELL,
+            FaultKind.KILL_RANK,
+            FaultKind.FAIL_RANK,
+        )
         d.faults[:] = [f for f in d.faults if f.kind not in dropped]
         _unslow(d, {cell})
         setups = [_healed(cell, slot) for slot in _heal_slots(d, s)]
