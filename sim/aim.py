@@ -55,6 +55,19 @@ AIMABLE: dict[tuple[str, str], str] = {
 }
 """(fault kind, how) -> the family of the swarm's draws an aim of that row replaces."""
 
+CELL_DOWN_OR_UP = frozenset(
+    {
+        FaultKind.KILL_CELL,
+        FaultKind.KILL_RANK,  # a rank's death or failure takes its cell down (seed 79)
+        FaultKind.FAIL_RANK,
+        FaultKind.STOP_CELL,
+        FaultKind.DROP_HEARTBEAT,  # lost heartbeats have the cell stopped (seed 90)
+        FaultKind.START_CELL,
+    }
+)
+"""The swarm's faults that take a cell down or start it: a heal made for an aim replaces
+them all, since dropping a start and keeping its kill leaves that cell down for good."""
+
 Probe = Callable[[list[AnyFault]], Any]
 """Runs the drawn scenario with these faults; returns its history."""
 
@@ -254,14 +267,7 @@ def _mid_generation_in(d: _Draw, aim: CoverageCell, probe: Probe, s: int) -> lis
     setups: list[list[AnyFault]] = [[]]
     if aim.phase in ("healing", "allreduce"):
         cell = d.rng.randrange(1, d.world.num_cells)
-        dropped = (  # a rank's fault takes its cell down too (seed 79: left unstarted)
-            FaultKind.KILL_CELL,
-            FaultKind.STOP_CELL,
-            FaultKind.START_CELL,
-            FaultKind.KILL_RANK,
-            FaultKind.FAIL_RANK,
-        )
-        d.faults[:] = [f for f in d.faults if f.kind not in dropped]
+        d.faults[:] = [f for f in d.faults if f.kind not in CELL_DOWN_OR_UP]
         _unslow(d, {cell})
         setups = [_healed(cell, slot) for slot in _heal_slots(d, s)]
     found: tuple[list[AnyFault], float, str] | None = None  # the first drawn, or a hit

@@ -227,12 +227,14 @@ def test_a_kill_aimed_mid_generation_in_a_pause_gets_a_longer_round_trip() -> No
 @pytest.mark.parametrize(
     "aim", ["kill_engine@mid_generation:allreduce", "kill_engine@mid_generation:healing"]
 )
-def test_a_heal_made_for_a_mid_generation_kill_replaces_the_swarms_rank_faults(aim: str) -> None:
-    """The heal's setup replaces the swarm's own cell faults, rank faults among them: seed
-    79 drew a rank kill of cell 1 at step 1 whose start the setup dropped, so the setup's
-    own kill of cell 1 at step 4 struck a cell already dead and never fired."""
-    scenario = swarm_scenario(79, aim=parse_aim(aim))
-    rank_faults = {FaultKind.KILL_RANK, FaultKind.FAIL_RANK}
-    assert not [f for f in scenario.faults if f.kind in rank_faults]
-    result = run_scenario(scenario, 79)
-    assert result.ok, f"{result.failures()}\nreplay: python -m sim run swarm --seed 79 --aim {aim}"
+def test_a_heal_made_for_a_mid_generation_kill_replaces_every_cell_fault_drawn(aim: str) -> None:
+    """The heal's setup replaces every swarm fault that takes a cell down or starts it:
+    seed 79 drew a rank kill of cell 1 at step 1, seed 90 lost heartbeats of cell 1 at
+    step 1; the setup dropped their starts, so its own kill of cell 1 at step 4 met a cell
+    already down and never fired."""
+    for seed, kind in ((79, FaultKind.KILL_RANK), (90, FaultKind.DROP_HEARTBEAT)):
+        scenario = swarm_scenario(seed, aim=parse_aim(aim))
+        assert kind not in {f.kind for f in scenario.faults}
+        result = run_scenario(scenario, seed)
+        replay = f"python -m sim run swarm --seed {seed} --aim {aim}"
+        assert result.ok, f"{result.failures()}\nreplay: {replay}"
