@@ -194,6 +194,15 @@ class PlacementMade(Event):
 
 
 @frozen_value(kw_only=True)
+class ModelDescribed(Event):
+    """The world's model as its weight updates send it: each update unit's bytes, in the
+    order they are packed into buckets (a real world's model is its own, not the
+    scenario's; the timing fit rebuilds its buckets from this)."""
+
+    unit_bytes: tuple[int, ...]
+
+
+@frozen_value(kw_only=True)
 class RunEnded(Event):
     status: RunStatus
     reason: str

@@ -2,7 +2,8 @@
 
     python -m sim list
     python -m sim run [NAME_OR_FILE] [--seed N] [--steps K] [--trace out.json] [--json]
-                      [--metrics out.jsonl] [--check-every K] [--save-scenario FILE]
+                      [--metrics out.jsonl] [--history out.jsonl] [--check-every K]
+                      [--save-scenario FILE]
                       [miles' loop flags: --pause-generation-mode retract, ...]
     python -m sim sweep [--seeds N] ...     (many seeds on Ray; see sim/sweep.py)
     python -m sim shrink REPLAY_OR_SCENARIO (a failing run made small; see sim/shrink.py)
@@ -10,6 +11,10 @@
     python -m sim bench                     (simulator speed; see sim/bench.py)
     python -m sim calibrate bench.json      (fit the transfer model; see sim/calibrate.py)
     python -m sim predict PRESET            (a weight update's time by that model)
+    python -m sim predict --anchors         (every published update time; docs/timing.md)
+    python -m sim calibrate --anchors       (the update path's terms fitted to them)
+    python -m sim calibrate --history A.jsonl --scenario A.toml [--check B.jsonl
+                          --check-scenario B.toml]   (fit to real runs; sim/run_fit.py)
 
 Exit codes: 0 when every oracle passed; 1 when one failed (the control plane
 broke, or the run did not end as its scenario expects), with the command that
@@ -126,7 +131,9 @@ def _run(args: argparse.Namespace) -> int:
     trace = check_writable(args.trace, "--trace") if args.trace else None
     save = check_writable(args.save_scenario, "--save-scenario") if args.save_scenario else None
     metrics = check_writable(args.metrics, "--metrics") if args.metrics else None
+    history = check_writable(args.history, "--history") if args.history else None
     outputs = {"--trace": trace, "--metrics": metrics, "--save-scenario": save}
+    outputs["--history"] = history
     check_distinct_paths(outputs, {"the scenario file": _scenario_file(args.scenario)})
     scenario = _run_scenario(args)
     if save is not None:
@@ -148,7 +155,8 @@ def _run(args: argparse.Namespace) -> int:
     if result.interrupted:
         return _interrupted(args, result, time.perf_counter() - started, replay)
     try:
-        return _report(args, result, time.perf_counter() - started, (trace, metrics, save), replay)
+        files = (trace, metrics, save, history)
+        return _report(args, result, time.perf_counter() - started, files, replay)
     except KeyboardInterrupt:  # Ctrl-C while the report is written: the run is still replayable
         print(f"\ninterrupted (Ctrl-C) while reporting\nreplay: {replay}", file=sys.stderr)
         return INTERRUPTED_EXIT
@@ -158,17 +166,19 @@ def _report(
     args: argparse.Namespace,
     result: SimResult,
     wall: float,
-    files: tuple[Path | None, Path | None, Path | None],
+    files: tuple[Path | None, Path | None, Path | None, Path | None],
     replay: str,
 ) -> int:
     """The files asked for, the summary, and the exit code of a run that ended by itself."""
-    trace, metrics, save = files
+    trace, metrics, save, history = files
     info = summary(result.scenario, args.seed, result.history, result.report, result.verdicts)
     info["wall_seconds"] = wall
     if trace is not None:
         write_json(trace, chrome_trace(result.history), "--trace")
     if metrics is not None:
         write_json_lines(metrics, step_metrics(result.history), "--metrics")
+    if history is not None:
+        write_json_lines(history, result.history.to_dicts(), "--history")
     if args.json:
         print(json.dumps(info, sort_keys=True))
     else:
@@ -198,7 +208,7 @@ def _interrupted(args: argparse.Namespace, result: SimResult, wall: float, repla
         info = short_summary(result.scenario, args.seed, history, report, verdicts, "simulated")
         lines = short_lines(info, verdicts)
     info |= {"wall_seconds": wall, "not_judged": result.not_judged}
-    skipped = [flag for flag in ("--trace", "--metrics") if getattr(args, flag[2:])]
+    skipped = [flag for flag in ("--trace", "--metrics", "--history") if getattr(args, flag[2:])]
     if args.json:
         print(json.dumps(info, sort_keys=True))
     else:
@@ -239,6 +249,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--steps", type=int, default=None, help="override the scenario's steps")
     run.add_argument("--trace", help="write a Chrome trace (open it in Perfetto)")
+    run.add_argument(
+        "--history",
+        metavar="FILE",
+        help="write the event history as JSON lines (python -m sim calibrate --history reads it)",
+    )
     run.add_argument("--json", action="store_true", help="print one JSON summary")
     run.add_argument(
         "--metrics",
@@ -275,8 +290,8 @@ def _parser() -> argparse.ArgumentParser:
         ("shrink", "make a failing run small: a TOML scenario that still fails"),
         ("findability", "sweep once per planted bug: the seeds that catch each"),
         ("bench", "simulator speed"),
-        ("calibrate", "fit the transfer model to a transfer-bench JSON"),
-        ("predict", "a preset's weight-update time by the model"),
+        ("calibrate", "fit the time model: a transfer bench, the published rows, real runs"),
+        ("predict", "a preset's weight-update time by the model; --anchors: every published one"),
     ):
         sub.add_parser(name, help=text, add_help=False)
     return parser

@@ -2,6 +2,8 @@
 
     python -m sim calibrate bench.json [--method backend] [--link link|nvlink] [--out fit.json]
     python -m sim predict PRESET [--bucket-mib 512] [--mode broadcast|p2p] [--calibration fit.json]
+    python -m sim predict --anchors      (every published row: sim/anchors.py)
+    python -m sim calibrate --anchors    (the update path's terms fitted to those rows)
 
 The simulator charges every send ``link_latency_seconds + bytes / bandwidth``
 (sim.cluster.SimTransport: a broadcast is one send to all engines; p2p one send
@@ -28,6 +30,7 @@ from typing import Any
 from miles_core.errors import ConfigError
 from miles_core.outputs import check_distinct_paths
 from miles_core.scenario import Preset
+from miles_core.scenario.anchor_presets import ANCHOR_PRESETS, SYSTEM_MODES
 from miles_core.transfer import (
     DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE,
     TransferMode,
@@ -161,7 +164,14 @@ def _load_json(path: str, field: str) -> Any:
 
 def _calibrate_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m sim calibrate", description=__doc__)
-    parser.add_argument("bench", help="the JSON of python -m backends.bench transfer --out")
+    parser.add_argument(
+        "bench", nargs="?", help="the JSON of python -m backends.bench transfer --out"
+    )
+    parser.add_argument(
+        "--anchors",
+        action="store_true",
+        help="fit the update path's terms to the published rows (sim/anchors.py) instead",
+    )
     parser.add_argument("--method", default="backend", help="the bucketed method to fit")
     parser.add_argument(
         "--mode", default=None, help="the mode to write to --out (default: broadcast if measured)"
@@ -170,6 +180,14 @@ def _calibrate_main(argv: Sequence[str]) -> int:
     parser.add_argument("--out", default="fit.json", help="the fit, for predict --calibration")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.anchors:
+        from sim.anchor_report import calibrate_anchors_main
+
+        if args.bench:
+            parser.error("bench: pass a bench JSON or --anchors, not both")
+        return calibrate_anchors_main(args.json)
+    if not args.bench:
+        parser.error("bench: missing; pass the JSON of python -m backends.bench transfer --out")
     try:
         check_distinct_paths({"--out": args.out or None}, {"bench": args.bench})
         summary = _load_json(args.bench, "bench")
@@ -233,15 +251,43 @@ def _predict_main(argv: Sequence[str]) -> int:
     from miles_core.scenario import PRESETS
 
     parser = argparse.ArgumentParser(prog="python -m sim predict", description=__doc__)
-    parser.add_argument("preset", help=f"one of {', '.join(PRESETS)}")
-    parser.add_argument("--bucket-mib", type=int, default=DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE >> 20)
-    parser.add_argument("--mode", default="broadcast", help="broadcast or p2p")
+    parser.add_argument("preset", nargs="?", help=f"one of {', '.join(PRESETS)}")
+    parser.add_argument(
+        "--anchors",
+        action="store_true",
+        help="every published row against its prediction (sim/anchors.py)",
+    )
+    parser.add_argument(
+        "--bucket-mib",
+        type=int,
+        default=None,
+        help=f"bucket size (default: {DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE >> 20}; "
+        "an anchor preset's, 1024)",
+    )
+    parser.add_argument(
+        "--mode",
+        default=None,
+        help="broadcast or p2p (default: broadcast; an anchor preset's system's mode)",
+    )
     parser.add_argument(
         "--calibration", default=None, help="a fit.json from python -m sim calibrate"
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.anchors:
+        from sim.anchor_report import predict_anchors_main
+
+        if args.preset:
+            parser.error("preset: pass a preset or --anchors, not both")
+        return predict_anchors_main(args.json)
+    anchor = ANCHOR_PRESETS.get(args.preset or "")
+    if args.mode is None:
+        args.mode = SYSTEM_MODES[anchor[1]].value if anchor else "broadcast"
+    if args.bucket_mib is None:
+        args.bucket_mib = 1024 if anchor else DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE >> 20
     try:
+        if not args.preset:
+            raise ConfigError("preset", "missing", f"name one of {sorted(PRESETS)} or --anchors")
         if args.preset not in PRESETS:
             raise ConfigError(
                 "preset", f"unknown preset {args.preset!r}", f"use one of {sorted(PRESETS)}"
@@ -271,6 +317,10 @@ def _predict_main(argv: Sequence[str]) -> int:
 def main(argv: Sequence[str]) -> int:
     """Dispatch ``calibrate`` and ``predict`` (argv starts with the command)."""
     if argv[0] == "calibrate":
+        if any(a == "--history" or a.startswith("--history=") for a in argv[1:]):
+            from sim.run_fit_cli import main as fit_run
+
+            return fit_run(argv[1:])
         return _calibrate_main(argv[1:])
     return _predict_main(argv[1:])
 

@@ -43,6 +43,7 @@ from miles_core.transfer import LORA_UNIT_PREFIX, Bucket
 from sim.components import Exchange, SimCell
 from sim.engine import EngineHandle, SimEngine
 from sim.runtime import SimRuntime, SimTask
+from sim.update_cost import Route, bucket_seconds, update_fixed_seconds
 
 
 class SimRouter:
@@ -120,8 +121,9 @@ class SimTransport:
         version: int | None = None,
     ) -> Delivery:
         """One collective to every engine: as slow as its slowest link."""
-        seconds = self._link_seconds(source_cell, bucket, engines)
-        stalled = await self._send(source_cell, bucket, engines, seconds)
+        seconds = self._bucket_seconds(source_cell, bucket, engines, p2p=False)
+        setup = self._setup_seconds(bucket)
+        stalled = await self._send(source_cell, bucket, engines, seconds + setup)
         return Delivery(tuple(engines), stalled + seconds)
 
     async def send_bucket_each(
@@ -133,21 +135,43 @@ class SimTransport:
         version: int | None = None,
     ) -> tuple[Delivery, ...]:
         """p2p: each engine on its own link, all at once; the source is busy until the
-        slowest arrives (its own bandwidth is not shared between the links in this model)."""
-        links = {e: self._link_seconds(source_cell, bucket, {e: i}) for e, i in engines.items()}
-        stalled = await self._send(source_cell, bucket, engines, max(links.values()))
+        slowest arrives (its own bandwidth is shared between the links only under
+        many-source p2p, sim/update_cost.py)."""
+        together = len(engines)
+        links = {
+            e: self._bucket_seconds(source_cell, bucket, {e: i}, p2p=True, together=together)
+            for e, i in engines.items()
+        }
+        setup = self._setup_seconds(bucket)
+        stalled = await self._send(source_cell, bucket, engines, max(links.values()) + setup)
         return tuple(Delivery((e,), stalled + seconds) for e, seconds in links.items())
 
-    def _link_seconds(self, source_cell: int, bucket: Bucket, engines: Mapping[str, int]) -> float:
+    def _setup_seconds(self, bucket: Bucket) -> float:
+        """The update's fixed cost, which its source pays before the first bucket goes (the
+        bucket's own send, which the delivery reports, does not include it)."""
+        return update_fixed_seconds(self.cluster.timing) if bucket.index == 0 else 0.0
+
+    def _bucket_seconds(
+        self,
+        source_cell: int,
+        bucket: Bucket,
+        engines: Mapping[str, int],
+        p2p: bool,
+        together: int = 1,
+    ) -> float:
+        """The bucket's cost by sim/update_cost.py; ``together``: engines sent to at once."""
         cluster = self.cluster
-        t = cluster.timing
         local = (
             all(cluster.engine_nodes[e] <= cluster.cell_nodes[source_cell] for e in engines)
             and len(cluster.cell_nodes[source_cell]) == 1
         )
-        rate = t.nvlink_bytes_per_second if local else t.link_bytes_per_second
+        world = cluster.world
+        route = Route(
+            local, world.gpus_per_cell, max(together, len(engines)), world.gpus_per_engine
+        )
         # a slow link is slower in every way: its latency and its bandwidth
-        return (t.link_latency_seconds + bucket.nbytes / rate) * cluster.slowdown("link")
+        slowdown = cluster.slowdown("link")
+        return bucket_seconds(cluster.timing, bucket.nbytes, route, p2p, bucket.index, slowdown)
 
     async def _send(
         self,

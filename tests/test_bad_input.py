@@ -44,11 +44,18 @@ from miles_core.scenario.faults import FAULT_TYPES, TRIGGERS, trigger_keys
 from miles_core.scenario.limits import LIMIT_KEYS, MAX_FILE_BYTES, Limits
 from miles_core.scenario.liveness import Liveness
 from miles_core.scenario.load import TOP_KEYS
-from miles_core.scenario.world import SHAPE_COUNTS, SHAPE_PACES, SHAPE_SWITCHES, TIME_KEYS
+from miles_core.scenario.world import (
+    SHAPE_COUNTS,
+    SHAPE_PACES,
+    SHAPE_SWITCHES,
+    TIME_COUNTS,
+    TIME_KEYS,
+    TIME_SWITCHES,
+)
 
 SOURCE = "bad.toml"
 LOOP_KEYS = tuple(f.name for f in dataclasses.fields(LoopConfig))
-SIM_KEYS = tuple(sorted(SHAPE_COUNTS | SHAPE_PACES | TIME_KEYS))
+SIM_KEYS = tuple(sorted(SHAPE_COUNTS | SHAPE_PACES | TIME_KEYS - set(TIME_SWITCHES)))
 """The [sim] keys that take numbers (SHAPE_SWITCHES take true or false)."""
 LIMITS = tuple(sorted(LIMIT_KEYS))
 PARAM_KEYS = ("cell", "rank", "engine", "duration", "factor", "seconds", "call")
@@ -705,12 +712,16 @@ def test_every_sim_field_rejects_wrong_types_and_negatives(key: str, value: Any)
     assert_names(mapping_error({"sim": {key: value}}), f"[sim].{key}", repr(value))
 
 
-@pytest.mark.parametrize(("key", "value"), [(k, 2.0) for k in sorted(SHAPE_COUNTS)])
+@pytest.mark.parametrize(
+    ("key", "value"), [(k, 2.0) for k in sorted({*SHAPE_COUNTS, *TIME_COUNTS})]
+)
 def test_world_counts_take_no_floats(key: str, value: Any) -> None:
     assert_names(mapping_error({"sim": {key: value}}), f"[sim].{key}", "integer")
 
 
-@pytest.mark.parametrize(("key", "value"), [(k, v) for k in SHAPE_SWITCHES for v in ("1", 1, 0.0)])
+@pytest.mark.parametrize(
+    ("key", "value"), [(k, v) for k in (*SHAPE_SWITCHES, *TIME_SWITCHES) for v in ("1", 1, 0.0)]
+)
 def test_world_switches_take_only_true_or_false(key: str, value: Any) -> None:
     assert_names(mapping_error({"sim": {key: value}}), f"[sim].{key}", "true or false")
 

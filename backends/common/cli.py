@@ -136,12 +136,13 @@ def run_command(
         raise ConfigError("--timeout", f"got {args.timeout}", "pass seconds > 0")
     trace = check_writable(args.trace, "--trace") if args.trace else None
     metrics = check_writable(args.metrics, "--metrics") if args.metrics else None
+    history = check_writable(args.history, "--history") if args.history else None
     scenario = TRAIN if args.scenario is None else find_scenario(args.scenario)
     loop = with_flags(scenario.loop, given_flags(args, OWN_FLAGS))
     scenario = dataclasses.replace(scenario, loop=loop)
     scenario = check_real(scenario.with_run(steps=args.steps, seed=args.seed))
     stack, scenario = stack_from(args, scenario)
-    _preflight(args, {"--trace": trace, "--metrics": metrics})
+    _preflight(args, {"--trace": trace, "--metrics": metrics, "--history": history})
     stack = dataclasses.replace(stack, packed=args.flattened_bucket)
     steps = scenario.loop.steps
     bar = tqdm(total=steps, unit="step", disable=True if args.json else None, leave=False)
@@ -181,19 +182,21 @@ def run_command(
     bar.close()
     if result.interrupted:
         return _interrupted(args, result, replay)
-    return _finish(args, result, (trace, metrics), replay)
+    return _finish(args, result, (trace, metrics, history), replay)
 
 
 def _finish(
     args: argparse.Namespace,
     result: RealResult,
-    files: tuple[Path | None, Path | None],
+    files: tuple[Path | None, Path | None, Path | None],
     replay: str,
 ) -> int:
     """The files asked for, the summary and the exit code of a run that ended by itself."""
-    trace, metrics = files
+    trace, metrics, history = files
     if trace is not None:
         write_json(trace, chrome_trace(result.history), "--trace")
+    if history is not None:
+        write_json_lines(history, result.history.to_dicts(), "--history")
     if metrics is not None:
         write_json_lines(metrics, step_metrics(result.history), "--metrics")
     info = result.summary()
@@ -226,7 +229,8 @@ def _interrupted(args: argparse.Namespace, result: RealResult, replay: str) -> i
         else:
             print("\n".join(short_lines(short, verdicts)))
         print("\n".join(not_judged_lines(result.not_judged)))
-        skipped = [flag for flag in ("--trace", "--metrics") if getattr(args, flag[2:])]
+        flags = ("--trace", "--metrics", "--history")
+        skipped = [flag for flag in flags if getattr(args, flag[2:])]
         if skipped:
             print(f"  {' and '.join(skipped)}: not written, the run was interrupted")
     print(f"replay: {replay}", file=sys.stderr)

@@ -32,6 +32,11 @@ def build_parser(
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--steps", type=int, default=None, help="override the scenario's steps")
     run.add_argument("--trace", help="write a Chrome trace (open it in Perfetto)")
+    run.add_argument(
+        "--history",
+        metavar="FILE",
+        help="write the event history as JSON lines (python -m sim calibrate --history reads it)",
+    )
     run.add_argument("--json", action="store_true", help="print one JSON summary")
     run.add_argument(
         "--address", default=None, help="join this Ray cluster instead of starting one"

@@ -38,6 +38,7 @@ from miles_core.events import (
     History,
     LedgerRestored,
     LivenessArmed,
+    ModelDescribed,
     PlacementMade,
     RunEnded,
     RunStarted,
@@ -274,6 +275,7 @@ class Orchestrator:
             expected_error=self.expected[1],
         )
         self._placed(ctx.cluster.placement)
+        ctx.emit(ModelDescribed, unit_bytes=tuple(u.nbytes for u in ctx.cluster.units))
         ctx.cluster.attach(self)
         if ctx.ledger.current is not None:  # resumed: engines hold their initial weights
             ctx.emit(LedgerRestored, version=ctx.ledger.current)

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from miles_core.loop.config import LoopConfig
+from miles_core.scenario.anchor_presets import ANCHOR_PRESETS, CLUSTERS, preset_timing
 from miles_core.scenario.world import TimeModel, WorldShape
 
 
@@ -93,6 +94,11 @@ PRESETS: Mapping[str, Preset] = {
         ),
         _LARGE_MODEL_TIMING,
     ),
+    # the published clusters under the systems measured on them (anchor_presets.py)
+    **{
+        name: Preset(CLUSTERS[cluster].world(), preset_timing(cluster, system))
+        for name, (cluster, system) in ANCHOR_PRESETS.items()
+    },
 }
 
 DEFAULT_LOOP = LoopConfig(

@@ -46,9 +46,18 @@ class WorldShape:
     #2782) or ``by_version`` (reused only under the weights that computed it). Every world
     records the versions of the KV a request reused; ``cached_kv_fresh`` judges them."""
 
+    unit_bytes: tuple[int, ...] = ()
+    """The model's update units' bytes, in order, in place of num_tensors equal tensors of
+    param_bytes: a real model's own layout (the timing fit's check rebuilds it from a real
+    run's ModelDescribed). Not a scenario key."""
+
     def __post_init__(self) -> None:
+        if not all(int_at_least(b, 1) for b in self.unit_bytes):
+            raise ConfigError("unit_bytes", f"got {self.unit_bytes!r}", "pass byte counts >= 1")
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name == "unit_bytes":
+                continue
             if f.name in SHAPE_CHOICES:
                 if value not in SHAPE_CHOICES[f.name]:
                     choices = ", ".join(SHAPE_CHOICES[f.name])
@@ -70,7 +79,15 @@ class WorldShape:
         return tuple(f"engine-{i}" for i in range(self.num_engines))
 
     def units(self) -> tuple[UpdateUnit, ...]:
-        """num_tensors bf16 tensors of equal size adding up to param_bytes."""
+        """num_tensors bf16 tensors of equal size adding up to param_bytes (or the units of
+        ``unit_bytes``)."""
+        if self.unit_bytes:
+            return units_of(
+                [
+                    ParamSpec.of(f"unit{i}.weight", (n,), "uint8")
+                    for i, n in enumerate(self.unit_bytes)
+                ]
+            )
         per_tensor = max(1, self.param_bytes // (2 * self.num_tensors))
         params = [
             ParamSpec.of(f"layer{i}.weight", (per_tensor,), "bfloat16")
@@ -119,6 +136,32 @@ class TimeModel:
     """From an engine's restart (a fault's, or fault tolerance's recovery) to its new process
     answering: importing, loading weights, serving (10 to 13 s on the CPU backend here). The
     old process dies at once; meanwhile the slot has none (0: the new one answers at once)."""
+    update_fixed_seconds: float = 0.0
+    """A weight update's fixed cost on its source, charged before its first bucket: the
+    session's setup (transfer plan, locks, Python), which small models show (miles' P2P
+    loses to NCCL on one node: ``docs/advanced/p2p-weight-transfer.md``). See
+    sim/update_cost.py for every term of the update path and the anchors they are fitted to."""
+    bucket_fixed_seconds: float = 0.0
+    """Each bucket's fixed cost on its source (packing it, one call per bucket)."""
+    gather_bytes_per_second: float = 0.0
+    """Megatron's TP/EP all-gather of a bucket within each PP stage (0: not charged)."""
+    convert_bytes_per_second: float = 0.0
+    """Megatron -> HF conversion of a gathered bucket, per PP stage (0: not charged)."""
+    quantize_bytes_per_second: float = 0.0
+    """The rollout side's requantization (e.g. FP8), per engine GPU (0: not charged)."""
+    load_bytes_per_second: float = 0.0
+    """The engine's load of a received bucket into its model, per GPU (0: not charged)."""
+    gather_shares: int = 1
+    """Pipeline stages of the trainer: each gathers and sends its own share at once."""
+    engine_ep: int = 1
+    """Expert shards of an engine: under many-source p2p each rank receives 1/engine_ep."""
+    many_source_p2p: bool = False
+    """p2p as miles' RDMA path sends: every trainer GPU writes its own share, so the source
+    side has one NIC per GPU and each target rank takes its shard (False: each engine has a
+    link of its own from the source, at that link's rate)."""
+    pipelined_buckets: bool = False
+    """A bucket's gather, wire and load overlap the next bucket's (miles' p2p hands the last
+    engine's writes to a thread pool); False: they follow one another (miles' broadcast)."""
     router_failure_seconds: float = 0.5
     """How long a failing router takes to answer with an error."""
     reward_success_rate: float | None = None
@@ -136,6 +179,9 @@ class TimeModel:
             "link_latency_seconds",
             "control_reply_seconds",
             "engine_start_seconds",
+            *UPDATE_COST_RATES,
+            "update_fixed_seconds",
+            "bucket_fixed_seconds",
         }
         rate = self.reward_success_rate
         if rate is not None and not (
@@ -150,9 +196,15 @@ class TimeModel:
                 f"got {self.node_addresses!r}",
                 f"pass one of {', '.join(NODE_ADDRESSES)}",
             )
+        for name in TIME_SWITCHES:
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, f"got {getattr(self, name)!r}", "pass true or false")
+        for name in TIME_COUNTS:
+            if not int_at_least(getattr(self, name), 1):
+                raise ConfigError(name, f"got {getattr(self, name)!r}", "pass an integer >= 1")
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("reward_success_rate", "node_addresses"):
+            if f.name in ("reward_success_rate", "node_addresses", *TIME_SWITCHES, *TIME_COUNTS):
                 continue
             ok = isinstance(value, int | float) and not isinstance(value, bool)
             ok = (
@@ -169,6 +221,15 @@ class TimeModel:
             )
 
 
+UPDATE_COST_RATES = (
+    "gather_bytes_per_second",
+    "convert_bytes_per_second",
+    "quantize_bytes_per_second",
+    "load_bytes_per_second",
+)
+"""Rates of the update path that 0 leaves uncharged (the simulator's default)."""
+TIME_SWITCHES = ("many_source_p2p", "pipelined_buckets")
+TIME_COUNTS = ("gather_shares", "engine_ep")
 NODE_ADDRESSES = ("ipv4", "ipv6", "hostnames", "mixed")
 """How the simulator may name its nodes ([sim] node_addresses)."""
 PREFIX_CACHES = ("off", "shared", "by_version")
@@ -182,6 +243,6 @@ SHAPE_CHOICES = {"prefix_cache": PREFIX_CACHES}
 MAX_TOKEN_SECONDS = 10.0
 """The slowest token pace a scenario may set: a request of a few hundred tokens then lasts
 about an hour already."""
-SHAPE_KEYS = frozenset(f.name for f in fields(WorldShape))
+SHAPE_KEYS = frozenset(f.name for f in fields(WorldShape)) - {"unit_bytes"}
 SHAPE_COUNTS = SHAPE_KEYS - SHAPE_SWITCHES - SHAPE_PACES - SHAPE_CHOICES.keys()
 TIME_KEYS = frozenset(f.name for f in fields(TimeModel))
