@@ -9,6 +9,7 @@
     python -m sim shrink REPLAY_OR_SCENARIO (a failing run made small; see sim/shrink.py)
     python -m sim findability [--seeds N]   (seeds that catch each planted bug; on Ray)
     python -m sim bench                     (simulator speed; see sim/bench.py)
+    python -m sim plan PLAN.toml [--out DIR] (search settings; the front; see sim/plan_spec.py)
     python -m sim calibrate bench.json      (fit the transfer model; see sim/calibrate.py)
     python -m sim predict PRESET            (a weight update's time by that model)
     python -m sim predict --anchors         (every published update time; docs/timing.md)
@@ -290,6 +291,7 @@ def _parser() -> argparse.ArgumentParser:
         ("shrink", "make a failing run small: a TOML scenario that still fails"),
         ("findability", "sweep once per planted bug: the seeds that catch each"),
         ("bench", "simulator speed"),
+        ("plan", "search a cluster's settings: the front of throughput, ETTR, staleness, waste"),
         ("calibrate", "fit the time model: a transfer bench, the published rows, real runs"),
         ("predict", "a preset's weight-update time by the model; --anchors: every published one"),
     ):
@@ -304,6 +306,10 @@ def main(argv: list[str] | None = None) -> int:
         from sim.calibrate import main as calibrate
 
         return calibrate(argv)
+    if argv[:1] == ["plan"]:
+        from sim.plan_cli import main as plan
+
+        return plan(argv[1:])
     if argv[:1] == ["sweep"]:
         from sim.sweep_cli import main as sweep
 

@@ -233,6 +233,9 @@ def _coefficients(anchor: Anchor, params: tuple[Param, ...]) -> tuple[tuple[floa
     t, route = preset.timing, _route(preset)
     p2p, many = SYSTEM_MODES[system] == "p2p", t.many_source_p2p
     buckets = plan_buckets(preset.world.units(), anchor.bucket_bytes)
+    staged = [k for k, v in update_terms(preset, system, anchor.bucket_bytes).items() if v > 0]
+    if t.pipelined_buckets and len(set(staged) - {"fixed"}) > 1:  # max() of stages: not linear
+        raise ArithmeticError(f"{anchor.row}: a pipelined system fits one stage at the most")
     unit = dataclasses.replace(t, gather_bytes_per_second=1.0, link_bytes_per_second=1.0)
     unit = dataclasses.replace(unit, link_latency_seconds=0.0)
     row = []

@@ -139,10 +139,20 @@ def _bucket_fit(histories: Sequence[History]) -> tuple[float, float, int]:
     if len({n for _, n, _ in points}) > 1:
         try:
             fit = least_squares(points)
-            return fit.latency_seconds, fit.bytes_per_second, sends
         except ConfigError:
-            pass
-    return 0.0, sum(n for _, n, _ in points) / sum(t for _, _, t in points), sends
+            fit = None
+        if fit is not None and not fit.clamped:
+            return fit.latency_seconds, fit.bytes_per_second, sends
+    # no slope to see (a send's time does not grow with its bytes here, or one size only):
+    # the better of all latency (at a rate too high to matter) and all bandwidth
+    seconds = [t for _, _, t in points]
+    latency = statistics.fmean(seconds)
+    rate = sum(n for _, n, _ in points) / sum(seconds)
+    all_latency = sum((t - latency) ** 2 for t in seconds)
+    all_bandwidth = sum((t - n / rate) ** 2 for _, n, t in points)
+    if all_latency < all_bandwidth:
+        return latency, 1e15, sends
+    return 0.0, rate, sends
 
 
 def _update_overheads(history: History) -> list[float]:

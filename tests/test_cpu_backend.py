@@ -55,6 +55,7 @@ from miles_core.events import (
     GroupRecycled,
     HealEnded,
     History,
+    ModelDescribed,
     OrphanRemoved,
     QuorumChanged,
     RequestRetried,
@@ -72,6 +73,7 @@ from miles_core.scenario.faults import RANK_FAILED, make_fault
 from miles_core.transfer import TransferMode
 from miles_core.update_connections import ConnectReason
 from sim.run import Scenario, run_scenario
+from sim.run_fit import read_history
 from sim.scenarios import SCENARIOS, load_scenario_file
 from tests.ray_cluster import session_processes
 
@@ -625,9 +627,16 @@ def test_cli_json_and_no_process_outlives_the_run(ray_tmpdir: Path) -> None:
     env = {**os.environ, "RAY_TMPDIR": str(tmp_path)}
     command = [sys.executable, "-m", "backends.cpu", "run", "--steps", "2", "--json"]
     command += ["--update-weight-transfer-mode", "p2p"]  # one gloo group per engine
+    history_file = Path(tempfile.mkdtemp(prefix="history", dir="/tmp")) / "h.jsonl"
+    command += ["--history", str(history_file)]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     info = json.loads(done.stdout.strip().splitlines()[-1])
+    history = read_history(str(history_file))  # what the run saw, for sim calibrate
+    shutil.rmtree(history_file.parent)
+    assert history.hash() == info["history_hash"]
+    (model,) = [e for e in history if isinstance(e, ModelDescribed)]  # the real model's units
+    assert sum(model.unit_bytes) == info["transfer"]["bytes_per_update"]
     assert info["steps"] == 2 and info["final_version"] == 2
     assert info["oracles"]["published_weights"] == "pass"  # p2p delivered bitwise weights
     assert set(info["oracles"].values()) == {"pass"}

@@ -119,6 +119,11 @@ class TimeModel:
     train_step_seconds: float = 5.0
     train_jitter: float = 0.1
     """A step's compute time is uniform in [1 - jitter, 1 + jitter] x train_step_seconds."""
+    batch_split_by_quorum: bool = False
+    """train_step_seconds is a cell's share of the step's batch with every cell in the
+    quorum: a quorum of fewer cells (a cell lost) gives each a larger share and a longer
+    step, as miles' indep-DP splits the global batch among the cells that train it (False:
+    a cell's step takes the same whatever the quorum). ``python -m sim plan`` sets it."""
     allreduce_seconds: float = 0.2
     link_latency_seconds: float = 1e-4
     link_bytes_per_second: float = 10e9
@@ -228,7 +233,7 @@ UPDATE_COST_RATES = (
     "load_bytes_per_second",
 )
 """Rates of the update path that 0 leaves uncharged (the simulator's default)."""
-TIME_SWITCHES = ("many_source_p2p", "pipelined_buckets")
+TIME_SWITCHES = ("many_source_p2p", "pipelined_buckets", "batch_split_by_quorum")
 TIME_COUNTS = ("gather_shares", "engine_ep")
 NODE_ADDRESSES = ("ipv4", "ipv6", "hostnames", "mixed")
 """How the simulator may name its nodes ([sim] node_addresses)."""

@@ -1,0 +1,335 @@
+"""What ``python -m sim plan`` reads: a cluster, a model, a workload, fault rates and the
+settings to search, and the scenario each point of the search runs.
+
+    name = "my-cluster"
+    steps = 8                  # training steps each point runs
+    seeds = 2                  # runs per point (each with faults drawn from its seed)
+
+    [cluster]
+    gpus = 16
+    gpus_per_node = 8
+
+    [model]
+    param_bytes = 15e9         # the weights an update sends
+    gpus_per_cell = 4          # one trainer replica (TP x PP)
+    gpus_per_engine = 2        # one engine (its TP)
+    train_seconds_per_sample = 0.05   # forward/backward of one sample on one replica
+
+    [workload]
+    rollout_batch_size = 32
+    n_samples_per_prompt = 4
+    response_tokens_mean = 1024.0
+    response_tokens_sigma = 0.8
+    decode_seconds_per_token = 0.01
+
+    [timing]                   # any [sim] time key (link rates, engine_start_seconds, ...)
+
+    [faults]                   # mean seconds between failures (absent: none)
+    cell_mtbf_seconds = 600.0
+    engine_mtbf_seconds = 1200.0
+    cell_restart_seconds = 60.0
+
+    [search]                   # every combination is a point (invalid ones say why)
+    rollout_share = [0.25, 0.5, 0.75]
+    max_weight_staleness = [1, 2]
+    pause_generation_mode = ["retract", "in_place"]
+    transfer_mode = ["broadcast", "p2p"]
+    update_weight_buffer_mib = [512]
+    use_fault_tolerance = [true]
+    mode = ["fully_async", "one_step_off"]
+
+A point's trainer is the GPUs the rollout share leaves, as replicas of ``gpus_per_cell``
+(miles' --indep-dp cells, each training its share of the batch); its engines the rollout
+share's GPUs as engines of ``gpus_per_engine``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import random
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from miles_core.errors import ConfigError
+from miles_core.loop import LoopConfig
+from miles_core.scenario import Scenario, TimeModel, WorldShape
+from miles_core.scenario.faults import AnyFault, make_fault
+from miles_core.scenario.world import TIME_KEYS
+from miles_core.transfer import TransferMode
+
+SECTIONS = {
+    "cluster": {"gpus", "gpus_per_node"},
+    "model": {"param_bytes", "gpus_per_cell", "gpus_per_engine", "train_seconds_per_sample"},
+    "workload": {
+        "rollout_batch_size",
+        "n_samples_per_prompt",
+        "response_tokens_mean",
+        "response_tokens_sigma",
+        "decode_seconds_per_token",
+        "concurrency_slowdown",
+    },
+    "timing": set(TIME_KEYS),
+    "faults": {
+        "cell_mtbf_seconds",
+        "engine_mtbf_seconds",
+        "cell_restart_seconds",
+        "engine_restart_seconds",
+    },
+    "search": {
+        "rollout_share",
+        "max_weight_staleness",
+        "pause_generation_mode",
+        "transfer_mode",
+        "update_weight_buffer_mib",
+        "use_fault_tolerance",
+        "mode",
+    },
+}
+REQUIRED = {
+    "cluster": {"gpus"},
+    "model": {"param_bytes", "gpus_per_cell", "gpus_per_engine", "train_seconds_per_sample"},
+    "workload": {"rollout_batch_size", "n_samples_per_prompt"},
+    "search": {"rollout_share"},
+}
+SEARCH_DEFAULTS: Mapping[str, list[Any]] = {
+    "max_weight_staleness": [1],
+    "pause_generation_mode": ["retract"],
+    "transfer_mode": ["broadcast"],
+    "update_weight_buffer_mib": [512],
+    "use_fault_tolerance": [True],
+    "mode": ["fully_async"],
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    steps: int
+    seeds: int
+    tables: Mapping[str, Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class Point:
+    """One combination of the searched settings, and the scenario it runs (None: the
+    combination is not a valid configuration, and ``why`` says so)."""
+
+    index: int
+    settings: Mapping[str, Any]
+    scenario: Scenario | None
+    why: str = ""
+
+
+def _number(table: Mapping[str, Any], key: str, where: str, floor: float = 0.0) -> float:
+    value = table[key]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > floor:
+        raise ConfigError(f"[{where}].{key}", f"got {value!r}", f"pass a number > {floor:g}")
+    return float(value)
+
+
+def load_plan(path: str) -> Plan:
+    """The plan file, checked key by key before anything runs."""
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError("plan", f"{path} does not exist", "pass a plan TOML file") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError("plan", f"{path} is not TOML ({error})", "fix its syntax") from None
+    unknown = sorted(set(data) - {"name", "steps", "seeds", *SECTIONS})
+    if unknown:
+        raise ConfigError("plan", f"unknown keys {unknown}", f"use {sorted(SECTIONS)}")
+    tables: dict[str, Mapping[str, Any]] = {}
+    for section, keys in SECTIONS.items():
+        table = data.get(section, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"[{section}]", f"got {table!r}", "write it as a table")
+        extra = sorted(set(table) - keys)
+        if extra:
+            raise ConfigError(f"[{section}]", f"unknown keys {extra}", f"use {sorted(keys)}")
+        missing = sorted(REQUIRED.get(section, set()) - set(table))
+        if missing:
+            raise ConfigError(f"[{section}]", f"missing {missing}", "give every one of them")
+        tables[section] = table
+    for key, values in tables["search"].items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"[search].{key}", f"got {values!r}", "pass a non-empty list")
+    for key in ("gpus", "gpus_per_node"):
+        if key in tables["cluster"]:
+            _number(tables["cluster"], key, "cluster")
+    for key in SECTIONS["model"] | (SECTIONS["faults"] & set(tables["faults"])):
+        section = "model" if key in SECTIONS["model"] else "faults"
+        _number(tables[section], key, section)
+    steps, seeds = data.get("steps", 8), data.get("seeds", 1)
+    for key, value in (("steps", steps), ("seeds", seeds)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(key, f"got {value!r}", "pass an integer >= 1")
+    return Plan(str(data.get("name", Path(path).stem)), steps, seeds, tables)
+
+
+def points(plan: Plan) -> list[Point]:
+    """Every combination of the searched settings, in order."""
+    search = {**SEARCH_DEFAULTS, **plan.tables["search"]}
+    keys = sorted(search)
+    out = []
+    for i, values in enumerate(itertools.product(*(search[k] for k in keys))):
+        settings = dict(zip(keys, values, strict=True))
+        try:
+            out.append(Point(i, settings, scenario_of(plan, settings)))
+        except ConfigError as error:
+            out.append(Point(i, settings, None, str(error)))
+    return out
+
+
+def scenario_of(plan: Plan, settings: Mapping[str, Any]) -> Scenario:
+    """The point's world, time model and loop (no faults: they are drawn per seed)."""
+    cluster, model, work = plan.tables["cluster"], plan.tables["model"], plan.tables["workload"]
+    gpus = int(cluster["gpus"])
+    per_cell, per_engine = int(model["gpus_per_cell"]), int(model["gpus_per_engine"])
+    share = settings["rollout_share"]
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share < 1:
+        raise ConfigError("[search].rollout_share", f"got {share!r}", "pass fractions in (0, 1)")
+    engines = int(share * gpus) // per_engine
+    cells = (gpus - engines * per_engine) // per_cell
+    if engines < 1 or cells < 1:
+        raise ConfigError(
+            "[search].rollout_share",
+            f"{share} of {gpus} GPUs leaves {engines} engine(s) of {per_engine} and {cells} "
+            f"cell(s) of {per_cell}",
+            "pick a share that leaves room for both",
+        )
+    world = WorldShape(
+        num_cells=cells,
+        gpus_per_cell=per_cell,
+        num_engines=engines,
+        gpus_per_engine=per_engine,
+        gpus_per_node=int(cluster.get("gpus_per_node", 8)),
+        param_bytes=int(model["param_bytes"]),
+        num_tensors=max(16, int(model["param_bytes"]) // (256 * 10**6)),
+    )
+    batch, n = int(work["rollout_batch_size"]), int(work["n_samples_per_prompt"])
+    per_sample = float(model["train_seconds_per_sample"])
+    timing_keys = {k: v for k, v in work.items() if k in TIME_KEYS}
+    timing = TimeModel(
+        **{
+            **plan.tables["timing"],
+            **timing_keys,
+            "train_step_seconds": per_sample * batch * n / cells,  # each cell its share
+            "batch_split_by_quorum": True,  # and a larger one when a cell is lost
+        }
+    )
+    loop = LoopConfig(
+        steps=plan.steps,
+        rollout_batch_size=batch,
+        n_samples_per_prompt=n,
+        max_weight_staleness=settings["max_weight_staleness"],
+        pause_generation_mode=settings["pause_generation_mode"],
+        transfer_mode=_choice(TransferMode, settings["transfer_mode"], "transfer_mode"),
+        update_weight_buffer_size=int(settings["update_weight_buffer_mib"]) << 20,
+        use_fault_tolerance=settings["use_fault_tolerance"],
+        mode=settings["mode"],
+        heartbeat_interval=10.0,
+        heartbeat_timeout=10.0,
+        heartbeat_failure_threshold=3,
+    )
+    # a fault late in the run may take effect after its last step: the run goes on until
+    # every fault is witnessed (more steps), so throughput and ETTR are per second and per step
+    return Scenario(
+        name=f"{plan.name}-point",
+        world=world,
+        timing=timing,
+        loop=loop,
+        until_witnessed=UNTIL_WITNESSED * plan.steps,
+    )
+
+
+UNTIL_WITNESSED = 4
+"""A point's run goes on to at most this many times its steps while a fault has not taken
+effect yet."""
+
+
+def _choice(kind: type[TransferMode], value: Any, key: str) -> TransferMode:
+    try:
+        return kind(value)
+    except ValueError:
+        choices = [m.value for m in kind]
+        raise ConfigError(f"[search].{key}", f"got {value!r}", f"use {choices}") from None
+
+
+def drawn_faults(
+    plan: Plan, scenario: Scenario, seed: int, horizon: float, step_seconds: float
+) -> tuple[AnyFault, ...]:
+    """Faults at times drawn from the plan's rates within ``horizon`` seconds (the run
+    without faults lasted longer than that, so every fault falls inside the run), each on a
+    component that is up (a kill of a dead process does nothing): a cell dies and is started
+    ``cell_restart_seconds`` later, and is not struck again, nor another cell, until three
+    steps after (its heal); an engine dies and is up again after fault tolerance's check and
+    its start (or, without it, ``engine_restart_seconds`` later if given; else never)."""
+    rates, rng = plan.tables["faults"], random.Random(seed)
+    faults: list[AnyFault] = []
+    cell_mtbf = rates.get("cell_mtbf_seconds")
+    if cell_mtbf and scenario.world.num_cells > 1:  # a lone cell lost is a total loss
+        restart = float(rates.get("cell_restart_seconds", 60.0))
+        t = rng.expovariate(1 / cell_mtbf)
+        while t + restart < horizon:  # started again inside the run
+            cell = rng.randrange(scenario.world.num_cells)
+            faults += [
+                make_fault("kill_cell", cell=cell, at=t),
+                make_fault("start_cell", cell=cell, at=t + restart),
+            ]
+            t += restart + 3 * step_seconds + rng.expovariate(1 / cell_mtbf)
+    faults += _engine_faults(plan, scenario, rng, horizon, step_seconds)
+    return tuple(sorted(faults, key=lambda f: f.when.at))  # type: ignore[union-attr]
+
+
+def _engine_faults(
+    plan: Plan, scenario: Scenario, rng: random.Random, horizon: float, step_seconds: float
+) -> list[AnyFault]:
+    rates, loop = plan.tables["faults"], scenario.loop
+    mtbf = rates.get("engine_mtbf_seconds")
+    if not mtbf:
+        return []
+    later = rates.get("engine_restart_seconds")
+    if loop.use_fault_tolerance:
+        back = loop.rollout_health_check_interval + loop.rollout_health_check_timeout
+        back += scenario.timing.engine_start_seconds + step_seconds
+    else:
+        back = float(later) + step_seconds if later else math.inf
+    up_at = dict.fromkeys(scenario.world.engine_ids, 0.0)
+    faults: list[AnyFault] = []
+    t = rng.expovariate(1 / mtbf)
+    while t < horizon:
+        up = [e for e, when in up_at.items() if when <= t]
+        if len(up) > 1:  # the last engine up is left alone: nothing would generate
+            engine = rng.choice(up)
+            faults.append(make_fault("kill_engine", engine=engine, at=t))
+            if later and not loop.use_fault_tolerance:
+                faults.append(make_fault("restart_engine", engine=engine, at=t + float(later)))
+            up_at[engine] = t + back
+        t += rng.expovariate(1 / mtbf)
+    return faults
+
+
+def with_faults(scenario: Scenario, faults: Sequence[AnyFault]) -> Scenario:
+    return dataclasses.replace(scenario, faults=tuple(faults))
+
+
+def horizon_of(seconds: float) -> float:
+    """Faults are drawn in the first 80 % of the run without them."""
+    return 0.8 * seconds if math.isfinite(seconds) else 0.0
+
+
+__all__ = [
+    "Plan",
+    "Point",
+    "drawn_faults",
+    "horizon_of",
+    "load_plan",
+    "points",
+    "scenario_of",
+    "with_faults",
+]
