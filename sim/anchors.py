@@ -148,6 +148,32 @@ UNPREDICTED: tuple[Unpredicted, ...] = (
     ),
     Unpredicted("marin pause rework", "6.216 -> 1.211 s", "marin #8955", "cluster not published"),
     Unpredicted(
+        "async vs sync: AReaL 1.5B-32B, verl fully_async 7B / 30B-A3B / ReTool, verl "
+        "one_step_off, NeMo-RL, StreamRL, Laminar, ROLL Flash, RollPacker, APRIL, Seer, "
+        "miles #1723, OrchestrRL",
+        "2.77x, 2.35x, 1.72x, 1.60x, +23-40 %, 192->152 s, ...",
+        "anchors.md, Async vs sync",
+        "needs each cluster as a plan file (python -m sim plan, mode sync against "
+        "fully_async); the anchors give steps and speedups, not the generation and training "
+        "figures that would set it up",
+    ),
+    Unpredicted(
+        "throughput and quality vs staleness: AReaL Fig 5c and Table 2, verl 0-0.5, "
+        "tinker-cookbook #822",
+        "128.7-396.8 k tok/s; 231.34-150.63 s",
+        "anchors.md",
+        "the same plan files (max_weight_staleness searched); quality is not modelled",
+    ),
+    Unpredicted(
+        "recovery: miles FT (90-120 s to evict), NeMo-RL shrink and refit, verl standby, "
+        "piper, torchft, RobustRL / ByteRobust ETTR",
+        "90-120 s; 1.38-2.03 s; <0.5 s; 4 s; 948 s; >80 %; 97 %",
+        "anchors.md, Fault-recovery time",
+        "what each figure spans is not given (detection only, or the restart too); with "
+        "miles' 30 s checks the simulator finds a dead engine at its next check "
+        "(docs/timing.md); ETTR under injected faults is what sim plan measures",
+    ),
+    Unpredicted(
         "bad cases: 70B over gloo, 8B, 200+ per-param RPCs",
         "3 min; 5-6 s; >120 s",
         "vllm #5723, open-instruct #1535",

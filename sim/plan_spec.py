@@ -36,11 +36,13 @@ settings to search, and the scenario each point of the search runs.
     transfer_mode = ["broadcast", "p2p"]
     update_weight_buffer_mib = [512]
     use_fault_tolerance = [true]
-    mode = ["fully_async", "one_step_off"]
+    mode = ["fully_async", "one_step_off", "sync"]
 
 A point's trainer is the GPUs the rollout share leaves, as replicas of ``gpus_per_cell``
 (miles' --indep-dp cells, each training its share of the batch); its engines the rollout
-share's GPUs as engines of ``gpus_per_engine``.
+share's GPUs as engines of ``gpus_per_engine``. ``mode = "sync"`` (miles' train.py) runs
+colocated: every GPU is an engine's while the batch is generated and a cell's while it
+trains (the swap of weights and KV cache between the two is not charged).
 """
 
 from __future__ import annotations
@@ -158,17 +160,37 @@ def load_plan(path: str) -> Plan:
     for key, values in tables["search"].items():
         if not isinstance(values, list) or not values:
             raise ConfigError(f"[search].{key}", f"got {values!r}", "pass a non-empty list")
-    for key in ("gpus", "gpus_per_node"):
-        if key in tables["cluster"]:
-            _number(tables["cluster"], key, "cluster")
-    for key in SECTIONS["model"] | (SECTIONS["faults"] & set(tables["faults"])):
-        section = "model" if key in SECTIONS["model"] else "faults"
-        _number(tables[section], key, section)
+    counts = [("cluster", k) for k in ("gpus", "gpus_per_node") if k in tables["cluster"]]
+    counts += [("model", k) for k in ("param_bytes", "gpus_per_cell", "gpus_per_engine")]
+    for section, key in counts:  # 15e9 bytes is a float in TOML: whole numbers only
+        value = tables[section][key]
+        whole = isinstance(value, int | float) and not isinstance(value, bool)
+        if not (whole and value >= 1 and float(value).is_integer()):
+            raise ConfigError(f"[{section}].{key}", f"got {value!r}", "pass a whole number >= 1")
+    _number(tables["model"], "train_seconds_per_sample", "model")
+    for key in SECTIONS["faults"] & set(tables["faults"]):
+        _number(tables["faults"], key, "faults")
+    _check_workload(tables)
     steps, seeds = data.get("steps", 8), data.get("seeds", 1)
     for key, value in (("steps", steps), ("seeds", seeds)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(key, f"got {value!r}", "pass an integer >= 1")
     return Plan(str(data.get("name", Path(path).stem)), steps, seeds, tables)
+
+
+def _check_workload(tables: Mapping[str, Mapping[str, Any]]) -> None:
+    """The workload's counts and figures, and the [timing] keys, named as the plan has them."""
+    work = tables["workload"]
+    for key in ("rollout_batch_size", "n_samples_per_prompt"):
+        value = work[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"[workload].{key}", f"got {value!r}", "pass an integer >= 1")
+    figures = {k: v for k, v in work.items() if k in TIME_KEYS}
+    for section, keys in (("timing", tables["timing"]), ("workload", figures)):
+        try:
+            TimeModel(**keys)
+        except ConfigError as error:
+            raise ConfigError(f"[{section}].{error.field}", error.problem, error.fix) from None
 
 
 def points(plan: Plan) -> list[Point]:
@@ -193,8 +215,18 @@ def scenario_of(plan: Plan, settings: Mapping[str, Any]) -> Scenario:
     share = settings["rollout_share"]
     if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share < 1:
         raise ConfigError("[search].rollout_share", f"got {share!r}", "pass fractions in (0, 1)")
-    engines = int(share * gpus) // per_engine
-    cells = (gpus - engines * per_engine) // per_cell
+    if settings["mode"] == "sync":  # colocated: every GPU generates, then every GPU trains
+        first = plan.tables["search"]["rollout_share"][0]
+        if share != first:
+            raise ConfigError(
+                "[search].rollout_share",
+                f"sync runs colocated on all {gpus} GPUs: the share does not apply",
+                f"the point with rollout_share = {first} runs it",
+            )
+        engines, cells = gpus // per_engine, gpus // per_cell
+    else:
+        engines = int(share * gpus) // per_engine
+        cells = (gpus - engines * per_engine) // per_cell
     if engines < 1 or cells < 1:
         raise ConfigError(
             "[search].rollout_share",

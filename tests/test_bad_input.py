@@ -227,7 +227,7 @@ CORPUS: list[tuple[str, str, str, tuple[str, ...]]] = [
     ("steps-bool", "[loop]\nsteps = true\n", "[loop].steps", ("True", "integer")),
     ("steps-zero", "[loop]\nsteps = 0\n", "[loop].steps", (">= 1",)),
     ("steps-negative", "[loop]\nsteps = -3\n", "[loop].steps", (">= 1",)),
-    ("mode-sync", '[loop]\nmode = "sync"\n', "[loop].mode", ("'sync'", "one_step_off")),
+    ("mode-bad", '[loop]\nmode = "batch"\n', "[loop].mode", ("'batch'", "one_step_off")),
     (
         "handler-keep",
         '[loop]\nunused_samples_handler = "keep"\n',
@@ -1106,7 +1106,7 @@ def test_a_bad_scenario_file_exits_2_naming_its_key(
     for text, field in [
         ("[sim]\nnum_cells = -1\n", "[sim].num_cells"),
         ("[loop]\nsteps = 8.0\n", "[loop].steps"),
-        ('[loop]\nmode = "sync"\n', "[loop].mode"),
+        ('[loop]\nmode = "synchronous"\n', "[loop].mode"),
         (fault_toml(kind="kill_cell", cell=7, at=1.0), "faults[0] (kill_cell).cell"),
         ("[loop\n", "not valid TOML"),
     ]:

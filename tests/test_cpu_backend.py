@@ -52,6 +52,7 @@ from miles_core.events import (
     FaultInjected,
     FaultsHealed,
     GroupDropped,
+    GroupGot,
     GroupRecycled,
     HealEnded,
     History,
@@ -384,6 +385,21 @@ PACED = 0.01
 find requests in flight (the tiny policy alone takes about a millisecond a token)."""
 
 
+def test_sync_mode_for_real(ray_cluster) -> None:
+    """mode = sync on Ray (miles' train.py): each batch generated on the current weights,
+    then trained, then the weights updated; nothing in flight while they change."""
+    scenario = dataclasses.replace(TRAIN, loop=dataclasses.replace(TRAIN.loop, mode="sync"))
+    result = run_in_ray(scenario, seed=0, steps=3, timeout=600)
+    assert result.ok, _failed(result)
+    h = result.history
+    ages = [e.staleness for e in h if isinstance(e, GroupGot) and e.staleness is not None]
+    assert ages and set(ages) == {0}
+    begun = {e.update_id: e.t for e in h if isinstance(e, UpdateBegan) and e.publishes}
+    changing = [(begun[e.update_id], e.t) for e in h if isinstance(e, VersionPublished)]
+    samples = [e for e in h if isinstance(e, SampleGenerated)]
+    assert changing and not [s for s in samples for a, b in changing if s.sent < b and s.t > a]
+
+
 @pytest.mark.parametrize(
     ("name", "steps"),
     [
@@ -636,7 +652,13 @@ def test_cli_json_and_no_process_outlives_the_run(ray_tmpdir: Path) -> None:
     shutil.rmtree(history_file.parent)
     assert history.hash() == info["history_hash"]
     (model,) = [e for e in history if isinstance(e, ModelDescribed)]  # the real model's units
-    assert sum(model.unit_bytes) == info["transfer"]["bytes_per_update"]
+    first = min(e.update_id for e in history if isinstance(e, BucketReceived))
+    to_one = [  # p2p: one delivery per engine, so the bytes one engine received
+        e.nbytes
+        for e in history
+        if isinstance(e, BucketReceived) and e.update_id == first and "engine-0" in e.engines
+    ]
+    assert sum(model.unit_bytes) == sum(to_one) > 0
     assert info["steps"] == 2 and info["final_version"] == 2
     assert info["oracles"]["published_weights"] == "pass"  # p2p delivered bitwise weights
     assert set(info["oracles"].values()) == {"pass"}

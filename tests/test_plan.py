@@ -78,6 +78,11 @@ def test_every_combination_is_a_point_and_a_share_that_leaves_no_room_says_why(
         (("rollout_share = [0.25, 0.5, 0.99]", "rollout_share = []"), "[search].rollout_share"),
         (("steps = 8", "steps = 0"), "steps"),
         (("train_seconds_per_sample = 0.5", "train_seconds_per_sample = -1"), "[model]"),
+        (("rollout_batch_size = 4", "rollout_batch_size = 2.5"), "[workload].rollout_batch_size"),
+        (("gpus = 8", "gpus = 8.5"), "[cluster].gpus"),
+        (("param_bytes = 1e9", "param_bytes = 1.5"), "[model].param_bytes"),
+        (("response_tokens_mean = 64.0", "response_tokens_mean = -3.0"), "[workload]"),
+        (("[faults]", "[timing]\nlink_bytes_per_second = 0\n[faults]"), "[timing]"),
     ],
 )
 def test_a_bad_plan_names_the_field_before_anything_runs(
@@ -179,3 +184,14 @@ def test_plan_end_to_end_writes_every_point_with_a_line_that_replays_it(tmp_path
     assert scenario.faults and scenario.timing.batch_split_by_quorum
     again = run_scenario(scenario, int(replay[-1]))
     assert again.ok
+
+
+def test_a_sync_point_runs_colocated_once_whatever_the_share(tmp_path: Path) -> None:
+    """mode = sync (miles' train.py, colocated): every GPU an engine's, then a cell's."""
+    text = TINY.replace('mode = ["fully_async", "one_step_off"]', 'mode = ["sync"]')
+    pts = points(load_plan(str(_plan(tmp_path, text))))
+    (ran,) = [p for p in pts if p.scenario is not None]
+    assert ran.settings["rollout_share"] == 0.25
+    world = ran.scenario.world  # type: ignore[union-attr]
+    assert (world.num_engines, world.num_cells) == (8 // 2, 8 // 3)
+    assert all("does not apply" in p.why for p in pts if p.scenario is None)

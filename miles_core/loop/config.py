@@ -18,7 +18,9 @@ from miles_core.filters import dynamic_filter
 from miles_core.kinds import PauseMode, SubmissionGranularity
 from miles_core.transfer import DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE, TransferMode
 
-MODES = ("fully_async", "one_step_off")
+MODES = ("fully_async", "one_step_off", "sync")
+BATCH_MODES = ("one_step_off", "sync")
+"""The modes with no producer of their own: each batch is generated on demand, whole."""
 
 
 @dataclass(frozen=True)
@@ -50,9 +52,11 @@ class LoopConfig:
     lora_adapter: str | None = None
     """Train and push only this LoRA adapter (one atomic unit, unload-then-load)."""
     mode: str = "fully_async"
-    """fully_async (miles' --fully-async: a producer keeps generating through updates) or
+    """fully_async (miles' --fully-async: a producer keeps generating through updates),
     one_step_off (batch k+1 is generated during step k and weights are updated when both
-    are done: staleness 1, nothing in flight at an update)."""
+    are done: staleness 1, nothing in flight at an update) or sync (miles' train.py, as it
+    runs colocated: a batch is generated with the current weights, then trained, then the
+    weights updated, nothing overlapping: staleness 0)."""
     heartbeat_interval: float | None = None
     """--trainer-heartbeat-checker-interval; None turns the monitor off."""
     heartbeat_timeout: float = 10.0
@@ -179,12 +183,12 @@ class LoopConfig:
                 "update would kill it and force a full regeneration",
                 "use retract (miles' default) or in_place, or mode = one_step_off",
             )
-        if self.mode == "one_step_off" and self.capacity_factor < 1:
+        if self.mode in BATCH_MODES and self.capacity_factor < 1:
             raise ConfigError(
                 "capacity_factor",
-                f"{self.capacity_factor} holds less than one batch, but one_step_off puts a "
+                f"{self.capacity_factor} holds less than one batch, but {self.mode} puts a "
                 "whole batch before it is drained",
-                "use --async-data-buffer-capacity-factor >= 1 with one_step_off",
+                f"use --async-data-buffer-capacity-factor >= 1 with {self.mode}",
             )
 
     @property

@@ -61,6 +61,7 @@ from miles_core.events import (
     SampleGenerated,
 )
 from miles_core.kinds import PutFate, SampleOutcome, SubmissionGranularity
+from miles_core.loop.config import BATCH_MODES
 from miles_core.loop.context import RunContext
 from miles_core.loop.supervision import EngineSupervisor
 from miles_core.sync import Notifier, join_all
@@ -283,7 +284,8 @@ class Producer:
         return len(self._in_flight) + len(self._blocked) < budget
 
     async def rollout(self, groups: int) -> None:
-        """one_step_off: generate until ``groups`` more groups are queued (aborted ones redone)."""
+        """one_step_off and sync: generate until ``groups`` more groups are queued (aborted
+        ones redone)."""
         queued = 0
         while queued < groups:
             tasks = [self._start_group() for _ in range(groups - queued)]
@@ -358,7 +360,7 @@ class Producer:
                 else:
                     self._unused(verdict)
             if not verdicts or verdicts[-1].fate is not Fate.TRAIN:
-                if ctx.config.mode == "one_step_off":  # no producer: top the batch up now
+                if ctx.config.mode in BATCH_MODES:  # no producer: top the batch up now
                     await self.rollout(ctx.config.rollout_batch_size - len(batch))
                 else:
                     self._progress.notify()  # recycled prompts may be regenerated now

@@ -211,6 +211,19 @@ class Orchestrator:
             await self.updater.train_and_update(step, producer.batch, self._trained)
             step += 1
 
+    async def _sync(self) -> None:
+        """miles' train.py (synchronous; colocated, the engines and the trainer take the
+        GPUs in turn): a batch is generated with the current weights, trained, and the
+        weights updated before the next batch is generated. Nothing is in flight at an
+        update and every batch is on-policy."""
+        ctx, producer, step = self.ctx, self.producer, 0
+        while self._another(step):
+            self.updater.resume_left_paused()  # a rollout begins: miles' generate()
+            await producer.rollout(ctx.config.rollout_batch_size)
+            producer.batch = await producer.drain()
+            await self.updater.train_and_update(step, producer.batch, self._trained)
+            step += 1
+
     async def _one_step_off(self) -> None:
         """Batch k+1 is generated while step k trains; the update waits for both, so it
         never interrupts generation and every batch is exactly one version old."""
@@ -316,7 +329,8 @@ class Orchestrator:
         """Run every step; the report (and RunEnded) says how the run ended."""
         ctx = self.ctx
         self._start()
-        body = self._one_step_off() if ctx.config.mode == "one_step_off" else self._fully_async()
+        bodies = {"one_step_off": self._one_step_off, "sync": self._sync}
+        body = bodies.get(ctx.config.mode, self._fully_async)()
         main = ctx.rt.spawn(body, "loop")
         try:  # a failed task may fail the wait itself (the simulator's conditions do)
             which = await ctx.rt.wait_any([main, ctx.crashed, self.missed_signal])
