@@ -153,9 +153,9 @@ UNPREDICTED: tuple[Unpredicted, ...] = (
         "miles #1723, OrchestrRL",
         "2.77x, 2.35x, 1.72x, 1.60x, +23-40 %, 192->152 s, ...",
         "anchors.md, Async vs sync",
-        "needs each cluster as a plan file (python -m sim plan, mode sync against "
-        "fully_async); the anchors give steps and speedups, not the generation and training "
-        "figures that would set it up",
+        "verl's 7B has a plan file, plans/verl-7b-128-h20.toml: 1.22x against 2.35x, a miss "
+        "(the async trainer's step: docs/timing.md); the others need plan files of their "
+        "clusters, whose generation and training figures the anchors do not give",
     ),
     Unpredicted(
         "throughput and quality vs staleness: AReaL Fig 5c and Table 2, verl 0-0.5, "

@@ -182,6 +182,8 @@ class SimEngine(_Mortal):
         if self.cluster.poisoned and request.prompt_id in self.cluster.poisoned:
             raise RequestRefused(self.id, OVER_LONG)
         length = self._lengths.lognormvariate(self._length_mu, self._length_sigma)
+        if self.cluster.timing.response_tokens_max:  # max_new_tokens: the tail is cut
+            length = min(length, self.cluster.timing.response_tokens_max)
         job = _Request(length, self.rt.now(), self._death, request.prompt_id)
         self.jobs.add(job)
         try:

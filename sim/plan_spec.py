@@ -72,6 +72,7 @@ SECTIONS = {
         "n_samples_per_prompt",
         "response_tokens_mean",
         "response_tokens_sigma",
+        "response_tokens_max",
         "decode_seconds_per_token",
         "concurrency_slowdown",
     },

@@ -110,6 +110,9 @@ class TimeModel:
 
     response_tokens_mean: float = 256.0
     response_tokens_sigma: float = 0.5
+    response_tokens_max: float = 0.0
+    """A response stops at this many tokens (the engines' max_new_tokens: the lognormal's
+    tail is cut there); 0: no cap."""
     decode_seconds_per_token: float = 0.01
     concurrency_slowdown: float = 0.02
     prompt_tokens: float = 256.0
@@ -180,6 +183,7 @@ class TimeModel:
     def __post_init__(self) -> None:
         may_be_zero = {
             "concurrency_slowdown",
+            "response_tokens_max",
             "train_jitter",
             "link_latency_seconds",
             "control_reply_seconds",
