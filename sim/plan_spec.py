@@ -208,10 +208,11 @@ def points(plan: Plan) -> list[Point]:
     return out
 
 
-def scenario_of(plan: Plan, settings: Mapping[str, Any]) -> Scenario:
-    """The point's world, time model and loop (no faults: they are drawn per seed)."""
-    cluster, model, work = plan.tables["cluster"], plan.tables["model"], plan.tables["workload"]
-    gpus = int(cluster["gpus"])
+def _split(plan: Plan, settings: Mapping[str, Any]) -> tuple[int, int]:
+    """(engines, cells) of the point: the rollout share's GPUs as engines and the rest as
+    cells, or (sync, colocated) every GPU as both."""
+    gpus = int(plan.tables["cluster"]["gpus"])
+    model = plan.tables["model"]
     per_cell, per_engine = int(model["gpus_per_cell"]), int(model["gpus_per_engine"])
     share = settings["rollout_share"]
     if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share < 1:
@@ -235,6 +236,14 @@ def scenario_of(plan: Plan, settings: Mapping[str, Any]) -> Scenario:
             f"cell(s) of {per_cell}",
             "pick a share that leaves room for both",
         )
+    return engines, cells
+
+
+def scenario_of(plan: Plan, settings: Mapping[str, Any]) -> Scenario:
+    """The point's world, time model and loop (no faults: they are drawn per seed)."""
+    cluster, model, work = plan.tables["cluster"], plan.tables["model"], plan.tables["workload"]
+    per_cell, per_engine = int(model["gpus_per_cell"]), int(model["gpus_per_engine"])
+    engines, cells = _split(plan, settings)
     world = WorldShape(
         num_cells=cells,
         gpus_per_cell=per_cell,
