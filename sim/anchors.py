@@ -241,13 +241,8 @@ def update_terms(preset: Preset, system: str, bucket_bytes: int) -> dict[str, fl
     terms = {"fixed": update_fixed_seconds(t), "prepare": 0.0, "wire": 0.0, "land": 0.0}
     for i, bucket in enumerate(plan_buckets(preset.world.units(), bucket_bytes)):
         cost = bucket_cost(t, bucket.nbytes, route, p2p)
-        if t.pipelined_buckets:  # the slowest stage, the others once (fill and drain)
-            slowest = max(("prepare", "wire", "land"), key=lambda k: getattr(cost, k))
-            for k in ("prepare", "wire", "land"):
-                terms[k] += getattr(cost, k) if k == slowest or i == 0 else 0.0
-        else:
-            for k in ("prepare", "wire", "land"):
-                terms[k] += getattr(cost, k)
+        for stage, seconds in cost.charged(t.pipelined_buckets, first=i == 0).items():
+            terms[stage] += seconds
     return terms
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from miles_core.events import GroupTrained, SampleGenerated, StepCommitted
 from miles_core.report.summary import staleness_histogram
+from miles_core.scenario.faults import AnyFault
 from sim.plan_spec import Plan, Point, drawn_faults, horizon_of, with_faults
 
 
@@ -42,6 +43,8 @@ class SeedRun:
     waste: float
     failed: tuple[str, ...]
     faults: int
+    drawn: tuple[AnyFault, ...] = ()
+    """The faults the run had (its replay file writes them)."""
 
 
 @dataclass
@@ -132,6 +135,7 @@ def run_point(plan: Plan, point: Point, seeds: Sequence[int]) -> list[SeedRun]:
                 waste,
                 failed,
                 len(faults),
+                faults,
             )
         )
     return runs

@@ -16,7 +16,7 @@ from typing import Any
 from miles_core.errors import ConfigError
 from miles_core.scenario import save_scenario_file
 from sim.plan import PointResult, mark_front, run_point
-from sim.plan_spec import Plan, Point, drawn_faults, horizon_of, load_plan, points, with_faults
+from sim.plan_spec import Plan, Point, load_plan, points, with_faults
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,7 +43,7 @@ def _judged(plan: Plan, pts: Sequence[Point], workers: int, address: str | None)
         return [ray.get(pending[p.index]) if p.index in pending else [] for p in pts]
 
 
-def _replay_files(plan: Plan, results: Sequence[PointResult], out: Path) -> dict[int, str]:
+def _replay_files(results: Sequence[PointResult], out: Path) -> dict[int, str]:
     """Each point's first seed, faults as drawn, as a scenario file: its replay line."""
     out.mkdir(parents=True, exist_ok=True)
     lines = {}
@@ -52,10 +52,8 @@ def _replay_files(plan: Plan, results: Sequence[PointResult], out: Path) -> dict
         if scenario is None or not r.runs:
             continue
         run = next(x for x in r.runs if x.seed == r.replay_seed)
-        step = run.baseline_seconds / max(1, run.baseline_steps)
-        faults = drawn_faults(plan, scenario, run.seed, horizon_of(run.baseline_seconds), step)
         path = out / f"point-{r.point.index:03d}.toml"
-        save_scenario_file(path, with_faults(scenario, faults))
+        save_scenario_file(path, with_faults(scenario, run.drawn))
         lines[r.point.index] = f"python -m sim run {path} --seed {run.seed}"
     return lines
 
@@ -145,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     results = [PointResult(p, list(r)) for p, r in zip(pts, runs, strict=True)]
     mark_front(results)
     out = Path(args.out) if args.out else None
-    replay = _replay_files(plan, results, out) if out else {}
+    replay = _replay_files(results, out) if out else {}
     rows = [_row(r, replay.get(r.point.index, "")) for r in results]
     plot = Path(args.plot) if args.plot else (out / "front.png" if out else None)
     if plot is not None:

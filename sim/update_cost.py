@@ -55,14 +55,19 @@ class BucketCost:
     land: float
     """On the rollout side: requantization and load."""
 
+    def charged(self, pipelined: bool, first: bool) -> dict[str, float]:
+        """What each stage adds to the update: every stage in turn, or (pipelined) only the
+        slowest, the first bucket also paying the other stages once (filling the pipe and,
+        as the same amount, draining it)."""
+        stages = {"prepare": self.prepare, "wire": self.wire, "land": self.land}
+        if not pipelined or first:
+            return stages
+        slowest = max(stages, key=stages.__getitem__)
+        return {k: v if k == slowest else 0.0 for k, v in stages.items()}
+
     def seconds(self, pipelined: bool, first: bool) -> float:
-        """The bucket's share of the update: its stages in turn, or (pipelined) its slowest
-        stage, the first bucket also paying the other stages once (filling the pipe and, as
-        the same amount, draining it)."""
-        stages = (self.prepare, self.wire, self.land)
-        if not pipelined:
-            return sum(stages)
-        return max(stages) + (sum(stages) - max(stages) if first else 0.0)
+        """The bucket's share of the update: the sum of what its stages add."""
+        return sum(self.charged(pipelined, first).values())
 
 
 def _per(rate: float, nbytes: float) -> float:
