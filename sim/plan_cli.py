@@ -44,7 +44,8 @@ def _judged(plan: Plan, pts: Sequence[Point], workers: int, address: str | None)
 
 
 def _replay_files(results: Sequence[PointResult], out: Path) -> dict[int, str]:
-    """Each point's first seed, faults as drawn, as a scenario file: its replay line."""
+    """Each point's replay seed (a failing one, else one with faults) as a scenario file
+    with the faults its run had: its replay line."""
     out.mkdir(parents=True, exist_ok=True)
     lines = {}
     for r in results:
