@@ -1,5 +1,7 @@
 """``python -m sim predict --anchors`` and ``python -m sim calibrate --anchors``: every
-published weight-update row against the simulator's prediction, and the fit behind it.
+published weight-update row against the simulator's prediction, and the fit behind it; and
+the async-vs-sync rows of verl and AReaL, each plan file run in the simulator in both modes
+(sim/speedup_anchors.py).
 
     python -m sim predict --anchors [--json]
     python -m sim calibrate --anchors [--json]
@@ -27,6 +29,17 @@ from sim.anchors import (
     update_terms,
 )
 from sim.calibrate import predict_update_seconds
+from sim.speedup_anchors import (
+    AREAL,
+    VERL,
+    SpeedupPrediction,
+    StalenessPrediction,
+    areal_staleness,
+    run_all,
+    runs_needed,
+    speedups,
+    train_held_out,
+)
 
 TERM_NAMES = {
     "fixed": "the fixed cost per update",
@@ -74,7 +87,7 @@ def predict_anchor(anchor: Anchor) -> Prediction:
         other = refitted(preset, system, group, figures)
         held_out = predict_update_seconds(other, anchor.bucket_bytes, mode)["seconds"]
     ratio = predicted / anchor.published_seconds
-    meets = 1 / MISS_FACTOR <= ratio <= MISS_FACTOR
+    meets = _meets(ratio)
     off = "" if meets else _off(terms, predicted, anchor.published_seconds)
     return Prediction(
         anchor.row,
@@ -114,16 +127,62 @@ def print_predictions(predictions: list[Prediction]) -> None:
         print(f"  {u.row} ({u.published}; {u.source}): {u.why}")
 
 
+def print_speedups(rows: list[SpeedupPrediction], held_out: Mapping[int, float]) -> None:
+    """The async-vs-sync rows: each mode's steady step and the speedup, against the paper's."""
+    print("\nasync vs sync (each row's plan file run in both modes; predicted/published):")
+    print(f"{'row':38s} {'sync step':>16s} {'async step':>15s} {'speedup':>11s} {'ratio':>5s}")
+    for p in rows:
+        ratios = p.ratios
+        verdict = "meets" if all(_meets(r) for r in ratios.values()) else "MISS"
+        if p.failed:
+            verdict = f"FAILED {', '.join(p.failed)}"
+        print(
+            f"{p.row:38s} {p.sync_step:6.1f}/{p.published_sync_step:6.1f} s "
+            f"{p.async_step:6.1f}/{p.published_async_step:5.1f} s "
+            f"{p.speedup:4.2f}/{p.published_speedup:4.2f}x {ratios['speedup']:5.2f}  {verdict}"
+        )
+    print(f"sources: {VERL}; {AREAL}")
+    trainer = ", ".join(f"{g} GPUs {r:.2f}" for g, r in held_out.items())
+    print(f"verl's async trainer step, fitted without its row, over verl's: {trainer}")
+
+
+def print_staleness(rows: list[StalenessPrediction]) -> None:
+    print(f"\nthroughput vs staleness ({AREAL}, plans/areal-1.5b-128-h800.toml):")
+    print(f"{'eta':>3s} {'published':>10s} {'predicted':>10s} {'ratio':>5s}")
+    for r in rows:
+        verdict = "meets" if _meets(r.ratio) else "MISS"
+        if r.failed:
+            verdict = f"FAILED {', '.join(r.failed)}"
+        print(
+            f"{r.eta:3d} {r.published_tokens_per_second / 1e3:8.1f} k "
+            f"{r.tokens_per_second / 1e3:8.1f} k {r.ratio:5.2f}  {verdict}"
+        )
+
+
+def _meets(ratio: float) -> bool:
+    return 1 / MISS_FACTOR <= ratio <= MISS_FACTOR
+
+
 def predict_anchors_main(as_json: bool) -> int:
     predictions = predict_all()
+    if not as_json:
+        print_predictions(predictions)
+        needed = len(runs_needed())
+        print(f"\nrunning the async-vs-sync rows: {needed} simulations (a few minutes on 2 cores)")
+    runs = run_all()
+    compared, curve, held_out = speedups(runs), areal_staleness(runs), train_held_out()
     if as_json:
         out = {
             "rows": [asdict(p) for p in predictions],
+            "speedups": [{**asdict(p), "speedup": p.speedup, "ratios": p.ratios} for p in compared],
+            "staleness": [{**asdict(r), "ratio": r.ratio} for r in curve],
+            "verl_trainer_held_out": held_out,
             "unpredicted": [asdict(u) for u in UNPREDICTED],
         }
         print(json.dumps(out, sort_keys=True))
         return 0
-    print_predictions(predictions)
+    print_speedups(compared, held_out)
+    print_staleness(curve)
     return 0
 
 

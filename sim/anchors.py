@@ -148,21 +148,23 @@ UNPREDICTED: tuple[Unpredicted, ...] = (
     ),
     Unpredicted("marin pause rework", "6.216 -> 1.211 s", "marin #8955", "cluster not published"),
     Unpredicted(
-        "async vs sync: AReaL 1.5B-32B, verl fully_async 7B / 30B-A3B / ReTool, verl "
+        "async vs sync: AReaL 7B-32B, verl fully_async 30B-A3B / ReTool, verl "
         "one_step_off, NeMo-RL, StreamRL, Laminar, ROLL Flash, RollPacker, APRIL, Seer, "
         "miles #1723, OrchestrRL",
-        "2.77x, 2.35x, 1.72x, 1.60x, +23-40 %, 192->152 s, ...",
+        "57.7->25.4 h, 1.72x, 1.60x, +23-40 %, 192->152 s, ...",
         "anchors.md, Async vs sync",
-        "verl's 7B has a plan file, plans/verl-7b-128-h20.toml: 1.22x against 2.35x, a miss "
-        "(the async trainer's step: docs/timing.md); the others need plan files of their "
-        "clusters, whose generation and training figures the anchors do not give",
+        "each needs a plan file of its cluster, whose generation and training figures the "
+        "anchors do not give (verl's 7B table does, for three sizes, and AReaL's 1.5B with "
+        "Fig. 5c: the async-vs-sync table below)",
     ),
     Unpredicted(
-        "throughput and quality vs staleness: AReaL Fig 5c and Table 2, verl 0-0.5, "
-        "tinker-cookbook #822",
-        "128.7-396.8 k tok/s; 231.34-150.63 s",
+        "quality vs staleness (AReaL Table 2, tinker-cookbook #822); verl's step at "
+        "staleness 0-0.3; AReaL's throughput at eta 16 and unbounded",
+        "AIME24 42.0-36.9; 231.34-146.11 s; 382.4 / 396.8 k tok/s",
         "anchors.md",
-        "the same plan files (max_weight_staleness searched); quality is not modelled",
+        "quality is not modelled; verl's threshold is a share of a batch generated ahead, "
+        "which a bound in versions does not express; eta 16 and unbounded need runs long "
+        "enough to fill their pipeline (AReaL's eta 0-8: the staleness table below)",
     ),
     Unpredicted(
         "recovery: miles FT (90-120 s to evict), NeMo-RL shrink and refit, verl standby, "

@@ -95,6 +95,7 @@ class SimCell(_Mortal):
         seconds = t.train_step_seconds * jitter * self.cluster.slowdown(f"cell-{self.index}")
         if t.batch_split_by_quorum:  # the step's batch is split among the quorum's cells
             seconds *= self.cluster.world.num_cells / len(members)
+        seconds += t.train_fixed_seconds * jitter * self.cluster.slowdown(f"cell-{self.index}")
         if await self.work(seconds):
             raise self.failure("killed during forward/backward")
         fired = self.cluster.faults.fire(FaultPoint.BEFORE_ALLREDUCE, cell=self.index, step=step)

@@ -14,6 +14,9 @@ settings to search, and the scenario each point of the search runs.
     gpus_per_cell = 4          # one trainer replica (TP x PP)
     gpus_per_engine = 2        # one engine (its TP)
     train_seconds_per_sample = 0.05   # forward/backward of one sample on one replica
+    train_seconds_per_step = 0.0      # each replica's step cost its share does not shrink
+    colocated_train_seconds_per_sample = 0.08  # mode "sync" trains beside the engines
+    colocated_train_seconds_per_step = 0.0     # (neither given: the two figures above)
 
     [workload]
     rollout_batch_size = 32
@@ -40,9 +43,14 @@ settings to search, and the scenario each point of the search runs.
 
 A point's trainer is the GPUs the rollout share leaves, as replicas of ``gpus_per_cell``
 (miles' --indep-dp cells, each training its share of the batch); its engines the rollout
-share's GPUs as engines of ``gpus_per_engine``. ``mode = "sync"`` (miles' train.py) runs
-colocated: every GPU is an engine's while the batch is generated and a cell's while it
-trains (the swap of weights and KV cache between the two is not charged).
+share's GPUs as engines of ``gpus_per_engine``. A replica's step takes
+``train_seconds_per_sample`` x its share of the batch + ``train_seconds_per_step`` (the
+optimizer step and FSDP's per-mini-batch gathers, which more replicas do not shrink).
+``mode = "sync"`` (miles' train.py) runs colocated: every GPU is an engine's while the
+batch is generated and a cell's while it trains. Training beside a resident engine is
+its own figure where one is measured (``colocated_train_seconds_per_*``: verl's colocated
+rows offload the engine and recompute the old log-probs on the trainer); without one the
+swap between the two is not charged.
 """
 
 from __future__ import annotations
@@ -61,12 +69,25 @@ from miles_core.errors import ConfigError
 from miles_core.loop import LoopConfig
 from miles_core.scenario import Scenario, TimeModel, WorldShape
 from miles_core.scenario.faults import AnyFault, make_fault
+from miles_core.scenario.liveness import step_parts
 from miles_core.scenario.world import TIME_KEYS
 from miles_core.transfer import TransferMode
 
+TRAIN_FIGURES = (
+    "train_seconds_per_step",
+    "colocated_train_seconds_per_sample",
+    "colocated_train_seconds_per_step",
+)
+"""The model's optional training figures (seconds, >= 0)."""
 SECTIONS = {
     "cluster": {"gpus", "gpus_per_node"},
-    "model": {"param_bytes", "gpus_per_cell", "gpus_per_engine", "train_seconds_per_sample"},
+    "model": {
+        "param_bytes",
+        "gpus_per_cell",
+        "gpus_per_engine",
+        "train_seconds_per_sample",
+        *TRAIN_FIGURES,
+    },
     "workload": {
         "rollout_batch_size",
         "n_samples_per_prompt",
@@ -169,6 +190,10 @@ def load_plan(path: str) -> Plan:
         if not (whole and value >= 1 and float(value).is_integer()):
             raise ConfigError(f"[{section}].{key}", f"got {value!r}", "pass a whole number >= 1")
     _number(tables["model"], "train_seconds_per_sample", "model")
+    for key in sorted(set(TRAIN_FIGURES) & set(tables["model"])):
+        value = tables["model"][key]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e9:
+            raise ConfigError(f"[model].{key}", f"got {value!r}", "pass a number >= 0")
     for key in SECTIONS["faults"] & set(tables["faults"]):
         _number(tables["faults"], key, "faults")
     _check_workload(tables)
@@ -244,6 +269,7 @@ def scenario_of(plan: Plan, settings: Mapping[str, Any]) -> Scenario:
     cluster, model, work = plan.tables["cluster"], plan.tables["model"], plan.tables["workload"]
     per_cell, per_engine = int(model["gpus_per_cell"]), int(model["gpus_per_engine"])
     engines, cells = _split(plan, settings)
+    _check_sync_bound(plan, settings)
     world = WorldShape(
         num_cells=cells,
         gpus_per_cell=per_cell,
@@ -254,13 +280,14 @@ def scenario_of(plan: Plan, settings: Mapping[str, Any]) -> Scenario:
         num_tensors=max(16, int(model["param_bytes"]) // (256 * 10**6)),
     )
     batch, n = int(work["rollout_batch_size"]), int(work["n_samples_per_prompt"])
-    per_sample = float(model["train_seconds_per_sample"])
+    per_sample, per_step = _train_figures(model, colocated=settings["mode"] == "sync")
     timing_keys = {k: v for k, v in work.items() if k in TIME_KEYS}
     timing = TimeModel(
         **{
             **plan.tables["timing"],
             **timing_keys,
             "train_step_seconds": per_sample * batch * n / cells,  # each cell its share
+            "train_fixed_seconds": per_step,
             "batch_split_by_quorum": True,  # and a larger one when a cell is lost
         }
     )
@@ -278,6 +305,7 @@ def scenario_of(plan: Plan, settings: Mapping[str, Any]) -> Scenario:
         heartbeat_timeout=10.0,
         heartbeat_failure_threshold=3,
     )
+    nominal = sum(step_parts(world, timing, loop).values())
     # a fault late in the run may take effect after its last step: the run goes on until
     # every fault is witnessed (more steps), so throughput and ETTR are per second and per step
     return Scenario(
@@ -286,6 +314,45 @@ def scenario_of(plan: Plan, settings: Mapping[str, Any]) -> Scenario:
         timing=timing,
         loop=loop,
         until_witnessed=UNTIL_WITNESSED * plan.steps,
+        progress_window=max(600.0, PROGRESS_STEPS * nominal),
+        max_seconds=HORIZON_STEPS * UNTIL_WITNESSED * plan.steps * nominal,
+    )
+
+
+PROGRESS_STEPS = 4
+"""A point's run must commit a step within this many nominal steps (its p99 generation,
+training and update: miles_core/scenario/liveness.py) of the last fault, and never less
+than the scenarios' default window."""
+HORIZON_STEPS = 50
+"""A point's run that has not ended by this many nominal steps per step stalled (the
+simulator's own default counts training only, which a run that generation bounds outlasts)."""
+
+
+def _check_sync_bound(plan: Plan, settings: Mapping[str, Any]) -> None:
+    """sync trains each batch on the weights that generated it: one point runs it, not one
+    per searched bound."""
+    bounds = plan.tables["search"].get(
+        "max_weight_staleness", SEARCH_DEFAULTS["max_weight_staleness"]
+    )
+    if settings["mode"] == "sync" and settings["max_weight_staleness"] != bounds[0]:
+        raise ConfigError(
+            "[search].max_weight_staleness",
+            "sync trains every batch on the weights that generated it: the bound does not apply",
+            f"the point with max_weight_staleness = {bounds[0]} runs it",
+        )
+
+
+def _train_figures(model: Mapping[str, Any], colocated: bool) -> tuple[float, float]:
+    """(seconds per sample, seconds per step) of a replica: a colocated point's own figures
+    where the plan gives either (the other is then 0), else the dedicated trainer's."""
+    if colocated and any(k.startswith("colocated_") for k in model):
+        return (
+            float(model.get("colocated_train_seconds_per_sample", 0.0)),
+            float(model.get("colocated_train_seconds_per_step", 0.0)),
+        )
+    return (
+        float(model["train_seconds_per_sample"]),
+        float(model.get("train_seconds_per_step", 0.0)),
     )
 
 

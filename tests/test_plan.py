@@ -195,17 +195,3 @@ def test_a_sync_point_runs_colocated_once_whatever_the_share(tmp_path: Path) -> 
     world = ran.scenario.world  # type: ignore[union-attr]
     assert (world.num_engines, world.num_cells) == (8 // 2, 8 // 3)
     assert all("does not apply" in p.why for p in pts if p.scenario is None)
-
-
-def test_the_verl_plan_is_verls_two_layouts() -> None:
-    """plans/verl-7b-128-h20.toml: colocated sync on all 128 GPUs (128 engines of one GPU,
-    16 replicas of 8) and 64:64 fully async (64 engines, 8 replicas); the replica's share
-    of the batch trains in the published colocated update_actor time, 113.81 s."""
-    pts = [p for p in points(load_plan(str(ROOT / "plans/verl-7b-128-h20.toml"))) if p.scenario]
-    shapes = {
-        (p.settings["mode"], p.scenario.world.num_engines, p.scenario.world.num_cells)  # type: ignore[union-attr]
-        for p in pts
-    }
-    assert shapes == {("sync", 128, 16), ("fully_async", 64, 8)}
-    sync = next(p.scenario for p in pts if p.settings["mode"] == "sync")
-    assert sync.timing.train_step_seconds == pytest.approx(113.81, rel=1e-3)  # type: ignore[union-attr]

@@ -86,6 +86,8 @@ def step_parts(world: WorldShape, timing: TimeModel, loop: LoopConfig) -> dict[s
     the dynamic filter's refills), trained, exchanged, and the weights sent and stamped."""
     sigma = timing.response_tokens_sigma
     p99_tokens = timing.response_tokens_mean * math.exp(P99_Z * sigma - sigma**2 / 2)
+    if timing.response_tokens_max:  # the engines stop a response there
+        p99_tokens = min(p99_tokens, timing.response_tokens_max)
     samples = loop.rollout_batch_size * loop.n_samples_per_prompt
     per_engine = math.ceil(samples / world.num_engines)
     decode = p99_tokens * max(timing.decode_seconds_per_token, world.engine_token_seconds)
@@ -97,7 +99,9 @@ def step_parts(world: WorldShape, timing: TimeModel, loop: LoopConfig) -> dict[s
     calls = 8 * timing.control_reply_seconds + 16 * timing.link_latency_seconds
     return {
         "rollout": rollout + prefill,
-        "train": timing.train_step_seconds * (1 + timing.train_jitter) + timing.allreduce_seconds,
+        "train": (timing.train_step_seconds + timing.train_fixed_seconds)
+        * (1 + timing.train_jitter)
+        + timing.allreduce_seconds,
         "update": wire * max(1, world.num_engines) + calls,
     }
 

@@ -127,6 +127,11 @@ class TimeModel:
     quorum: a quorum of fewer cells (a cell lost) gives each a larger share and a longer
     step, as miles' indep-DP splits the global batch among the cells that train it (False:
     a cell's step takes the same whatever the quorum). ``python -m sim plan`` sets it."""
+    train_fixed_seconds: float = 0.0
+    """A step's cost on each cell that its share of the batch does not shrink: the optimizer
+    step and, with FSDP, each mini-batch's all-gather and reduce-scatter of the whole model
+    (verl's fully-async 7B trains 512 prompts in 269.8 / 157.0 / 113.2 s on 16 / 32 / 64
+    GPUs: about 60 s of it does not split; see docs/timing.md). Not scaled by the quorum."""
     allreduce_seconds: float = 0.2
     link_latency_seconds: float = 1e-4
     link_bytes_per_second: float = 10e9
@@ -191,6 +196,7 @@ class TimeModel:
             *UPDATE_COST_RATES,
             "update_fixed_seconds",
             "bucket_fixed_seconds",
+            "train_fixed_seconds",
         }
         rate = self.reward_success_rate
         if rate is not None and not (
