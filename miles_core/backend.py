@@ -27,6 +27,7 @@ from miles_core.buffer import Group
 from miles_core.cells import Heal, Outcome
 from miles_core.kinds import PauseMode
 from miles_core.placement import Placement
+from miles_core.saves import SaveState, StoredSave
 from miles_core.transfer import Bucket, ParamSpec, UpdateUnit
 from miles_core.values import frozen_value
 
@@ -299,6 +300,22 @@ class WorldObserver(Protocol):
         self, engine: str, version: int, checksum: str, trainer_checksum: str
     ) -> None:
         """A world that can read weights compared an engine's with the trainer's."""
+        ...
+
+
+class CheckpointStore(Protocol):
+    """A world's saves (miles' ``--save`` directory), kept across a job's death: written by a
+    cell's processes, listed when a killed job resumes. A world that can save has one as its
+    cluster's ``checkpoints``; the loop asks for it only with ``--save-interval``."""
+
+    async def write(self, cell: int, state: SaveState) -> None:
+        """Write a save from ``cell``'s processes (their weights and optimizer, and ``state``),
+        committed once every byte is written (its tracker last); raises CellFailure if the
+        cell dies first, which leaves the save torn."""
+        ...
+
+    def saves(self) -> tuple[StoredSave, ...]:
+        """Every save the storage holds, committed or torn."""
         ...
 
 

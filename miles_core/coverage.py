@@ -203,6 +203,9 @@ _POINT_PHASES: dict[str, frozenset[str]] = {
     # until they are resumed, so never while a bucket is on its way or the stamp is due
     # (the pause's own round trip is ``paused``, and requests decode through it)
     FaultPoint.MID_GENERATION.value: _ANY - set(_BUCKET_PHASES),
+    # a save follows its step's update and comes before the next step: the engines generate
+    # (or a sync of a restarted engine is under way)
+    FaultPoint.DURING_SAVE.value: _ANY - {"training", "allreduce", "healing"},
 }
 
 

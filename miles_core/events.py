@@ -723,6 +723,53 @@ class GroupTrained(Event):
     step: int
 
 
+# -- saves, and a job killed as a whole ---------------------------------------------
+# A job killed whole (kill_job) leaves a history of segments: each run of the control
+# plane from its start (or resume) to its death, joined in one history. JobKilled ends a
+# segment; the next begins with the new controller's RunStarted and its JobResumed.
+
+
+@frozen_value(kw_only=True)
+class SaveBegan(Event):
+    """The controller began a save after step ``step``: what it holds (miles_core.saves)."""
+
+    step: int
+    version: int | None
+    cursor: int
+    pending: tuple[int, ...]
+
+
+@frozen_value(kw_only=True)
+class SaveCommitted(Event):
+    """The world's storage reports the save of step ``step`` whole and committed (its
+    tracker written last), written by cell ``cell``'s processes."""
+
+    step: int
+    cell: int
+
+
+@frozen_value(kw_only=True)
+class JobKilled(Event):
+    """The world saw every process of the job die at once (cells, engines, router, the
+    controller): what the dead controller was doing is lost with it."""
+
+    reason: str
+
+
+@frozen_value(kw_only=True)
+class JobResumed(Event):
+    """The new controller of a killed job loaded save ``save_step`` (None: none had
+    committed, a fresh start) and restored what it holds; ``torn``: the saves it found
+    begun and never committed (torn by the kill), skipped."""
+
+    save_step: int | None
+    version: int | None
+    next_step: int
+    cursor: int
+    pending: tuple[int, ...]
+    torn: tuple[int, ...] = ()
+
+
 _CANONICAL_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
 """What ``json.dumps(..., sort_keys=True, separators=(",", ":"))`` uses, built once."""
 

@@ -68,6 +68,9 @@ class FaultKind(StrEnum):
     DELAY_ROUTER = "delay_router"
     FAIL_ROUTER = "fail_router"
     DROP_HEARTBEAT = "drop_heartbeat"
+    KILL_JOB = "kill_job"
+    """Every process of the run dies at once (cells, engines, router, the controller): the
+    job restarts from its last committed save (miles_core.saves)."""
 
 
 class FaultPoint(StrEnum):
@@ -85,6 +88,8 @@ class FaultPoint(StrEnum):
     """Training step ``step`` begins (its batch is drained)."""
     DURING_RECOVERY = "during_recovery"
     """A new process for an engine is starting (a recovery or a restart), not yet serving."""
+    DURING_SAVE = "during_save"
+    """A periodic save is half written (begun after step ``k``, not yet committed)."""
 
 
 class SampleOutcome(StrEnum):

@@ -39,6 +39,8 @@ from miles_core.events import (
     HealBegan,
     HealEnded,
     HeartbeatMissed,
+    JobKilled,
+    JobResumed,
     OrphanRemoved,
     PlacementMade,
     RequestRetried,
@@ -92,7 +94,10 @@ class _Walk:
     """The partition windows opened so far: (start, end)."""
 
     def see(self, e: Event) -> None:
-        if isinstance(e, RunStarted):
+        if isinstance(e, JobKilled):  # a new job follows: its processes, updates, versions
+            fresh = _Walk(cuts=self.cuts, slow_starts=self.slow_starts)
+            self.__dict__.update(fresh.__dict__)
+        elif isinstance(e, RunStarted):
             self.num_cells = e.num_cells
             self.alive = set(e.engines)
             self.incarnation = dict.fromkeys(e.engines, 0)
@@ -297,6 +302,14 @@ def _stale_group_renewed(e: Event, w: _Walk) -> bool:
     return isinstance(e, UpdateGroupConnected) and e.reason == ConnectReason.STALE
 
 
+def _resumed_from_save(e: Event, w: _Walk) -> bool:
+    return isinstance(e, JobResumed) and e.save_step is not None
+
+
+def _torn_save_skipped(e: Event, w: _Walk) -> bool:
+    return isinstance(e, JobResumed) and bool(e.torn)
+
+
 _HANGS = (FaultKind.HANG_ENGINE, FaultKind.HANG_CALL)
 
 _CORE: tuple[tuple[str, str, Test], ...] = (
@@ -358,6 +371,10 @@ _CORE: tuple[tuple[str, str, Test], ...] = (
      "#3938)", _refused),
     ("collective_stalled_by_hung_member", "a broadcast waited out its timeout for a member "
      "that took no part (a hang mid-update)", _collective_stalled),
+    ("job_resumed_from_save", "a job killed whole resumed from a committed save",
+     _resumed_from_save),
+    ("torn_save_skipped", "a job killed whole found a save the kill had torn, and resumed "
+     "from an older one (or from scratch)", _torn_save_skipped),
 )  # fmt: skip
 """The probes CI's sweep must reach (``--require-probes``), as (name, what, test)."""
 
@@ -373,10 +390,11 @@ PROBES: tuple[Probe, ...] = (
     *(Probe(name, doc, test) for name, doc, test in _OTHER),
 )
 PROBE_NAMES = tuple(p.name for p in PROBES)
-NOT_IN_LIVENESS = frozenset({"flush_refused"})
+NOT_IN_LIVENESS = frozenset({"flush_refused", "job_resumed_from_save", "torn_save_skipped"})
 """Core probes liveness mode cannot reach: the swarm's only refused flushes are those of an
 SGLang before #31962 under retract, whose runs must fail (FlushTimeoutError), and a
-liveness run must not."""
+liveness run must not; and liveness mode draws no kill_job (its heal would have to span
+the job's restart)."""
 CORE = frozenset(p.name for p in PROBES if p.core)
 
 

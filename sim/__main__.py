@@ -294,6 +294,7 @@ def _parser() -> argparse.ArgumentParser:
         ("plan", "search a cluster's settings: the front of throughput, ETTR, staleness, waste"),
         ("calibrate", "fit the time model: a transfer bench, the published rows, real runs"),
         ("predict", "a preset's weight-update time by the model; --anchors: every published one"),
+        ("judge-joined", "the histories of a killed job and its resume, joined and judged"),
     ):
         sub.add_parser(name, help=text, add_help=False)
     return parser
@@ -326,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
         from sim.bench import main as bench
 
         return bench(argv[1:])
+    if argv[:1] == ["judge-joined"]:
+        from sim.judge_joined import main as judge_joined
+
+        return judge_joined(argv[1:])
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "list":

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from miles_core.backend import (
     Delivery,
@@ -40,6 +40,7 @@ from miles_core.placement import Bundle, LayoutConfig, Placement, compute_layout
 from miles_core.scenario import TimeModel, WorldShape
 from miles_core.scenario.schedule import FaultPoints, NoFaults
 from miles_core.transfer import LORA_UNIT_PREFIX, Bucket
+from sim.checkpoints import SimCheckpoints, SimDisk
 from sim.components import Exchange, SimCell
 from sim.engine import EngineHandle, SimEngine
 from sim.runtime import SimRuntime, SimTask
@@ -295,6 +296,7 @@ class SimCluster:
         timing: TimeModel | None = None,
         faults: FaultPoints | None = None,
         collective_timeout: float = 1800.0,
+        disk: SimDisk | None = None,
     ) -> None:
         self.rt = rt
         self.world = world
@@ -339,6 +341,13 @@ class SimCluster:
         alive when the run hands it back (a large run's end took seconds more)."""
         self._starting: dict[str, SimTask] = {}
         """Engines whose new process is starting (engine_start_seconds), by the start's task."""
+        self.checkpoints = SimCheckpoints(self, disk if disk is not None else SimDisk())
+        """The job's saves (--save-interval), on a disk a killed job's restart reads."""
+        self.on_job_killed: Callable[[FaultPoint | None], None] | None = None
+        """What the job does when a kill_job strikes (sim.job.SimJob); set where one may."""
+        self.resumed = False
+        """The processes of a killed job's restart: what befell them before its controller
+        attached is reported when it does (sim.job.report_processes)."""
 
     # -- the Cluster protocol ---------------------------------------------------------
 
@@ -356,6 +365,10 @@ class SimCluster:
 
     def attach(self, observer: WorldObserver) -> None:
         self.observer = observer
+        if self.resumed:
+            from sim.job import report_processes
+
+            report_processes(self, observer)
 
     def exchange(self, step: int, attempt: int, members: tuple[int, ...]) -> Exchange:
         key = (step, attempt)
@@ -418,6 +431,12 @@ class SimCluster:
             if stuck and engine_id not in self._starting:
                 self.restart_engine(engine_id)
         return tuple(i for i, cell in enumerate(self.cells) if cell.dead)
+
+    def kill_job(self, point: FaultPoint | None) -> None:
+        """Every process of the job dies at once, the controller's too (sim.job.SimJob)."""
+        if self.on_job_killed is None:
+            raise RuntimeError("kill_job struck a cluster that no job runs (sim.job.SimJob)")
+        self.on_job_killed(point)
 
     def fail_rank(self, index: int) -> None:
         """A rank of the cell raises in the step about to exchange, its process alive (the

@@ -65,6 +65,9 @@ class SimFaultActions:
     def poison_prompt(self) -> None:
         self.cluster.poison_prompt()
 
+    def kill_job(self, point: FaultPoint | None) -> None:
+        self.cluster.kill_job(point)
+
     def heal(self, engines: bool) -> tuple[int, ...]:
         return self.cluster.heal(engines)
 

@@ -30,6 +30,7 @@ from miles_core.loop.update import Updater
 from miles_core.transfer import TransferMode
 from miles_core.update_connections import UpdateConnections
 from miles_core.weight_update import FlushCache, PublishVersion
+from sim.plants_resume import RESUME_PLANTS
 
 
 class Patcher:
@@ -428,6 +429,7 @@ PLANTS: dict[str, tuple[Plant, str]] = {
     "connection_kept_after_reconfigure": (connection_kept_after_reconfigure, "end_state"),
     "orphan_left_in_router": (orphan_left_in_router, "published_weights"),
     "refused_request_fails_engine": (refused_request_fails_engine, "recycled_regenerated"),
+    **RESUME_PLANTS,
 }
 
 

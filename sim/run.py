@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 from miles_core.errors import ConfigError
 from miles_core.events import Event, History, StepCommitted
-from miles_core.kinds import RunStatus
-from miles_core.loop import RunReport
+from miles_core.kinds import FaultKind, RunStatus
+from miles_core.loop import Orchestrator, RunReport
 from miles_core.oracles import SAFETY, WHOLE_RUN, Violation, check_all
 from miles_core.oracles.base import forget
 from miles_core.report.interrupt import CUT, ctrl_c_calls, judge_prefix
@@ -20,6 +20,7 @@ from miles_core.scenario.schedule import orchestrator_for, schedule_for
 from miles_core.versions import VersionLedger
 from sim.cluster import SimCluster
 from sim.faults import SimFaultActions
+from sim.job import SimJob, kills_jobs
 from sim.runtime import Deadlock, Livelock, RunInterrupted, SimRuntime
 
 
@@ -168,15 +169,21 @@ def _run(
         history.observe(observer)
     if check_every is not None:
         history.observe(_live_checker(history, check_every))
-    control = orchestrator_for(scenario, rt, cluster, history, ledger)
+    control: Orchestrator | SimJob = orchestrator_for(scenario, rt, cluster, history, ledger)
+    actions = SimFaultActions(cluster)
+    if kills_jobs(scenario):  # the controller under a job that a kill restarts
+        assert isinstance(control, Orchestrator)
+        control = SimJob(scenario, rt, history, schedule, actions, cluster, control)
     most_steps = scenario.until_witnessed or scenario.loop.steps
     if live is not None:  # the run goes on past its steps until liveness is met
         most_steps = max(most_steps, live.heal_step) + live.steps + 1
     horizon = scenario.max_seconds or 50.0 * most_steps * scenario.timing.train_step_seconds
+    if scenario.max_seconds is None and isinstance(control, SimJob):  # a kill redoes steps
+        horizon *= 1 + sum(f.kind is FaultKind.KILL_JOB for f in scenario.faults)
     stops = (RunInterrupted, KeyboardInterrupt) if interruptible else RunInterrupted
     try:
         with ctrl_c_calls(rt.interrupt_soon) if interruptible else nullcontext():
-            schedule.install(rt, history, SimFaultActions(cluster))
+            schedule.install(rt, history, actions)
             report = rt.run(control.run(), until=horizon)
     except stops:  # Ctrl-C: between two events (a second Ctrl-C: wherever it came)
         report = control.end(RunStatus.INTERRUPTED, f"interrupted (Ctrl-C) at t={rt.now():g}")

@@ -308,7 +308,10 @@ class SimTask:
         """SimPy's Interruption: take the task off its target and throw Cancelled into it."""
         if self.event._value is not PENDING:
             return  # it ended meanwhile
-        self._target.callbacks.remove(self._step)
+        target = self._target
+        target.callbacks.remove(self._step)
+        if isinstance(target, _Condition):  # its waiter left: a task it waits on that fails
+            target._defused = True  # later (a killed job's engine dies) has crashed no one
         if self._started:
             self._step(interruption)
         else:  # never ran: it fails with the interrupt, as an unstarted simpy.Process does
@@ -502,8 +505,9 @@ class _Condition(Event):
         if not event._ok:
             event._defused = True
             self._ok, self._value = False, event._value
-            if isinstance(event._value, Cancelled):  # as SimTask.cancel: a cancelled task
-                self._defused = True  # is no crash when nobody awaits this (its waiter left)
+            if isinstance(event._value, Cancelled | Interrupt):  # as SimTask.cancel: a task
+                self._defused = True  # cancelled (before it started, too) is no crash when
+                # nobody awaits this (its waiter left: a killed job's tasks all go at once)
         elif self._any or self._count == len(self._events):
             self._ok, self._value = True, None
         else:

@@ -58,6 +58,7 @@ from miles_core.scenario.faults import (
 from miles_core.scenario.liveness import Liveness, step_parts
 from miles_core.transfer import TransferMode
 from sim.aim import CELL, ENGINE, IMPAIRMENT, adjust, aimed_faults, family, probe_with
+from sim.swarm_kill import kill_job
 
 SWARM = "swarm"
 SWARM_TOTAL_LOSS = "swarm_total_loss"
@@ -822,6 +823,11 @@ def swarm_scenario(
     if aim is not None and aimed in (CELL, ENGINE):  # last: a probe sees every other fault
         run = probe_with(dataclasses.replace(shape, timing=timing), seed)
         d.faults += aimed_faults(d, aim, lambda faults: run(_ordered(faults)))
+    live = _liveness(seed, steps, liveness)
+    restart = 0.0
+    if aim is None and live is None:  # the whole job killed once (sim/swarm_kill.py)
+        shape_of = (d.n_buckets, step_seconds)
+        loop, d.faults, restart = kill_job(seed, loop, world, timing, shape_of, d.faults)
     description = f"{len(d.faults)} faults drawn by seed {seed}"
     return Scenario(
         SWARM,
@@ -834,6 +840,7 @@ def swarm_scenario(
         + _detection(loop)
         + _paced_rollout(world, timing, loop)
         + _slowest_update(world, timing, d.faults)
-        + stall,
-        liveness=_liveness(seed, steps, liveness),
+        + stall
+        + restart,
+        liveness=live,
     )

@@ -762,17 +762,18 @@ def test_each_kind_and_point_loads_and_rejects_a_key_it_would_ignore(
     kind: FaultKind, point: FaultPoint | None
 ) -> None:
     fault = _fault(kind, point)
-    scenario = scenario_from_toml(fault_toml(**fault), SOURCE)
+    saves = "[loop]\nsave_interval = 2\n" if point is FaultPoint.DURING_SAVE else ""  # a save
+    scenario = scenario_from_toml(saves + fault_toml(**fault), SOURCE)
     assert scenario.faults[0].kind is kind and scenario.faults[0].point is point
     where = f"faults[0] ({kind.value})"
     for key in (*TRIGGER_KEYS, *PARAM_KEYS):
         if key in fault or (point is not None and key == "at"):
             continue
         stray = fault | {key: TRIGGER_VALUES.get(key, PARAM_VALUES.get(key))}
-        assert_names(load_error(fault_toml(**stray)), f"{where}.{key}", "would be ignored")
+        assert_names(load_error(saves + fault_toml(**stray)), f"{where}.{key}", "would be ignored")
     for key in fault.keys() - {"kind", "point", "after_step", "after_time"}:  # optional keys
         missing = {k: v for k, v in fault.items() if k != key}
-        error = load_error(fault_toml(**missing))
+        error = load_error(saves + fault_toml(**missing))
         assert error.field in (f"{where}.{key}", where), str(error)
 
 

@@ -52,6 +52,7 @@ GOOD = {
     "rollout_health_check_interval": 5.0,
     "rollout_health_check_timeout": 6.0,
     "rollout_health_check_first_wait": 7.0,
+    "save_interval": 2,
     "request_max_retries": 5,
     "request_retry_interval": 0.5,
     "flush_cache_max_retries": 7,

@@ -1726,6 +1726,7 @@ def test_check_all_returns_every_oracle_by_name() -> None:
         "bounded_staleness",
         "cached_kv_fresh",
         "exactly_once",
+        "resume",
         "recycled_regenerated",
         "whole_groups",
         "published_weights",

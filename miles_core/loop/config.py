@@ -74,6 +74,10 @@ class LoopConfig:
     rollout_health_check_interval: float = 30.0
     rollout_health_check_timeout: float = 30.0
     rollout_health_check_first_wait: float = 0.0
+    save_interval: int = 0
+    """--save-interval: save after every N-th step and after the last (miles'
+    ``should_run_periodic_action``), after the step's weight update; 0: no periodic save. What
+    a save holds and how a killed job resumes from it: miles_core.saves."""
     # -- retries: miles has no flags for these, only constants; the names are ours --
     request_max_retries: int = 60
     """Tries in all of a generate request that fails at the router (miles' ``_post``
@@ -118,6 +122,7 @@ class LoopConfig:
         for name in ("steps", "max_step_attempts", "max_route_attempts"):
             _at_least(name, getattr(self, name), 1)
         _at_least("heartbeat_failure_threshold", self.heartbeat_failure_threshold, 1)
+        _at_least("save_interval", self.save_interval, 0)
         self._check_retries()
         _at_least("update_weight_buffer_size", self.update_weight_buffer_size, 1)
         if self.async_max_concurrent_samples is not None:
@@ -253,6 +258,7 @@ FLAGS: Mapping[str, str] = {
     "rollout_health_check_interval": "--rollout-health-check-interval",
     "rollout_health_check_timeout": "--rollout-health-check-timeout",
     "rollout_health_check_first_wait": "--rollout-health-check-first-wait",
+    "save_interval": "--save-interval",
     "request_max_retries": "--request-max-retries",
     "request_retry_interval": "--request-retry-interval",
     "flush_cache_max_retries": "--flush-cache-max-retries",

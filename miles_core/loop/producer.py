@@ -67,6 +67,22 @@ from miles_core.loop.supervision import EngineSupervisor
 from miles_core.sync import Notifier, join_all
 
 
+class PromptCursor:
+    """The data cursor: hands out prompt ids in order and says which comes next (what a save
+    holds of the data set: miles' ``sample_group_index``)."""
+
+    def __init__(self, start: int = 0) -> None:
+        self.position = start
+
+    def __iter__(self) -> PromptCursor:
+        return self
+
+    def __next__(self) -> int:
+        prompt = self.position
+        self.position += 1
+        return prompt
+
+
 class Producer:
     def __init__(self, ctx: RunContext, engines: EngineSupervisor) -> None:
         self.ctx = ctx
@@ -76,7 +92,7 @@ class Producer:
         self._drained: list[Group] = []
         """The groups a drain has taken from the buffer so far: held by nobody else until it
         returns, so outstanding if the run ends while it waits for the rest."""
-        self._prompts = itertools.count()
+        self._prompts = PromptCursor()
         self._groups = itertools.count()
         self.recycled: deque[int] = deque()
         """Prompts waiting to be generated again, oldest first."""
@@ -368,6 +384,20 @@ class Producer:
         batch.sort(key=lambda g: g.prompt_id)
         self._drained = []  # the caller holds it now, as the batch
         return batch
+
+    # -- saves and resumes ----------------------------------------------------------------
+
+    def saved(self) -> tuple[int, tuple[int, ...]]:
+        """What a save holds of the data: the cursor (the next new prompt) and every prompt
+        drawn and neither trained nor dropped (queued, recycled, generating, blocked, in a
+        batch), sorted: they are generated again after a resume (miles_core.saves)."""
+        return self._prompts.position, tuple(sorted(set(self.outstanding())))
+
+    def restore(self, cursor: int, pending: tuple[int, ...]) -> None:
+        """Continue a save's data: new prompts from ``cursor``, ``pending`` generated first, as
+        recycled prompts are (miles' ``RolloutDataSource.load`` restores only the cursor)."""
+        self._prompts = PromptCursor(cursor)
+        self.recycled = deque(pending)
 
     # -- what is left at the end --------------------------------------------------------------
 

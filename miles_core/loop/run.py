@@ -31,7 +31,7 @@ from typing import Any
 
 from miles_core.backend import Cluster
 from miles_core.buffer import METRIC_PREFIX
-from miles_core.errors import MilesCoreError, format_traceback
+from miles_core.errors import ConfigError, MilesCoreError, format_traceback
 from miles_core.events import (
     Event,
     FaultsHealed,
@@ -53,6 +53,7 @@ from miles_core.loop.context import RunContext
 from miles_core.loop.health import EngineHealthMonitor
 from miles_core.loop.heartbeat import HeartbeatMonitor
 from miles_core.loop.producer import Producer
+from miles_core.loop.save import Saver
 from miles_core.loop.supervision import EngineSupervisor
 from miles_core.loop.train import Trainer
 from miles_core.loop.update import Updater
@@ -60,7 +61,8 @@ from miles_core.oracles.base import select
 from miles_core.oracles.liveness import LivenessPlan, liveness_missing
 from miles_core.oracles.witnesses import awaited
 from miles_core.placement import Placement
-from miles_core.runtime import Runtime
+from miles_core.runtime import Runtime, Task
+from miles_core.saves import Resume
 from miles_core.versions import VersionLedger
 
 
@@ -88,8 +90,11 @@ class Orchestrator:
         expected_error: str | None = None,
         until_witnessed: int | None = None,
         liveness: LivenessPlan | None = None,
+        resume: Resume | None = None,
     ) -> None:
         """``ledger``: a ledger restored from a checkpoint, to resume its version sequence;
+        ``resume``: this run is a killed job's restart, from that save (or from scratch):
+        its ledger, its step, its data cursor and the prompts still to train;
         ``expected_*``: how the scenario says the run must end (recorded in RunStarted);
         ``until_witnessed``: run past ``config.steps`` while a fault has not fired or not
         taken effect yet, up to this many steps in all (at least ``config.steps``);
@@ -97,6 +102,14 @@ class Orchestrator:
         ``config.steps`` until liveness is met, and end the run STALLED, with its
         wait-for graph, when the bound passes first."""
         check_until_witnessed(until_witnessed, config.steps)
+        state = resume.state if resume is not None else None
+        if state is not None:
+            if ledger is not None:
+                raise ConfigError("ledger", "given beside a save to resume", "pass one of them")
+            ledger = VersionLedger(state.ledger)
+        self.resume = resume
+        self.first_step = resume.next_step if resume is not None else 0
+        """The step this run begins at: 0, or the step after the save it resumed from."""
         self.liveness = liveness
         self.until_witnessed = until_witnessed
         self.extra_steps = 0
@@ -115,6 +128,12 @@ class Orchestrator:
         self.health = EngineHealthMonitor(self.ctx, self.engines)
         self.updater = Updater(self.ctx, self.engines, self.trainer, self.health.replace)
         self.monitor = HeartbeatMonitor(self.ctx, self.trainer)
+        self.saver = Saver(self.ctx, self.producer, self.trainer)
+        if state is not None:
+            self.producer.restore(state.cursor, state.pending)
+        self._began = len(self.ctx.history)
+        """Where this run's events begin in its history (a resumed job's joins the last)."""
+        self._main: Task[Any] | None = None
         self.report: RunReport | None = None
         self.missed = ""
         """Why the run missed its liveness bound (liveness mode)."""
@@ -148,8 +167,12 @@ class Orchestrator:
 
     def steps_done(self) -> int:
         """The steps the history shows committed (through the oracles' index of it by event
-        class, which they reuse: a million-event history is walked once, not twice)."""
-        return len(select(self.ctx.history, StepCommitted))
+        class, which they reuse: a million-event history is walked once, not twice); a
+        resumed job's: the saved steps and those this run committed."""
+        commits = select(self.ctx.history, StepCommitted)
+        if not self._began:
+            return len(commits)
+        return self.first_step + sum(1 for seq, _ in commits if seq >= self._began)
 
     # -- what the world reports (WorldObserver) ---------------------------------------
 
@@ -204,24 +227,31 @@ class Orchestrator:
         return more
 
     async def _fully_async(self) -> None:
-        producer, step = self.producer, 0
+        producer, step = self.producer, self.first_step
         while self._another(step):
             self.updater.resume_left_paused()  # a rollout begins: miles' generate()
             producer.batch = await producer.drain()
             await self.updater.train_and_update(step, producer.batch, self._trained)
+            await self._save(step)
             step += 1
+
+    async def _save(self, step: int) -> None:
+        """A periodic save after the step's update, when one is due (--save-interval)."""
+        if self.saver.due(step):
+            await self.saver.save(step)
 
     async def _sync(self) -> None:
         """miles' train.py (synchronous; colocated, the engines and the trainer take the
         GPUs in turn): a batch is generated with the current weights, trained, and the
         weights updated before the next batch is generated. Nothing is in flight at an
         update and every batch is on-policy."""
-        ctx, producer, step = self.ctx, self.producer, 0
+        ctx, producer, step = self.ctx, self.producer, self.first_step
         while self._another(step):
             self.updater.resume_left_paused()  # a rollout begins: miles' generate()
             await producer.rollout(ctx.config.rollout_batch_size)
             producer.batch = await producer.drain()
             await self.updater.train_and_update(step, producer.batch, self._trained)
+            await self._save(step)
             step += 1
 
     async def _one_step_off(self) -> None:
@@ -233,8 +263,9 @@ class Orchestrator:
             self.updater.resume_left_paused()  # a rollout begins: miles' generate()
             return ctx.spawn(producer.rollout(ctx.config.rollout_batch_size), f"rollout-{step}")
 
-        next_batch = rollout(0)
-        step, more = 0, self._another(0)
+        first = self.first_step
+        next_batch = rollout(first)
+        step, more = first, self._another(first)
         while more:
             await next_batch
             producer.batch = await producer.drain()
@@ -242,6 +273,7 @@ class Orchestrator:
             if more:
                 next_batch = rollout(step + 1)
             await self.updater.train_and_update(step, producer.batch, self._trained, next_batch)
+            await self._save(step)
             if not more and self._another(step + 1):  # a fault that fired in this step's
                 more = True  # update awaits its effect: the next batch, generated now
                 next_batch = rollout(step + 1)
@@ -289,6 +321,8 @@ class Orchestrator:
         )
         self._placed(ctx.cluster.placement)
         ctx.emit(ModelDescribed, unit_bytes=tuple(u.nbytes for u in ctx.cluster.units))
+        if self.resume is not None:
+            self.saver.resumed(self.resume)
         ctx.cluster.attach(self)
         if ctx.ledger.current is not None:  # resumed: engines hold their initial weights
             ctx.emit(LedgerRestored, version=ctx.ledger.current)
@@ -305,6 +339,22 @@ class Orchestrator:
             healed = ctx.rt.signal()
             ctx.history.observe(lambda e: _on_heal(e, healed))
             ctx.spawn(self._liveness_deadline(self.liveness, healed), "liveness-deadline")
+
+    def killed(self, reason: str) -> None:
+        """The whole job died (kill_job), this controller with it: from now on it records
+        nothing (what a dead process writes goes nowhere) and acts on nothing. The world
+        records the death (JobKilled). Safe inside any of the run's own tasks."""
+        ctx = self.ctx
+        ctx.history = History()
+        ctx.stopping = True
+        if self.report is None:
+            self.report = RunReport(RunStatus.CRASHED, f"killed: {reason}", self.first_step)
+
+    def stop(self, reason: str) -> None:
+        """After ``killed``: its tasks stop at their next wait (from outside them)."""
+        self.ctx.cancel_tasks(reason)
+        if self._main is not None:
+            self._main.cancel(reason)
 
     async def _liveness_deadline(self, plan: LivenessPlan, healed: Any) -> None:
         """Liveness mode's clock (the testbed's, not miles'): from the heal, the bound; past
@@ -331,7 +381,7 @@ class Orchestrator:
         self._start()
         bodies = {"one_step_off": self._one_step_off, "sync": self._sync}
         body = bodies.get(ctx.config.mode, self._fully_async)()
-        main = ctx.rt.spawn(body, "loop")
+        main = self._main = ctx.rt.spawn(body, "loop")
         try:  # a failed task may fail the wait itself (the simulator's conditions do)
             which = await ctx.rt.wait_any([main, ctx.crashed, self.missed_signal])
             crashed = which == 1

@@ -13,6 +13,11 @@ first violation with the events that prove it, or None.
                           weights older than the staleness bound allows
     exactly_once          each prompt is trained at most once; at the end each drawn prompt
                           is trained, dropped or outstanding
+    resume                a job killed whole goes on from its newest committed save (never a
+                          torn one): versions go on from the save's without a gap or a repeat,
+                          steps from the save's step, and every prompt is trained exactly once
+                          across the kill (none trained before the save again, none pending in
+                          it or trained only in the lost tail lost)
     recycled_regenerated  a refused group goes where the unused handler says (retry:
                           recycled, drop: dropped); a recycled prompt is generated again,
                           before any new prompt
@@ -31,6 +36,13 @@ first violation with the events that prove it, or None.
     liveness              once every fault is healed (liveness mode), K steps commit and every
                           engine reaches the newest version within the configured bound
     fault_witness         every fault that fired took effect (one witness per fault kind)
+
+A job killed whole (kill_job) leaves one history joined from its controllers' segments
+(miles_core.oracles.segments): an oracle of one controller's doing judges each segment as a
+run of its own; exactly_once and recycled_regenerated judge the committed timeline (what
+the job kept: each segment up to the save its successor resumed from); resume judges the
+joining; end_state, progress and fault_witness the whole, knowing where the segments meet.
+A history without a kill is judged exactly as it always was.
 """
 
 from __future__ import annotations
@@ -50,6 +62,8 @@ from miles_core.oracles.liveness import liveness
 from miles_core.oracles.placement import placement
 from miles_core.oracles.progress import progress
 from miles_core.oracles.requests import requests_kept
+from miles_core.oracles.resume import resume
+from miles_core.oracles.segments import forget_segments, on_timeline, per_segment
 from miles_core.oracles.staleness import bounded_staleness
 from miles_core.oracles.training import step_attempts
 from miles_core.oracles.updates import update_order
@@ -58,17 +72,18 @@ from miles_core.oracles.weights import published_weights
 from miles_core.oracles.witnesses import fault_witness, unfired_reason
 
 SAFETY: dict[str, Callable[[History], Violation | None]] = {
-    "monotonic_versions": monotonic_versions,
-    "bounded_staleness": bounded_staleness,
-    "cached_kv_fresh": cached_kv_fresh,
-    "exactly_once": exactly_once,
-    "recycled_regenerated": recycled_regenerated,
-    "whole_groups": whole_groups,
-    "published_weights": published_weights,
-    "update_order": update_order,
-    "requests_kept": requests_kept,
-    "step_attempts": step_attempts,
-    "placement": placement,
+    "monotonic_versions": per_segment(monotonic_versions),
+    "bounded_staleness": per_segment(bounded_staleness),
+    "cached_kv_fresh": per_segment(cached_kv_fresh),
+    "exactly_once": on_timeline(exactly_once),
+    "resume": resume,
+    "recycled_regenerated": on_timeline(recycled_regenerated),
+    "whole_groups": per_segment(whole_groups),
+    "published_weights": per_segment(published_weights),
+    "update_order": per_segment(update_order),
+    "requests_kept": per_segment(requests_kept),
+    "step_attempts": per_segment(step_attempts),
+    "placement": per_segment(placement),
 }
 """The oracles that can judge a history before it ends (``--check-every``)."""
 
@@ -87,6 +102,7 @@ def check_all(history: History, progress_window: float) -> dict[str, Violation |
         verdicts["progress"] = progress(history, progress_window)
         verdicts["liveness"] = liveness(history)
         verdicts["fault_witness"] = fault_witness(history)
+    forget_segments(history)
     forget(history)
     return verdicts
 
@@ -140,6 +156,7 @@ __all__ = [
     "published_weights",
     "recycled_regenerated",
     "requests_kept",
+    "resume",
     "step_attempts",
     "unfired_reason",
     "update_order",

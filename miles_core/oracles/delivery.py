@@ -29,6 +29,7 @@ from miles_core.events import (
     GroupStarted,
     GroupTrained,
     History,
+    JobResumed,
     PromptDrawn,
     RunEnded,
     RunStarted,
@@ -43,13 +44,17 @@ RECYCLED = "recycled_regenerated"
 
 def exactly_once(history: History) -> Violation | None:
     """A prompt is trained in at most one committed step, never both trained and dropped;
-    at RunEnded each drawn prompt is trained, dropped or outstanding, exactly one of them."""
+    at RunEnded each drawn prompt is trained, dropped or outstanding, exactly one of them.
+    A resumed job's pending prompts (JobResumed) count as drawn, before its history began."""
     drawn: dict[int, Indexed] = {}
     trained: dict[int, Indexed] = {}
     dropped: dict[int, Indexed] = {}
     ended: Indexed | None = None
-    for seq, e in select(history, PromptDrawn, GroupTrained, GroupDropped, RunEnded):
-        if isinstance(e, PromptDrawn):
+    for seq, e in select(history, PromptDrawn, GroupTrained, GroupDropped, RunEnded, JobResumed):
+        if isinstance(e, JobResumed):  # drawn before the save it loaded, to be trained here
+            for prompt in e.pending:  # (a resumed run judged on its own history)
+                drawn.setdefault(prompt, (seq, e))
+        elif isinstance(e, PromptDrawn):
             if e.prompt_id in drawn:
                 return Violation(
                     NAME,
@@ -129,8 +134,11 @@ def recycled_regenerated(history: History) -> Violation | None:
     refused: dict[int, Indexed] = {}  # groups an engine refused a request of
     handler: UnusedHandler | None = None
     kinds = (RunStarted, GroupRecycled, GroupDropped, PromptDrawn, GroupStarted, RunEnded)
-    for seq, e in select(history, *kinds, SampleGenerated):
-        if isinstance(e, SampleGenerated):
+    for seq, e in select(history, *kinds, SampleGenerated, JobResumed):
+        if isinstance(e, JobResumed):  # a killed job's restart regenerates its save's pending
+            waiting = dict.fromkeys(e.pending, (seq, e))  # prompts first, as recycled ones
+            fresh, refused = {}, {}  # group ids count afresh
+        elif isinstance(e, SampleGenerated):
             if e.outcome is SampleOutcome.REFUSED:
                 refused.setdefault(e.group_id, (seq, e))
         elif isinstance(e, RunStarted):

@@ -26,6 +26,7 @@ from miles_core.events import (
 )
 from miles_core.kinds import RunStatus
 from miles_core.oracles.base import Indexed, Violation, select
+from miles_core.oracles.segments import killed, last_segment
 
 NAME = "progress"
 
@@ -62,7 +63,6 @@ def progress(history: History, window: float) -> Violation | None:
     if ended is not None and ended[1].status is not RunStatus.COMPLETED:  # type: ignore[union-attr]
         return None  # end_state judges how a run that did not complete ended
     last: Indexed = (len(history) - 1, history[-1])
-    end_t = last[1].t
     since: Indexed = last_fault or (0, history[0])
     commits = [(s, e) for s, e in all_commits if e.t > since[1].t]
     marks = [since, *commits, last]
@@ -77,8 +77,46 @@ def progress(history: History, window: float) -> Violation | None:
                 f"after {what} at t={before[1].t:g}",
                 (before, after),
             )
+    if killed(history):  # engines catch up within the last run of a job killed whole
+        tail, offset = last_segment(history)
+        return _moved(_caught_up(tail, window), offset)
+    return _caught_up_from(started, publications, engine_events, last, window)
+
+
+def _caught_up(history: History, window: float) -> Violation | None:
+    """The engine part alone, on ``history`` (a killed job's last segment)."""
+    started: Indexed | None = None
+    publications: list[Indexed] = []
+    engine_events: list[Event] = []
+    for seq, e in select(history, EngineStateChanged, EngineStamped, VersionPublished, RunStarted):
+        if isinstance(e, VersionPublished):
+            publications.append((seq, e))
+        elif isinstance(e, RunStarted):
+            started = started or (seq, e)
+        else:
+            engine_events.append(e)
+    last: Indexed = (len(history) - 1, history[-1])
+    return _caught_up_from(started, publications, engine_events, last, window)
+
+
+def _moved(violation: Violation | None, offset: int) -> Violation | None:
+    if violation is None or not offset:
+        return violation
+    evidence = tuple((seq + offset, e) for seq, e in violation.evidence)
+    return Violation(violation.oracle, violation.message, evidence)
+
+
+def _caught_up_from(
+    started: Indexed | None,
+    publications: list[Indexed],
+    engine_events: list[Event],
+    last: Indexed,
+    window: float,
+) -> Violation | None:
+    """Every live engine reached the newest published version within ``window``."""
     if not publications:
         return None
+    end_t = last[1].t
     newest = publications[-1]
     live: dict[str, float] = {}
     stamped: dict[str, float] = {}

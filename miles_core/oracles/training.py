@@ -31,6 +31,7 @@ from miles_core.events import (
     HealBegan,
     HealEnded,
     History,
+    JobResumed,
     QuorumChanged,
     RunStarted,
     StepCommitted,
@@ -52,9 +53,12 @@ def _attempts(history: History) -> Violation | None:
     reports: dict[Key, dict[int, Indexed]] = {}
     ended: dict[Key, Indexed] = {}
     committed: dict[int, Indexed] = {}
+    first = 0  # a resumed job's run begins at its save's step + 1
     kinds = (RunStarted, QuorumChanged, AttemptBegan, CellTrained, AttemptEnded, StepCommitted)
-    for seq, e in select(history, *kinds):
-        if isinstance(e, RunStarted):
+    for seq, e in select(history, *kinds, JobResumed):
+        if isinstance(e, JobResumed):
+            first = e.next_step
+        elif isinstance(e, RunStarted):
             quorum = tuple(range(e.num_cells))
         elif isinstance(e, QuorumChanged):
             quorum = e.members
@@ -78,7 +82,7 @@ def _attempts(history: History) -> Violation | None:
                 return violation
             ended[(e.step, e.attempt)] = (seq, e)
         elif isinstance(e, StepCommitted):
-            violation = _commit(reports, ended, committed, seq, e)
+            violation = _commit(reports, ended, committed, seq, e, first)
             if violation is not None:
                 return violation
             committed[e.step] = (seq, e)
@@ -155,12 +159,14 @@ def _commit(
     committed: dict[int, Indexed],
     seq: int,
     e: StepCommitted,
+    first: int = 0,
 ) -> Violation | None:
     key = (e.step, e.attempt)
     if e.step in committed:
         return Violation(NAME, f"step {e.step} committed twice", (committed[e.step], (seq, e)))
-    if e.step != len(committed):
-        return Violation(NAME, f"step {e.step} committed after {len(committed)} steps", ((seq, e),))
+    if e.step != first + len(committed):
+        after = f"{len(committed)} steps" + (f" from step {first}" if first else "")
+        return Violation(NAME, f"step {e.step} committed after {after}", ((seq, e),))
     verdict = ended.get(key)
     if verdict is None or verdict[1].decision is not Decision.COMMIT:  # type: ignore[union-attr]
         return Violation(

@@ -23,6 +23,8 @@ from miles_core.events import (
     HealEnded,
     HeartbeatMissed,
     History,
+    JobKilled,
+    JobResumed,
     OrphanRemoved,
     PlacementMade,
     QuorumChanged,
@@ -48,6 +50,8 @@ _FOLLOWED = (
     EngineStateChanged,
     EngineRecoveryAsked,
     OrphanRemoved,
+    JobKilled,
+    JobResumed,
 )
 """What the kill, start and restart witnesses read after their fault."""
 

@@ -32,6 +32,8 @@ recorded after the fault fired:
     fail_router           a request sent in the window failed at the router (a try that
                           was retried, or a request's last)
     drop_heartbeat        a heartbeat sent to the cell in the window was missed
+    kill_job              the world saw every process of the job die (JobKilled), and a new
+                          controller resumed it (JobResumed)
 
 A fault that fired and changed nothing fails its witness, and so does one that
 had nothing to act on, unless its window's traffic is the run's own pace: a
@@ -41,7 +43,8 @@ can promise otherwise); once closed it has nothing to witness and passes. In a
 run that completed, every scheduled fault must have fired; ``unfired_reason``
 says why one did not (the run ended first, or its point was never reached). A run
 interrupted from outside (Ctrl-C) is not judged: the effect of a fault that fired
-just before may have been on its way.
+just before may have been on its way. In a job killed whole, each fault is judged within
+the segment it fired in (``miles_core.oracles.job_witness``).
 """
 
 from __future__ import annotations
@@ -64,6 +67,8 @@ from miles_core.events import (
     FaultScheduled,
     HealEnded,
     History,
+    JobKilled,
+    JobResumed,
     OrphanRemoved,
     QuorumChanged,
     RunEnded,
@@ -73,6 +78,7 @@ from miles_core.events import (
 from miles_core.kinds import FaultKind, RunStatus, SampleOutcome
 from miles_core.oracles.base import Indexed, Violation, select
 from miles_core.oracles.idle_windows import idle_reason
+from miles_core.oracles.segments import killed, last_segment
 from miles_core.oracles.witness_index import (
     WitnessIndex,
     bucket_sends_in,
@@ -91,16 +97,13 @@ def fault_witness(history: History) -> Violation | None:
     index = WitnessIndex.of(history)
     if index.ended is not None and index.ended[1].status is RunStatus.INTERRUPTED:  # type: ignore[union-attr]
         return None  # cut from outside: a fault's effect may have been on its way
-    if index.ended is not None and index.ended[1].status is RunStatus.COMPLETED:  # type: ignore[union-attr]
-        fired = {e.index for _, e in index.fired} | index.disarmed  # type: ignore[union-attr]
-        for seq, e in index.scheduled:
-            if e.index not in fired:  # type: ignore[union-attr]
-                return Violation(
-                    NAME,
-                    f"scheduled fault {e.fault.value} ({e.detail}) never fired: "  # type: ignore[union-attr]
-                    f"{unfired_reason(e, history)}",  # type: ignore[arg-type]
-                    ((seq, e), index.ended),
-                )
+    unfired = never_fired(history, index)
+    if unfired is not None:
+        return unfired
+    if killed(history):  # a job killed whole: each fault judged in its own segment
+        from miles_core.oracles.job_witness import segmented_witness
+
+        return segmented_witness(history, index)
     for seq, e in index.fired:
         assert isinstance(e, FaultInjected)
         missing = _unwitnessed(e, seq, index)
@@ -109,6 +112,29 @@ def fault_witness(history: History) -> Violation | None:
                 NAME, f"fault {e.fault.value} ({e.detail}) had no effect: {missing}", ((seq, e),)
             )
     return None
+
+
+def never_fired(history: History, index: WitnessIndex) -> Violation | None:
+    """In a run that completed, a scheduled fault that never fired (and was not disarmed)."""
+    if index.ended is None or index.ended[1].status is not RunStatus.COMPLETED:  # type: ignore[union-attr]
+        return None
+    fired = {e.index for _, e in index.fired} | index.disarmed  # type: ignore[union-attr]
+    excused = _excused_unfired if killed(history) else (lambda e: False)
+    for seq, e in index.scheduled:
+        if e.index not in fired and not excused(e):  # type: ignore[union-attr]
+            return Violation(
+                NAME,
+                f"scheduled fault {e.fault.value} ({e.detail}) never fired: "  # type: ignore[union-attr]
+                f"{unfired_reason(e, history)}",  # type: ignore[arg-type]
+                ((seq, e), index.ended),
+            )
+    return None
+
+
+def _excused_unfired(scheduled: Event) -> bool:
+    from miles_core.oracles.job_witness import excused_unfired
+
+    return excused_unfired(scheduled)  # type: ignore[arg-type]
 
 
 def awaited(history: History) -> bool:
@@ -123,6 +149,9 @@ def awaited(history: History) -> bool:
     fired = {e.index for _, e in index.fired} | index.disarmed  # type: ignore[union-attr]
     if any(e.index not in fired for _, e in index.scheduled):  # type: ignore[union-attr]
         return True
+    if killed(history):  # a job killed whole: what its last run still waits on
+        history, _ = last_segment(history)
+        index = WitnessIndex.of(history)
     if recovering(history):
         return True
     now = history[-1].t if len(history) else 0.0
@@ -493,6 +522,8 @@ def _router_delayed(fault: FaultInjected, seq: int, index: WitnessIndex) -> str 
         if s.engine_seconds is not None or s.outcome is SampleOutcome.ROUTER_FAILED
     ]
     if not any(overhead >= delay / 2 for _, overhead in overheads):
+        if not any(at > start for at, _ in overheads):
+            return None  # only requests sent as it opened, which may have left before it did
         return f"no request sent during the window spent ~{delay:g}s in the router"
     # a request sent at the very instant the window opened may have left just before it did;
     # any sent later must have been delayed
@@ -517,6 +548,18 @@ def _router_failed(fault: FaultInjected, seq: int, index: WitnessIndex) -> str |
     if not later:
         return None
     return f"none of the {len(later)} request(s) sent during the window failed at the router"
+
+
+def _job_killed(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None:
+    """The world saw every process of the job die, and a new controller resumed it."""
+    del fault
+    after = index.after(seq)
+    died = _first(after, lambda x: isinstance(x, JobKilled))
+    if died is None:
+        return "the world never reported the job's processes dead"
+    if _first([p for p in after if p[0] > died[0]], lambda x: isinstance(x, JobResumed)):
+        return None
+    return "the job was killed but never resumed (no new controller started)"
 
 
 def _heartbeat_dropped(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None:
@@ -546,4 +589,5 @@ WITNESSES: dict[FaultKind, Callable[[FaultInjected, int, WitnessIndex], str | No
     FaultKind.DELAY_ROUTER: _router_delayed,
     FaultKind.FAIL_ROUTER: _router_failed,
     FaultKind.DROP_HEARTBEAT: _heartbeat_dropped,
+    FaultKind.KILL_JOB: _job_killed,
 }

@@ -31,6 +31,8 @@ from miles_core.events import (
     HealBegan,
     HealEnded,
     History,
+    JobKilled,
+    JobResumed,
     StepBegan,
     UpdateAborted,
     UpdateBegan,
@@ -67,6 +69,8 @@ class StepStory:
     updates: list[dict[str, Any]] = field(default_factory=list)
     faults: list[dict[str, Any]] = field(default_factory=list)
     engines: list[dict[str, Any]] = field(default_factory=list)
+    job: list[dict[str, Any]] = field(default_factory=list)
+    """The whole job killed (kill_job) and resumed: from which save, at which step."""
     timeline: list[Placed] = field(default_factory=list, repr=False, compare=False)
     """Every item above, with where it goes in time (not part of ``to_dict``)."""
 
@@ -75,7 +79,7 @@ class StepStory:
         """A first-try commit and one publishing update, nothing else."""
         return (
             len(self.attempts) == 1
-            and not (self.heals or self.faults or self.engines)
+            and not (self.heals or self.faults or self.engines or self.job)
             and [u["outcome"] for u in self.updates] == ["published"]
         )
 
@@ -140,6 +144,22 @@ class _Teller:
         elif isinstance(e, EngineStateChanged):
             engine = {"engine": e.engine, "old": e.old.value, "new": e.new.value}
             self.place("engines", engine | {"reason": e.reason}, e, index)
+        elif isinstance(e, JobKilled | JobResumed):
+            self.job(e, index)
+
+    def job(self, e: JobKilled | JobResumed, index: int) -> None:
+        """The job killed whole, or its restart (updates count afresh in the new job)."""
+        if isinstance(e, JobKilled):
+            self.updates = {}
+            text = f"the job was killed whole ({e.reason}): every process died"
+            self.place("job", {"event": "killed", "text": text}, e, index)
+            return
+        save = "scratch (no save had committed)"
+        if e.save_step is not None:
+            save = f"the save of step {e.save_step} (v{e.version})"
+        torn = f", skipping the torn save(s) of step {list(e.torn)}" if e.torn else ""
+        text = f"the job resumed from {save} at step {e.next_step}{torn}"
+        self.place("job", {"event": "resumed", "text": text}, e, index)
 
     def attempt_ended(self, e: AttemptEnded, index: int) -> None:
         attempt = self.last("attempts")
@@ -224,6 +244,8 @@ def _line(placed: Placed) -> str:
         return _attempt_words(item)
     if placed.kind == "updates":
         return _update_words(item)
+    if placed.kind == "job":
+        return str(item["text"])
     return f"{item['engine']}: {item['old']} -> {item['new']} ({item['reason']})"
 
 

@@ -27,6 +27,7 @@ from miles_core.events import (
 from miles_core.loop import RunReport
 from miles_core.loop.config import FLAGS, MILES_BUGS
 from miles_core.oracles import Violation, idle_faults, unfired_reason, verdict_lines
+from miles_core.oracles.segments import timeline
 from miles_core.report.story import step_stories, story_lines
 from miles_core.scenario import Scenario
 
@@ -60,6 +61,7 @@ def world_and_flags(scenario: Scenario, history: History | None = None) -> dict[
         "use_fault_tolerance": loop.use_fault_tolerance,
         "async_max_concurrent_samples": loop.async_max_concurrent_samples,
         "dynamic_sampling_filter": loop.dynamic_sampling_filter,
+        "save_interval": loop.save_interval,
         "miles_bugs": [f for f in MILES_BUGS if getattr(loop, f)],
         "expect": scenario.expect.describe(),
     }
@@ -133,8 +135,13 @@ def staleness_histogram(history: History) -> dict[str, int]:
     """The staleness of each trained group, as the buffer judged it when the trainer took it:
     ``{"none": n, "0": n, "1": n, ...}`` (``none`` first, only when there are such groups);
     its counts add up to the groups trained."""
-    taken = {e.group_id: e.staleness for e in history if isinstance(e, GroupGot)}
-    ages = Counter(taken.get(e.group_id) for e in history if isinstance(e, GroupTrained))
+    taken: dict[int, int | None] = {}
+    ages: Counter[int | None] = Counter()
+    for e in history:  # in order: a killed job's next run counts its groups afresh
+        if isinstance(e, GroupGot):
+            taken[e.group_id] = e.staleness
+        elif isinstance(e, GroupTrained):
+            ages[taken.get(e.group_id)] += 1
     unversioned = ages.pop(None, 0)
     return ({UNVERSIONED: unversioned} if unversioned else {}) | {
         str(k): v for k, v in sorted(ages.items())
@@ -151,8 +158,9 @@ def summary(
 ) -> dict[str, Any]:
     """The --json object of a run; ``clock`` says what its seconds are: the simulator's
     virtual time, or the wall time of a real run."""
-    recycled = Counter(e.reason for e in history if isinstance(e, GroupRecycled))
-    dropped = Counter(e.reason for e in history if isinstance(e, GroupDropped))
+    kept, _ = timeline(history)  # a job killed whole: what it kept (its lost tails not)
+    recycled = Counter(e.reason for e in kept if isinstance(e, GroupRecycled))
+    dropped = Counter(e.reason for e in kept if isinstance(e, GroupDropped))
     end = next((e for e in history if isinstance(e, RunEnded)), None)
     return {
         "scenario": scenario.name,
@@ -167,12 +175,12 @@ def summary(
         "versions": report.versions,
         "seconds": history[len(history) - 1].t if len(history) else 0.0,
         "clock": clock,
-        "groups_trained": sum(isinstance(e, GroupTrained) for e in history),
+        "groups_trained": sum(isinstance(e, GroupTrained) for e in kept),
         "groups_recycled": dict(sorted(recycled.items())),
         "groups_dropped": dict(sorted(dropped.items())),
         "requests_retried": sum(isinstance(e, RequestRetried) for e in history),
         "flushes_refused": sum(isinstance(e, FlushRefused) for e in history),
-        "staleness_histogram": staleness_histogram(history),
+        "staleness_histogram": staleness_histogram(kept),
         "faults": faults_report(history),
         "liveness": liveness_report(history),
         "waits": waits_report(history),
@@ -215,6 +223,7 @@ def text_lines(
             else ""
         )
         + (f", filter {w['dynamic_sampling_filter']}" if w["dynamic_sampling_filter"] else "")
+        + (f", a save every {w['save_interval']} step(s)" if w.get("save_interval") else "")
         + "".join(f", {FLAGS[bug]}" for bug in w.get("miles_bugs", ())),
     ]
     if info["status"] != "completed":

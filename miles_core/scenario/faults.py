@@ -10,6 +10,7 @@ A fault is what it does (its kind and target) and when it strikes (its trigger):
     mid_generation       ARMED                an engine is halfway through a request
     step_begin           step                 training step ``step`` begins
     during_recovery      ARMED                a new engine process is starting, not yet serving
+    during_save          ARMED                a periodic save is half written, not committed
     after                fault | event, ...   seconds after fault N fired, or an event matched
 
 Steps count from 0. ARMED is ``after_step?`` and ``after_time?``: ``after_step``
@@ -22,7 +23,7 @@ would ignore is an error, not a silent no-op. A cell fault at a point fires
 only at that cell's moment (the updater's bucket, a healing cell).
 
 Which kinds take which triggers: kills and restarts (kill_cell, kill_rank, stop_cell,
-kill_engine, restart_engine) any; fail_rank (a rank that raises, alive) only
+kill_engine, restart_engine, kill_job) any; fail_rank (a rank that raises, alive) only
 ``before_allreduce``; hang_engine any but ``mid_generation`` (an exit
 halfway through a request); hang_call, orphan_engine, poison_prompt, start_cell and the timed
 impairments
@@ -99,6 +100,13 @@ class DuringRecovery:
 
 
 @dataclass(frozen=True)
+class DuringSave:
+    after_step: int | None = None
+    after_time: float | None = None
+    point: ClassVar[FaultPoint | None] = FaultPoint.DURING_SAVE
+
+
+@dataclass(frozen=True)
 class After:
     """``after = { fault = N, seconds = S }`` or ``after = { event = KIND, seconds = S, ... }``:
     ``seconds`` after fault ``N`` of the scenario fired, or after the first event of that
@@ -134,6 +142,7 @@ Trigger = (
     | MidGeneration
     | StepBegin
     | DuringRecovery
+    | DuringSave
     | After
 )
 TRIGGERS: Mapping[FaultPoint | None, type[Trigger]] = {
@@ -146,6 +155,7 @@ TRIGGERS: Mapping[FaultPoint | None, type[Trigger]] = {
         MidGeneration,
         StepBegin,
         DuringRecovery,
+        DuringSave,
     )
 }
 """Trigger type by point (None: a time)."""
@@ -427,6 +437,16 @@ class FailRouter(FaultSpec):
     points: ClassVar[frozenset[FaultPoint | None]] = WINDOW_POINTS
 
 
+@dataclass(frozen=True, kw_only=True)
+class KillJob(FaultSpec):
+    """Every process of the run dies at once: its cells, engines and router, and the
+    controller (a head node lost, a preemption of the whole job). The job restarts from its
+    last committed save, or from scratch when none committed (miles_core.saves); a save the
+    kill tore is never read."""
+
+    kind: ClassVar[FaultKind] = FaultKind.KILL_JOB
+
+
 AnyFault = (
     KillCell
     | KillRank
@@ -446,6 +466,7 @@ AnyFault = (
     | Partition
     | DelayRouter
     | FailRouter
+    | KillJob
 )
 FAULT_TYPES: Mapping[FaultKind, type[FaultSpec]] = {
     t.kind: t
@@ -468,6 +489,7 @@ FAULT_TYPES: Mapping[FaultKind, type[FaultSpec]] = {
         Partition,
         DelayRouter,
         FailRouter,
+        KillJob,
     )
 }
 _HINTS = {"int": int, "float": float, "str": str}

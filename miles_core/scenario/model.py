@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from miles_core import errors
 from miles_core.errors import ConfigError, MilesCoreError
-from miles_core.kinds import RunStatus
+from miles_core.kinds import FaultKind, FaultPoint, RunStatus
 from miles_core.loop.config import LoopConfig, check_until_witnessed
 from miles_core.oracles.liveness import LivenessPlan
 from miles_core.scenario.faults import (
@@ -134,6 +134,13 @@ class Scenario:
                 "liveness.heal_step",
                 f"step {live.heal_step} is beyond the run's {self.loop.steps} steps",
                 f"pass heal_step <= {self.loop.steps} (the heal comes as that step begins)",
+            )
+        if any(f.kind is FaultKind.KILL_JOB for f in self.faults):
+            raise ConfigError(
+                "liveness",
+                "is set beside a kill_job fault: liveness mode does not judge a job killed "
+                "whole and resumed (its heal would have to span the job's restart)",
+                "remove the kill_job, or the liveness table",
             )
         if self.expect.status is not RunStatus.COMPLETED:
             raise ConfigError(
@@ -257,6 +264,13 @@ def check_faults(scenario: Scenario) -> None:
                 f"an update of this world's model has {scenario.n_buckets} buckets "
                 f"(0..{scenario.n_buckets - 1}), so bucket {when.bucket} never arrives",
                 "pick a smaller bucket, or a smaller [loop].update_weight_buffer_size",
+            )
+        if fault.point is FaultPoint.DURING_SAVE and not loop.save_interval:
+            raise ConfigError(
+                f"{where}.point",
+                "during_save strikes while a save is written, but [loop].save_interval is 0: "
+                "the run never saves",
+                "set [loop].save_interval = N (miles' --save-interval: a save every N steps)",
             )
         if isinstance(fault, DropHeartbeat) and loop.heartbeat_interval is None:
             raise ConfigError(

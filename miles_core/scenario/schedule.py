@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from miles_core.cells import CellState
+from miles_core.errors import ConfigError
 from miles_core.events import (
     CellStateChanged,
     Event,
@@ -50,6 +51,7 @@ from miles_core.scenario.faults import (
 
 if TYPE_CHECKING:
     from miles_core.backend import Cluster
+    from miles_core.saves import Resume
     from miles_core.scenario.model import Scenario
     from miles_core.versions import VersionLedger
 
@@ -125,6 +127,11 @@ class FaultActions(Protocol):
         """Slow or fail part of the world from now for ``fault.duration`` seconds."""
         ...
 
+    def kill_job(self, point: FaultPoint | None) -> None:
+        """Kill every process of the run at once, the controller's included (kill_job); the
+        world reports the death (JobKilled) and restarts the job from its last save."""
+        ...
+
     def heal(self, engines: bool) -> tuple[int, ...]:
         """Liveness mode's heal: end every impairment and (``engines``) restart every engine
         process that is dead or hung; give the cells whose processes are dead (the schedule
@@ -155,6 +162,17 @@ class NoFaults:
         del point, where
         return False
 
+
+_TAKES_A_CELL_DOWN = frozenset(
+    {
+        FaultKind.KILL_CELL,
+        FaultKind.STOP_CELL,
+        FaultKind.KILL_RANK,
+        FaultKind.FAIL_RANK,
+        FaultKind.DROP_HEARTBEAT,
+    }
+)
+"""The faults after which a start_cell of their cell has something to start."""
 
 _OBSERVED = (StepCommitted, StepBegan, CellStateChanged)
 """The events the schedule acts on (every other event of a run is passed over)."""
@@ -191,6 +209,9 @@ class FaultSchedule:
         self._committed = -1
         self._cell_states: dict[int, CellState] = {}
         self._pending_starts: list[int] = []
+        self._struck: set[int] | None = None
+        """Once the job was killed whole and restarted: the cells a fault took down since
+        (None before any restart: every start_cell waits for its cell's stop)."""
         self._rt: Runtime | None = None
         self._history: History | None = None
         self._actions: FaultActions | None = None
@@ -200,6 +221,14 @@ class FaultSchedule:
 
     def install(self, rt: Runtime, history: History, actions: FaultActions) -> None:
         """Record the schedule, start the timers, and watch the history for step points."""
+        if any(f.kind is FaultKind.KILL_JOB for f in self.faults) and not hasattr(
+            actions, "kill_job"
+        ):
+            raise ConfigError(
+                "faults (kill_job)",
+                "this world cannot kill a whole job and resume it yet",
+                "run the scenario in the simulator (python -m sim run), or remove the kill_job",
+            )
         self._rt, self._history, self._actions = rt, history, actions
         history.observe(self._observe)
         for index, fault in enumerate(self.faults):
@@ -217,6 +246,14 @@ class FaultSchedule:
     @property
     def fired(self) -> frozenset[int]:
         return frozenset(self._fired)
+
+    def restarted(self) -> None:
+        """The job was killed whole and restarts with new processes everywhere: the cells'
+        states the schedule followed, and the starts it held until the control plane
+        stopped a cell, belonged to the dead job (its new cells start alive)."""
+        self._cell_states.clear()
+        self._pending_starts.clear()
+        self._struck = set()
 
     # -- when --------------------------------------------------------------------------
 
@@ -377,6 +414,8 @@ class FaultSchedule:
         assert self._actions is not None
         actions, cell, engine = self._actions, target_cell(fault), target_engine(fault)
         kind = fault.kind
+        if self._struck is not None and cell is not None and kind in _TAKES_A_CELL_DOWN:
+            self._struck.add(cell)
         if kind in (FaultKind.KILL_CELL, FaultKind.STOP_CELL):
             assert cell is not None
             actions.kill_cell(cell, fault.point)
@@ -388,6 +427,8 @@ class FaultSchedule:
             actions.fail_rank(cell, fault.rank)  # type: ignore[union-attr]
         elif kind is FaultKind.START_CELL:
             assert cell is not None
+            if self._struck is not None and cell not in self._struck:
+                return  # the job's restart gave the cell new processes: nothing to start
             if self._cell_states.get(cell, CellState.ALIVE) is CellState.STOPPED:
                 self._start(cell)
             else:  # the control plane has not given up on the cell yet
@@ -409,6 +450,8 @@ class FaultSchedule:
             actions.orphan_engine(engine)
         elif kind is FaultKind.POISON_PROMPT:
             actions.poison_prompt()
+        elif kind is FaultKind.KILL_JOB:
+            actions.kill_job(fault.point)
         else:
             assert isinstance(fault, Impairment)
             actions.impair(fault)
@@ -450,9 +493,11 @@ def orchestrator_for(
     history: History,
     ledger: VersionLedger | None,
     loop: LoopConfig | None = None,
+    resume: Resume | None = None,
 ) -> Orchestrator:
     """The control plane of a run of ``scenario`` in any world: its loop (or ``loop``, a
-    real world's run of it), the ending it expects, until_witnessed and liveness mode."""
+    real world's run of it), the ending it expects, until_witnessed and liveness mode;
+    ``resume``: a killed job's restart from that save (miles_core.saves.choose_save)."""
     return Orchestrator(
         rt,
         cluster,
@@ -463,4 +508,5 @@ def orchestrator_for(
         expected_error=scenario.expect.error,
         until_witnessed=scenario.until_witnessed,
         liveness=scenario.liveness_plan(),
+        resume=resume,
     )

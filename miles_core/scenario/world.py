@@ -149,6 +149,10 @@ class TimeModel:
     """From an engine's restart (a fault's, or fault tolerance's recovery) to its new process
     answering: importing, loading weights, serving (10 to 13 s on the CPU backend here). The
     old process dies at once; meanwhile the slot has none (0: the new one answers at once)."""
+    job_restart_seconds: float = 10.0
+    """From a job killed whole (kill_job) to its new controller starting: the scheduler
+    restarts the job and its processes come up; reading the save back (weights and two
+    optimizer moments at checkpoint_bytes_per_second) comes on top."""
     update_fixed_seconds: float = 0.0
     """A weight update's fixed cost on its source, charged before its first bucket: the
     session's setup (transfer plan, locks, Python), which small models show (miles' P2P
@@ -193,6 +197,7 @@ class TimeModel:
             "link_latency_seconds",
             "control_reply_seconds",
             "engine_start_seconds",
+            "job_restart_seconds",
             *UPDATE_COST_RATES,
             "update_fixed_seconds",
             "bucket_fixed_seconds",
