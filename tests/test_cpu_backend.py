@@ -29,6 +29,7 @@ import pytest
 
 pytest.importorskip("ray", reason="the CPU backend needs the cpu extra (see the README)")
 
+from backends.common.hf_checkpoint import write_random_checkpoint
 from backends.common.ray_session import (
     node_addresses,
     placed_bundles,
@@ -639,17 +640,27 @@ def ray_tmpdir():
 
 
 def test_cli_json_and_no_process_outlives_the_run(ray_tmpdir: Path) -> None:
+    """The CLI on a checkpoint and a JSONL with miles' flags, 16 x 8 samples: more requests
+    in flight than aiohttp's default pool (100), which once deadlocked the first update."""
     tmp_path = ray_tmpdir
     env = {**os.environ, "RAY_TMPDIR": str(tmp_path)}
+    files = Path(tempfile.mkdtemp(prefix="history", dir="/tmp"))
+    write_random_checkpoint(files / "ckpt", "llama", hidden_size=32, layers=1, heads=2, seed=1)
+    rows = [f'{{"input": "{a}+{b}=", "label": "{a + b}"}}' for a in range(4) for b in range(4)]
+    (files / "train.jsonl").write_text("\n".join(rows) + "\n")
     command = [sys.executable, "-m", "backends.cpu", "run", "--steps", "2", "--json"]
     command += ["--update-weight-transfer-mode", "p2p"]  # one gloo group per engine
-    history_file = Path(tempfile.mkdtemp(prefix="history", dir="/tmp")) / "h.jsonl"
+    command += ["--hf-checkpoint", str(files / "ckpt"), "--prompt-data", str(files / "train.jsonl")]
+    command += ["--label-key", "label", "--rm-type", "math", "--rollout-batch-size", "16"]
+    command += ["--n-samples-per-prompt", "8", "--plot", str(files / "curve.png")]
+    history_file = files / "h.jsonl"
     command += ["--history", str(history_file)]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     info = json.loads(done.stdout.strip().splitlines()[-1])
     history = read_history(str(history_file))  # what the run saw, for sim calibrate
-    shutil.rmtree(history_file.parent)
+    assert (files / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    shutil.rmtree(files)
     assert history.hash() == info["history_hash"]
     (model,) = [e for e in history if isinstance(e, ModelDescribed)]  # the real model's units
     first = min(e.update_id for e in history if isinstance(e, BucketReceived))

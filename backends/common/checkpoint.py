@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from backends.common.policy import PolicyConfig
+from backends.common.policy import AnyPolicy
 from backends.common.preflight import CHECKPOINT_FILE
 from miles_core.errors import ConfigError
 from miles_core.versions import LedgerSnapshot, VersionLedger
@@ -21,9 +21,7 @@ from miles_core.versions import LedgerSnapshot, VersionLedger
 FILE = CHECKPOINT_FILE  # one name: --load is checked for it before Ray starts (preflight)
 
 
-def save(
-    directory: Path, state: dict[str, Any], ledger: LedgerSnapshot, policy: PolicyConfig
-) -> Path:
+def save(directory: Path, state: dict[str, Any], ledger: LedgerSnapshot, policy: AnyPolicy) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / FILE
     torch.save(
@@ -37,7 +35,7 @@ def save(
     return path
 
 
-def load(directory: Path, policy: PolicyConfig) -> tuple[dict[str, Any], VersionLedger]:
+def load(directory: Path, policy: AnyPolicy) -> tuple[dict[str, Any], VersionLedger]:
     path = directory / FILE
     if not path.exists():
         raise ConfigError("--load", f"{path} does not exist", "pass a directory written by --save")

@@ -27,10 +27,20 @@ from typing import Any
 
 from tqdm import tqdm
 
+from backends.common.history_stream import HistoryStream
+from backends.common.plot import plot_steps
 from backends.common.preflight import check_address, check_folders
-from backends.common.run import TRAIN, RealResult, check_real, check_token_seconds, run_real
+from backends.common.run import (
+    TRAIN,
+    RealResult,
+    StepLine,
+    check_real,
+    check_token_seconds,
+    run_real,
+)
 from backends.common.run_flags import OWN_FLAGS, build_parser
 from backends.common.stack import CPU_STACK, Stack, Wire
+from backends.common.training_flags import training_from
 from miles_core.errors import ConfigError
 from miles_core.events import Event, FaultInjected, StepCommitted
 from miles_core.loop.flags import flags_argv, given_flags, with_flags
@@ -85,6 +95,13 @@ def _cpu_stack(args: argparse.Namespace, scenario: Scenario) -> tuple[Stack, Sce
     return dataclasses.replace(CPU_STACK, wire=Wire(args.wire)), scenario
 
 
+def _postfix(bar: tqdm, line: StepLine) -> None:
+    """The bar's figures after each step: reward, version, staleness."""
+    bar.set_postfix(
+        reward=f"{line.reward:.3f}", version=line.version, staleness=f"{line.staleness:.2f}"
+    )
+
+
 def _print_human(result: RealResult, info: dict[str, Any]) -> None:
     print("\n".join(text_lines(info, result.history, result.verdicts)))
     first, last = info["mean_reward_first"], info["mean_reward_last"]
@@ -118,7 +135,7 @@ def _preflight(args: argparse.Namespace, outputs: dict[str, Path | None]) -> Non
     --load and --save, and a cluster at --address that answers (last: it may wait)."""
     scenario_file = args.scenario if args.scenario and Path(args.scenario).is_file() else None
     check_distinct_paths({**outputs, "--save": args.save}, {"--scenario": scenario_file})
-    check_folders(args.load, args.save)
+    check_folders(args.load, args.save, periodic=bool(getattr(args, "save_interval", 0)))
     check_address(args.address)
 
 
@@ -137,12 +154,19 @@ def run_command(
     trace = check_writable(args.trace, "--trace") if args.trace else None
     metrics = check_writable(args.metrics, "--metrics") if args.metrics else None
     history = check_writable(args.history, "--history") if args.history else None
+    plot = check_writable(args.plot, "--plot") if args.plot else None
     scenario = TRAIN if args.scenario is None else find_scenario(args.scenario)
     loop = with_flags(scenario.loop, given_flags(args, OWN_FLAGS))
     scenario = dataclasses.replace(scenario, loop=loop)
-    scenario = check_real(scenario.with_run(steps=args.steps, seed=args.seed))
+    if loop.save_interval and args.save is None:
+        raise ConfigError(
+            "--save-interval", f"is {loop.save_interval} with nowhere to save", "add --save DIR"
+        )
+    training = training_from(args, loop.rollout_batch_size)
+    steps_given = args.steps if training is None or training.steps is None else training.steps
+    scenario = check_real(scenario.with_run(steps=steps_given, seed=args.seed))
     stack, scenario = stack_from(args, scenario)
-    _preflight(args, {"--trace": trace, "--metrics": metrics, "--history": history})
+    _preflight(args, {"--trace": trace, "--metrics": metrics, "--history": history, "--plot": plot})
     stack = dataclasses.replace(stack, packed=args.flattened_bucket)
     steps = scenario.loop.steps
     bar = tqdm(total=steps, unit="step", disable=True if args.json else None, leave=False)
@@ -155,8 +179,10 @@ def run_command(
             target = f"cell {event.cell}" if event.cell is not None else event.engine or "the world"
             say(f"fault {event.fault.value} {target} at t={event.t:.2f} ({event.detail})")
 
+    stream = HistoryStream(history) if history is not None else None
     packed = ["--flattened-bucket"] if args.flattened_bucket else []
-    replay = _replay(args, steps, prog, [*extra_replay, *packed])
+    trained = list(training.argv) if training is not None else []
+    replay = _replay(args, steps, prog, [*extra_replay, *packed, *trained])
     try:
         result = run_real(
             scenario,
@@ -165,23 +191,30 @@ def run_command(
             address=args.address,
             show_start=not args.json,
             interruptible=True,
-            observers=[watch],
-            on_line=lambda line: say(str(line)),
+            observers=[watch] if stream is None else [watch, stream],
+            on_line=lambda line: (say(str(line)), _postfix(bar, line)),
             announce=lambda what: say(f"  killing {what} (injected)"),
             save_to=Path(args.save) if args.save else None,
             load_from=Path(args.load) if args.load else None,
             engine_token_seconds=args.engine_token_seconds,
             stack=stack,
+            **({} if training is None else {"policy": training.policy, "task": training.task}),
         )
     except KeyboardInterrupt:  # before the run began (Ray held it while it started), or twice
         bar.close()
+        if stream is not None:
+            stream.close()
         print(
             f"\ninterrupted (Ctrl-C) before a step ran, or twice\nreplay: {replay}", file=sys.stderr
         )
         return INTERRUPTED_EXIT
     bar.close()
+    if stream is not None:
+        stream.close()
     if result.interrupted:
         return _interrupted(args, result, replay)
+    if plot is not None and result.lines:
+        plot_steps(result.lines, plot, f"{prog} run, seed {args.seed}")
     return _finish(args, result, (trace, metrics, history), replay)
 
 
@@ -229,10 +262,12 @@ def _interrupted(args: argparse.Namespace, result: RealResult, replay: str) -> i
         else:
             print("\n".join(short_lines(short, verdicts)))
         print("\n".join(not_judged_lines(result.not_judged)))
-        flags = ("--trace", "--metrics", "--history")
+        flags = ("--trace", "--metrics")
         skipped = [flag for flag in flags if getattr(args, flag[2:])]
         if skipped:
             print(f"  {' and '.join(skipped)}: not written, the run was interrupted")
+        if args.history:
+            print("  --history: the events recorded until the interrupt (written as they came)")
     print(f"replay: {replay}", file=sys.stderr)
     return INTERRUPTED_EXIT
 

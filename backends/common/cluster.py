@@ -29,9 +29,10 @@ from ray.exceptions import RayActorError, RayTaskError
 from ray.util.placement_group import PlacementGroup
 
 from backends.common.engine_slot import EngineHandle, RayEngine
-from backends.common.policy import PolicyConfig, build_model, update_units
+from backends.common.policy import AnyPolicy, build_model, update_units
 from backends.common.ray_session import LOOPBACK, in_bundle
 from backends.common.stack import CPU_STACK, Stack
+from backends.common.task import ClimbTask, Task
 from backends.common.trainer import TrainerActor
 from backends.common.transport import HTTP_TIMEOUT, CollectiveTransport, RayRouter
 from backends.common.wire import abandon_attempt
@@ -223,7 +224,7 @@ class RayWorld:
         num_cells: int,
         gpus_per_cell: int,
         num_engines: int,
-        policy: PolicyConfig,
+        policy: AnyPolicy,
         pg: PlacementGroup,
         placement: Placement,
         faults: FaultPoints,
@@ -233,8 +234,11 @@ class RayWorld:
         collective_timeout: float = 1800.0,
         flush_refuses_while_queued: bool = False,
         prefix_cache: str = "off",
+        task: Task | None = None,
     ) -> None:
         self.rt = rt
+        self.task: Task = task or ClimbTask(seed)
+        """The prompts and the reward the router asks for (task.py)."""
         self.stack = stack
         self.num_cells = num_cells
         self.gpus_per_cell = gpus_per_cell
@@ -262,7 +266,14 @@ class RayWorld:
         self.transport = (stack.transport or CollectiveTransport)(self)
         self.store = dist.TCPStore(LOOPBACK, 0, is_master=True, wait_for_workers=False)
         self.store_addr = (LOOPBACK, self.store.port)
-        self.http = aiohttp.ClientSession(timeout=HTTP_TIMEOUT)
+        # no cap on connections: a generate request holds one for as long as an engine keeps
+        # it (a paused engine keeps it until resumed), so with aiohttp's default of 100 the
+        # 101st request in flight, and the pause, flush and update calls behind it, wait for
+        # one forever (a batch of 32 x 8 samples deadlocked its first update). Requests in
+        # flight are bounded by the producer (one batch, or --async-max-concurrent-samples).
+        self.http = aiohttp.ClientSession(
+            timeout=HTTP_TIMEOUT, connector=aiohttp.TCPConnector(limit=0)
+        )
         self.observer: WorldObserver | None = None
         self.trainer_checksums: dict[int, str] = {}
         self.current_update = -1

@@ -69,7 +69,7 @@ from backends.common.engine_requests import parse
 from backends.common.engine_state import EngineState, state_of
 from backends.common.engine_updates import UpdateRoutes
 from backends.common.engine_weights import EngineWeights
-from backends.common.policy import PolicyConfig, build_model
+from backends.common.policy import AnyPolicy, build_model
 from backends.common.prefix_cache import PrefixCache
 from backends.common.ray_session import LOOPBACK, LOOPBACK_NAMES
 from backends.common.wire import GLOO_TIMEOUT
@@ -85,7 +85,7 @@ class EngineServer(UpdateRoutes):
     def __init__(
         self,
         engine_id: str,
-        policy: PolicyConfig,
+        policy: AnyPolicy,
         token_seconds: float = 0.0,
         *,
         device: str = "cpu",
@@ -346,7 +346,7 @@ class EngineActor:
     def __init__(
         self,
         engine_id: str,
-        policy: PolicyConfig,
+        policy: AnyPolicy,
         token_seconds: float = 0.0,
         device: str = "cpu",
         collective_timeout: float = GLOO_TIMEOUT.total_seconds(),

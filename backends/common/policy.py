@@ -15,11 +15,19 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PretrainedConfig,
+    PreTrainedModel,
+)
 
+from backends.common.losses import LossConfig
 from miles_core.scenario.seeds import derive_seed
 from miles_core.transfer import Bucket, ParamSpec, UpdateUnit, units_of
 
@@ -57,9 +65,29 @@ class PolicyConfig:
         )
 
 
-def build_model(config: PolicyConfig) -> LlamaForCausalLM:
-    """The same weights in every process: init under a fixed seed, restore the RNG after."""
+@dataclass(frozen=True)
+class HFPolicy:
+    """A policy from an HF checkpoint (``--hf-checkpoint DIR``: config.json, safetensors and a
+    tokenizer), trained with miles' loss flags. Every process loads the same files, so every
+    trainer cell and engine starts bitwise equal, as with the tiny policy."""
+
+    checkpoint: str
+    lr: float = 1e-3
+    loss: LossConfig = field(default_factory=LossConfig)
+
+    def hf_config(self) -> PretrainedConfig:
+        return AutoConfig.from_pretrained(self.checkpoint)
+
+
+AnyPolicy = PolicyConfig | HFPolicy
+
+
+def build_model(config: AnyPolicy) -> PreTrainedModel:
+    """The same weights in every process: the checkpoint's, or an init under a fixed seed
+    (the RNG restored after)."""
     torch.set_num_threads(1)
+    if isinstance(config, HFPolicy):
+        return AutoModelForCausalLM.from_pretrained(config.checkpoint, dtype=torch.float32).float()
     with torch.random.fork_rng():
         torch.manual_seed(INIT_SEED)
         model = LlamaForCausalLM(config.hf_config())

@@ -28,17 +28,20 @@ JOIN_WORDS = ("auto", "local")
 """``--address`` values Ray resolves itself (a cluster on this machine): not probed here."""
 
 
-def check_load(folder: str) -> Path:
-    """``--load DIR``: a folder holding a checkpoint that ``--save`` wrote."""
+def check_load(folder: str, periodic: bool = False) -> Path:
+    """``--load DIR``: a folder holding a checkpoint that ``--save`` wrote, or (``periodic``:
+    with --save-interval) a killed job's folder of periodic saves, whatever it holds (no
+    committed save: the job starts over)."""
     path = Path(folder)
     if not path.is_dir():
         what = "does not exist" if not path.exists() else "is not a directory"
         raise ConfigError("--load", f"{folder!r} {what}", "pass a directory written by --save")
-    if not (path / CHECKPOINT_FILE).is_file():
+    if not (path / CHECKPOINT_FILE).is_file() and not periodic:
         raise ConfigError(
             "--load",
             f"{folder!r} holds no {CHECKPOINT_FILE}",
-            "pass a directory written by --save",
+            "pass a directory written by --save, or add --save-interval to resume a job's "
+            "periodic saves",
         )
     return path
 
@@ -158,9 +161,11 @@ def _not_a_gcs(address: str, seconds: float) -> str | None:
     return f"something answers there, but Ray cannot join it: {answer}"
 
 
-def check_folders(load: str | None, save: str | None) -> tuple[Path | None, Path | None]:
+def check_folders(
+    load: str | None, save: str | None, periodic: bool = False
+) -> tuple[Path | None, Path | None]:
     """``--load`` and ``--save`` checked (either may be None: not given)."""
     return (
-        check_load(load) if load is not None else None,
+        check_load(load, periodic) if load is not None else None,
         check_save(save) if save is not None else None,
     )

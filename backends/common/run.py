@@ -29,7 +29,8 @@ from backends.common import checkpoint
 from backends.common.aio_runtime import AsyncioRuntime
 from backends.common.cluster import RayWorld, buffer_size_for
 from backends.common.faults import RayFaultActions
-from backends.common.policy import PolicyConfig
+from backends.common.job_saves import RayCheckpoints, list_saves, read_ranks
+from backends.common.policy import AnyPolicy, PolicyConfig
 from backends.common.ray_session import (
     bundle_nodes,
     placed_bundles,
@@ -38,6 +39,7 @@ from backends.common.ray_session import (
 )
 from backends.common.spinner import spinner
 from backends.common.stack import CPU_STACK, Stack
+from backends.common.task import Task
 from miles_core.backend import CellFailure
 from miles_core.errors import ConfigError
 from miles_core.events import (
@@ -56,6 +58,7 @@ from miles_core.oracles.base import forget
 from miles_core.placement import LayoutConfig, compute_layout
 from miles_core.report import summary
 from miles_core.report.interrupt import CUT, judge_prefix
+from miles_core.saves import Resume, choose_save
 from miles_core.scenario import Scenario, WorldShape
 from miles_core.scenario.schedule import FaultSchedule, orchestrator_for, schedule_for
 from miles_core.scenario.world import MAX_TOKEN_SECONDS
@@ -200,9 +203,7 @@ class _StepMetrics:
             self.on_line(line)
 
 
-async def _save(
-    world: RayWorld, control: Orchestrator, to: Path, policy: PolicyConfig
-) -> Path | None:
+async def _save(world: RayWorld, control: Orchestrator, to: Path, policy: AnyPolicy) -> Path | None:
     """Save from the first alive cell that answers; None when no cell is left to save."""
     for cell in control.cells.alive():
         try:
@@ -272,7 +273,7 @@ def real_loop(scenario: Scenario, seed: int, model_bytes: int) -> LoopConfig:
 
 @dataclass(frozen=True)
 class _Options:
-    policy: PolicyConfig
+    policy: AnyPolicy
     timeout: float
     observers: Sequence[Callable[[Event], None]]
     on_line: Callable[[StepLine], None]
@@ -283,13 +284,34 @@ class _Options:
     stack: Stack
     interruptible: bool = False
     show_start: bool = False
+    task: Task | None = None
 
 
-async def _resume(world: RayWorld, load_from: Path | None, policy: PolicyConfig) -> Any:
+async def _restore(world: RayWorld, options: _Options) -> tuple[Any, Resume | None]:
+    """(ledger, None) for an end-of-run checkpoint (--load of a --save without an interval),
+    (None, resume) for a killed job's directory of periodic saves: the newest committed
+    save loaded into every cell (a torn one skipped), or a fresh start when none committed."""
+    load_from = options.load_from
+    if load_from is None or (load_from / checkpoint.FILE).is_file():
+        return await _resume(world, load_from, options.policy), None
+    resume = choose_save(list_saves(load_from))
+    if resume.state is not None:
+        states = read_ranks(load_from, resume.state.step, options.policy)
+        await _load_states(world, states)
+    return None, resume
+
+
+async def _resume(world: RayWorld, load_from: Path | None, policy: AnyPolicy) -> Any:
     """Load a checkpoint into every cell; its ledger (or None when not resuming)."""
     if load_from is None:
         return None
     states, ledger = checkpoint.load(load_from, policy)
+    await _load_states(world, states)
+    return ledger
+
+
+async def _load_states(world: RayWorld, states: Sequence[Any]) -> None:
+    """Every cell's ranks take the saved ranks' states (same cell size, checked)."""
     if len(states) != world.gpus_per_cell:
         raise ConfigError(
             "--load",
@@ -299,7 +321,6 @@ async def _resume(world: RayWorld, load_from: Path | None, policy: PolicyConfig)
         )
     args = [(state,) for state in states]
     await asyncio.gather(*(c.call_each("set_state", args) for c in world.cells.values()))
-    return ledger
 
 
 async def _drive(
@@ -394,6 +415,7 @@ def _world(
         collective_timeout=scenario.loop.update_weight_collective_timeout,
         flush_refuses_while_queued=scenario.world.flush_refuses_while_queued,
         prefix_cache=scenario.world.prefix_cache,
+        task=options.task,
     )
 
 
@@ -426,16 +448,21 @@ async def _run(
         with _ctrl_c_sets(options.interruptible) as ctrl_c:
             with spinner(_world_line(scenario), enabled=options.show_start):
                 await _unless(ctrl_c, world.start())
-            ledger = await _unless(ctrl_c, _resume(world, options.load_from, options.policy))
+            periodic = options.save_to is not None and loop.save_interval > 0
+            if periodic:
+                world.checkpoints = RayCheckpoints(world, options.save_to, options.policy)
+            ledger, resume = await _unless(ctrl_c, _restore(world, options))
             history.observe(metrics)
             for observer in options.observers:
                 history.observe(observer)
-            control = orchestrator_for(scenario, rt, world, history, ledger, loop)
+            control = orchestrator_for(scenario, rt, world, history, ledger, loop, resume)
             schedule.install(rt, history, RayFaultActions(world, options.announce))
             started = rt.now()
             report = await _drive(control, world, options.timeout, ctrl_c)
             wall = rt.now() - started
-            if options.save_to is not None and report.status is not RunStatus.INTERRUPTED:
+            if periodic:  # the loop saved after its last step (miles_core.saves.save_due)
+                saved = options.save_to
+            elif options.save_to is not None and report.status is not RunStatus.INTERRUPTED:
                 saved = await _save(world, control, options.save_to, options.policy)
     except _StartInterrupted:
         why = "interrupted (Ctrl-C) while the world started: no step ran"
@@ -500,7 +527,7 @@ def run_in_ray(
     seed: int = 0,
     steps: int | None = None,
     *,
-    policy: PolicyConfig | None = None,
+    policy: AnyPolicy | None = None,
     timeout: float = 900.0,
     observers: Sequence[Callable[[Event], None]] = (),
     on_line: Callable[[StepLine], None] = lambda line: None,
@@ -511,9 +538,11 @@ def run_in_ray(
     stack: Stack = CPU_STACK,
     interruptible: bool = False,
     show_start: bool = False,
+    task: Task | None = None,
 ) -> RealResult:
     """One run on the Ray this process is connected to; its actors and placement group
-    are gone when it returns. ``save_to`` / ``load_from``: checkpoint directories;
+    are gone when it returns. ``task``: the prompts and reward (task.py; None: the tiny
+    policy's); ``save_to`` / ``load_from``: checkpoint directories;
     ``announce``: told before the run kills a process for a fault;
     ``engine_token_seconds``: a floor on each generated token's time (the tiny policy takes
     about a millisecond; a real engine's decode takes longer, and so requests live across
@@ -540,6 +569,7 @@ def run_in_ray(
         stack,
         interruptible,
         show_start,
+        task,
     )
     pg, placement = placed_bundles(_layout(scenario))
     try:

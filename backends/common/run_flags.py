@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from backends.common.training_flags import add_training_flags
 from miles_core.loop.flags import add_loop_flags
 
 OWN_FLAGS = ("steps",)
@@ -39,6 +40,9 @@ def build_parser(
     )
     run.add_argument("--json", action="store_true", help="print one JSON summary")
     run.add_argument(
+        "--plot", metavar="FILE", help="write a PNG of reward, staleness and update time per step"
+    )
+    run.add_argument(
         "--address", default=None, help="join this Ray cluster instead of starting one"
     )
     run.add_argument(
@@ -66,5 +70,6 @@ def build_parser(
     )
     if extra is not None:
         extra(run)
+    add_training_flags(run)
     add_loop_flags(run, skip=OWN_FLAGS)
     return parser, sub

@@ -36,13 +36,15 @@ import torch.distributed as dist
 from backends.common.devices import prepare_process
 from backends.common.participation import JOINED, arrive
 from backends.common.policy import (
-    PolicyConfig,
+    AnyPolicy,
+    HFPolicy,
     Trajectory,
     bucket_tensors,
     build_model,
     checksum,
     grpo_loss,
 )
+from backends.common.policy_loss import checkpoint_loss
 from backends.common.shm_group import ShmArena, ShmGroup, send_many
 from backends.common.stack import CPU_STACK, Stack
 from backends.common.tensor_bucket import bucket_handle
@@ -104,7 +106,7 @@ class TrainerRank:
     def __init__(
         self,
         cell: int,
-        policy: PolicyConfig,
+        policy: AnyPolicy,
         rank: int = 0,
         ranks: int = 1,
         store_addr: tuple[str, int] | None = None,
@@ -124,6 +126,11 @@ class TrainerRank:
             )
         self.model = self.build(policy, stack)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=policy.lr)
+        self.loss_config = policy.loss if isinstance(policy, HFPolicy) else None
+        """miles' loss flags for a checkpoint's policy (None: the tiny policy's GRPO)."""
+        self.ref_model = None
+        if self.loss_config is not None and self.loss_config.use_kl_loss:
+            self.ref_model = self.build(policy, stack).eval().requires_grad_(False)
         self._update_groups: dict[str, Any] = {}
         self._taking_part: dict[str, Any] = {}
         """Per update group, the store rank 0 counts its broadcasts in (participation.py)."""
@@ -149,7 +156,7 @@ class TrainerRank:
     def reduce_grads(self) -> None:
         """Average gradients within the cell after backward (FSDP2 already has)."""
 
-    def build(self, policy: PolicyConfig, stack: Stack) -> torch.nn.Module:
+    def build(self, policy: AnyPolicy, stack: Stack) -> torch.nn.Module:
         """The policy, sharded with FSDP2 (per decoder layer and at the root) over the cell."""
         model = build_model(policy).to(stack.device)
         if self.ranks > 1:
@@ -199,7 +206,10 @@ class TrainerRank:
         # skipped it would leave its cell-mates waiting in FSDP2's collectives): what raises
         # here is raised to the driver, which fails this cell. No other cell takes part.
         self.optimizer.zero_grad(set_to_none=False)
-        loss = grpo_loss(self.model, shard)
+        if self.loss_config is None:
+            loss = grpo_loss(self.model, shard)
+        else:
+            loss, _ = checkpoint_loss(self.model, shard, self.loss_config, self.ref_model)
         loss.backward()  # FSDP2 reduce-scatters (averages) within the cell here
         self.reduce_grads()
         if slowdown > 1:

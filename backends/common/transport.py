@@ -17,13 +17,7 @@ import ray
 
 from backends.common import participation
 from backends.common import sglang_api as api
-from backends.common.policy import (
-    CONTEXT_LENGTH,
-    RESPONSE_TOKENS,
-    Trajectory,
-    prompt_tokens,
-    reward,
-)
+from backends.common.policy import CONTEXT_LENGTH, Trajectory
 from miles_core.backend import (
     CellFailure,
     ComponentFailure,
@@ -148,7 +142,7 @@ class RayRouter:
         if target.doomed and url is None:  # the mid-generation kill: ends the process halfway
             target.doomed = False
             await target.die_midway(incarnation, rid)
-        prompt = prompt_tokens(world.seed, request.prompt_id)
+        prompt = world.task.prompt(request.prompt_id)
         if request.prompt_id in self.poisoned:  # padded past the context: SGLang says 400
             prompt = [*prompt[:-1], *[prompt[-2]] * CONTEXT_LENGTH, prompt[-1]]
         seed = derive_seed(world.seed, f"sample-{request.group_id}-{request.sample}") % 2**31
@@ -156,7 +150,7 @@ class RayRouter:
             rid=rid,
             input_ids=prompt,
             sampling_params={
-                "max_new_tokens": RESPONSE_TOKENS,
+                "max_new_tokens": world.task.max_new_tokens,
                 "temperature": 1.0,
                 "sampling_seed": seed,
             },
@@ -171,7 +165,7 @@ class RayRouter:
         version = _version(meta["weight_version"])
         aborted = meta["finish_reason"]["type"] == "abort"
         response = tuple(reply["output_ids"])
-        score = reward(prompt, response)
+        score = await world.task.score(request.prompt_id, prompt, response)
         world.rewards[request.group_id] = (*world.rewards.get(request.group_id, ()), score)
         return GenerateResult(
             engine=engine if orphan is None else orphan[0],

@@ -30,7 +30,7 @@ from pathlib import Path
 import aiohttp
 import ray
 
-from backends.common.policy import PolicyConfig, build_model
+from backends.common.policy import AnyPolicy, HFPolicy, build_model
 from backends.common.ray_session import LOOPBACK
 
 START_SECONDS = 600.0
@@ -44,8 +44,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def write_model_dir(policy: PolicyConfig, path: Path) -> Path:
-    """The policy as an HF model directory SGLang loads (no tokenizer: ids only)."""
+def write_model_dir(policy: AnyPolicy, path: Path) -> Path:
+    """The HF model directory SGLang loads: a checkpoint's own (``--hf-checkpoint``), or the
+    tiny policy written out (no tokenizer: ids only)."""
+    if isinstance(policy, HFPolicy):
+        return Path(policy.checkpoint)
     build_model(policy).save_pretrained(path, safe_serialization=True)
     return path
 
@@ -95,7 +98,7 @@ class SGLangEngineActor:
     def __init__(
         self,
         engine_id: str,
-        policy: PolicyConfig,
+        policy: AnyPolicy,
         token_seconds: float = 0.0,
         device: str = "",
         collective_timeout: float = 0.0,

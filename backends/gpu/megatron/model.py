@@ -24,7 +24,7 @@ from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.spec_utils import ModuleSpec
 from transformers import LlamaConfig
 
-from backends.common.policy import PolicyConfig, build_model
+from backends.common.policy import AnyPolicy, build_model
 from backends.gpu.megatron.convert import hf_to_megatron
 from backends.gpu.megatron.shims import apply_cpu_shims, cpu_model_parallel_manual_seed
 
@@ -39,7 +39,7 @@ def rope_theta(hf: LlamaConfig) -> float:
     return float(params.get("rope_theta", getattr(hf, "rope_theta", 10000.0)))
 
 
-def megatron_config(policy: PolicyConfig, tp: int) -> TransformerConfig:
+def megatron_config(policy: AnyPolicy, tp: int) -> TransformerConfig:
     """A TransformerConfig computing what the HF Llama computes (no dropout, no biases).
 
     The RoPE base is not a TransformerConfig field: ``MegatronPolicy`` passes
@@ -123,7 +123,7 @@ class MegatronPolicy(torch.nn.Module):
     HF trainer's, unchanged.
     """
 
-    def __init__(self, policy: PolicyConfig, tp: int) -> None:
+    def __init__(self, policy: AnyPolicy, tp: int) -> None:
         super().__init__()
         hf = policy.hf_config()
         self.config = megatron_config(policy, tp)
@@ -155,7 +155,7 @@ class MegatronPolicy(torch.nn.Module):
         return PolicyOutput(logits=gather_from_tensor_model_parallel_region(logits))
 
 
-def build_megatron_policy(policy: PolicyConfig, tp: int, device: str = "cpu") -> MegatronPolicy:
+def build_megatron_policy(policy: AnyPolicy, tp: int, device: str = "cpu") -> MegatronPolicy:
     """This TP rank's MegatronPolicy with the HF model's weights (after ``init_parallel``)."""
     model = MegatronPolicy(policy, tp)
     expected = model.gpt.state_dict()

@@ -21,7 +21,7 @@ import ray
 import torch
 import torch.distributed as dist
 
-from backends.common.policy import INIT_SEED, PolicyConfig, checksum_of
+from backends.common.policy import INIT_SEED, AnyPolicy, checksum_of
 from backends.common.stack import Stack
 from backends.common.trainer import TrainerRank
 from miles_core.transfer import Bucket
@@ -30,7 +30,7 @@ from miles_core.transfer import Bucket
 class MegatronTrainerRank(TrainerRank):
     views_ok = False  # Megatron's parameters are shards under Megatron names, not the engines'
 
-    def build(self, policy: PolicyConfig, stack: Stack) -> torch.nn.Module:
+    def build(self, policy: AnyPolicy, stack: Stack) -> torch.nn.Module:
         from backends.gpu.megatron.model import build_megatron_policy, init_parallel
 
         if self.ranks % stack.tp:

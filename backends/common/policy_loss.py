@@ -1,0 +1,66 @@
+"""A trainer rank's loss on its share of a batch of groups, for a policy from a checkpoint.
+
+The tiny policy's ``grpo_loss`` (policy.py) assumes one prompt length and one response
+length; a data set's prompts and EOS-ended responses vary, so this one pads and masks,
+and speaks miles' loss flags (``--advantage-estimator``, ``--eps-clip``, ``--use-kl-loss``
+...: losses.py). Rewards are normalised within each prompt's group, as miles'
+``_normalize_rewards_by_rollout`` does; the old log-probs are the trainer's own before
+its one optimizer step per rollout (miles computes them with the actor unless
+``--use-rollout-logprobs``), so the PPO ratio starts at 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from backends.common.local_grpo import response_log_probs
+from backends.common.losses import (
+    LossConfig,
+    compute_advantages,
+    normalize_group_rewards,
+    policy_loss_function,
+)
+from backends.common.policy import Trajectory
+
+PAD = 0
+"""Fills a response out to its batch's longest: after the response, so no real token's
+logits see it, and masked out of the loss."""
+
+
+def checkpoint_loss(
+    model: torch.nn.Module,
+    groups: Sequence[Sequence[Trajectory]],
+    config: LossConfig,
+    ref_model: torch.nn.Module | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The loss to backpropagate and miles' metrics; an empty share still runs the model
+    (a sharded cell's ranks all take part in its collectives)."""
+    rows = [t for group in groups for t in group if t.response]
+    if not rows:
+        device = next(model.parameters()).device
+        zero = model(input_ids=torch.tensor([[PAD]], device=device)).logits.sum() * 0.0
+        return zero, {}
+    rewards = [
+        value
+        for group in groups
+        for value in normalize_group_rewards(config, [t.reward for t in group if t.response])
+    ]
+    prompts = [t.prompt for t in rows]
+    responses = [t.response for t in rows]
+    log_probs = response_log_probs(model, prompts, responses, PAD)
+    masks = [
+        torch.ones(len(r), device=lp.device) for r, lp in zip(responses, log_probs, strict=True)
+    ]
+    ref = None
+    if config.use_kl_loss:
+        assert ref_model is not None, "--use-kl-loss: the trainer keeps the initial weights"
+        with torch.no_grad():
+            ref = response_log_probs(ref_model, prompts, responses, PAD)
+    advantages = [
+        a.to(m.device)
+        for a, m in zip(compute_advantages(config, rewards, masks), masks, strict=True)
+    ]
+    old = [lp.detach() for lp in log_probs]
+    return policy_loss_function(config, log_probs, old, advantages, masks, ref)
