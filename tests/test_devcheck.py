@@ -153,6 +153,14 @@ def test_gpu_run_reports_the_last_json_line_of_a_fake_run(tmp_path, with_cuda):
     assert code == 0 and report["checks"]["gpu_run"]["figures"]["status"] == "finished"
 
 
+def test_the_checkpoint_run_reports_its_rewards_and_fails_on_a_failed_oracle(tmp_path, with_cuda):
+    figures = devcheck_checks.gpu_run_checkpoint(Context(out=tmp_path, run_command=_fake(SUMMARY)))
+    assert (figures["mean_reward_first"], figures["mean_reward_last"]) == (0.41, 0.93)
+    failing = {**SUMMARY, "oracles": {**SUMMARY["oracles"], "resume": "fail"}}
+    with pytest.raises(CheckFailed, match="resume"):
+        devcheck_checks.gpu_run_checkpoint(Context(out=tmp_path, run_command=_fake(failing)))
+
+
 def test_gpu_run_fails_on_a_failed_oracle_an_exit_code_or_a_timeout(tmp_path):
     failing = {**SUMMARY, "oracles": {"bounded_staleness": "fail", "reward_rises": "pass"}}
     with pytest.raises(CheckFailed, match="exit code 1") as failure:

@@ -17,6 +17,8 @@ from backends.common.prompt_data import PromptFlags, load_prompts
 from backends.common.rewards import resolve_reward
 from backends.common.task import DataTask
 
+KILL_JOB = Path(__file__).parents[1] / "scenarios/files/kill_job_resumes_from_its_save.toml"
+
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -54,6 +56,7 @@ def test_bad_training_flags_are_refused_before_ray_starts(
         ((*good, "--input-key", "question"), "--input-key"),
         ((*good, "--kl-coef", "0.1"), "--kl-coef"),
         (("--save-interval", "1"), "--save-interval: is 1 with nowhere to save"),
+        (("--scenario", str(KILL_JOB), "--save", str(data.parent / "s")), "faults (kill_job)"),
     ]
     for argv, message in cases:
         code, err = _run(capsys, *argv)

@@ -51,7 +51,7 @@ from miles_core.events import (
     UpdateBegan,
     VersionPublished,
 )
-from miles_core.kinds import RunStatus
+from miles_core.kinds import FaultKind, RunStatus
 from miles_core.loop import LoopConfig, Orchestrator, RunReport
 from miles_core.oracles import WHOLE_RUN, Violation, check_all
 from miles_core.oracles.base import forget
@@ -228,6 +228,13 @@ def check_real(scenario: Scenario) -> Scenario:
             "[loop].lora_adapter",
             "the CPU backend trains the full model, not a LoRA adapter",
             "run LoRA scenarios in the simulator (python -m sim run ...)",
+        )
+    if any(f.kind is FaultKind.KILL_JOB for f in scenario.faults):
+        raise ConfigError(
+            "faults (kill_job)",
+            "a real run cannot kill its own driver and start again",
+            "kill the job from outside (SIGKILL to every process) and resume it with --load "
+            "(docs/training.md), or run the scenario in the simulator",
         )
     if scenario.loop.transfer_mode is TransferMode.RDT:
         raise ConfigError(

@@ -47,6 +47,7 @@ PLAN: dict[str, tuple[bool, float]] = {
     "megatron_tp1": (True, 150.0),
     "fsdp2_step": (True, 120.0),
     "gpu_run": (True, 240.0),
+    "gpu_run_checkpoint": (True, 300.0),
 }
 CHECKS: tuple[str, ...] = tuple(PLAN)
 MIN_SECONDS = 10.0  # no check starts with less time than this left

@@ -458,6 +458,33 @@ SUMMARY_KEYS += ("seconds_per_step",)
 def gpu_run(ctx: Context) -> dict[str, Any]:
     """``python -m backends.gpu run ... --json`` (or ``ctx.run_command``): its summary."""
     command = list(ctx.run_command) if ctx.run_command else [sys.executable, *RUN_ARGS]
+    return _run_summary(ctx, command)
+
+
+def gpu_run_checkpoint(ctx: Context) -> dict[str, Any]:
+    """The same run on a checkpoint and data set written here (``python -m backends.tasks
+    make``: a small Llama, sums scored by miles' ``math`` reward), GRPO with a KL term, 20
+    steps: its summary, whose first and last mean reward show whether it learns on CUDA,
+    and the curve (``--plot``) beside the report (``ctx.run_command`` replaces the run)."""
+    if ctx.run_command:
+        return _run_summary(ctx, list(ctx.run_command))
+    task = ctx.out / "task"
+    made = subprocess.run(
+        [sys.executable, "-m", "backends.tasks", "make", "--out", str(task)],
+        cwd=REPO, capture_output=True, text=True, timeout=min(120.0, ctx.timeout_s),
+    )  # fmt: skip
+    if made.returncode:
+        raise CheckFailed("backends.tasks make failed", {"stderr_tail": devcheck.tail(made.stderr)})
+    command = [sys.executable, *RUN_ARGS[:-3], "20", "--device", "cuda", "--json"]
+    command += ["--hf-checkpoint", str(task / "checkpoint"), "--prompt-data"]
+    command += [str(task / "train.jsonl"), "--label-key", "label", "--rm-type", "math"]
+    command += ["--rollout-batch-size", "32", "--n-samples-per-prompt", "8", "--use-kl-loss"]
+    command += ["--kl-loss-coef", "0.05", "--kl-loss-type", "low_var_kl"]
+    command += ["--plot", str(ctx.out / "checkpoint-curve.png")]
+    return _run_summary(ctx, command)
+
+
+def _run_summary(ctx: Context, command: list[str]) -> dict[str, Any]:
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     timeout, figures = min(240.0, ctx.timeout_s), {"command": shlex.join(command)}
     t0 = time.perf_counter()
