@@ -19,7 +19,7 @@ another fault, may never come: the restart undid what would have led to it
 from __future__ import annotations
 
 from miles_core.events import FaultInjected, FaultScheduled, History
-from miles_core.kinds import FaultKind, FaultPoint
+from miles_core.kinds import TAKES_A_CELL_DOWN, FaultKind, FaultPoint
 from miles_core.oracles.base import Violation, select
 from miles_core.oracles.segments import Segment, part, segment_at
 from miles_core.oracles.witness_index import WitnessIndex
@@ -58,7 +58,7 @@ def _overtaken(fault: FaultInjected, segment: Segment, own: History) -> bool:
     if fault.fault is not FaultKind.START_CELL or segment.resumed is None:
         return False
     return not any(
-        e.cell == fault.cell and e.fault in _TAKES_A_CELL_DOWN and e.t <= fault.t  # type: ignore[attr-defined]
+        e.cell == fault.cell and e.fault in TAKES_A_CELL_DOWN and e.t <= fault.t  # type: ignore[attr-defined]
         for _, e in select(own, FaultInjected)
     )
 
@@ -70,15 +70,6 @@ def excused_unfired(scheduled: FaultScheduled) -> bool:
     return scheduled.point in _UNDONE or scheduled.detail.startswith("after ")
 
 
-_TAKES_A_CELL_DOWN = frozenset(
-    {
-        FaultKind.KILL_CELL,
-        FaultKind.STOP_CELL,
-        FaultKind.KILL_RANK,
-        FaultKind.FAIL_RANK,
-        FaultKind.DROP_HEARTBEAT,
-    }
-)
 _UNDONE = frozenset({FaultPoint.DURING_HEAL, FaultPoint.DURING_RECOVERY})
 
 

@@ -31,7 +31,7 @@ from miles_core.events import (
     StepBegan,
     StepCommitted,
 )
-from miles_core.kinds import FaultKind, FaultPoint
+from miles_core.kinds import TAKES_A_CELL_DOWN, FaultKind, FaultPoint
 from miles_core.loop import LoopConfig, Orchestrator
 from miles_core.runtime import Runtime
 from miles_core.scenario.faults import (
@@ -163,15 +163,6 @@ class NoFaults:
         return False
 
 
-_TAKES_A_CELL_DOWN = frozenset(
-    {
-        FaultKind.KILL_CELL,
-        FaultKind.STOP_CELL,
-        FaultKind.KILL_RANK,
-        FaultKind.FAIL_RANK,
-        FaultKind.DROP_HEARTBEAT,
-    }
-)
 """The faults after which a start_cell of their cell has something to start."""
 
 _OBSERVED = (StepCommitted, StepBegan, CellStateChanged)
@@ -414,7 +405,7 @@ class FaultSchedule:
         assert self._actions is not None
         actions, cell, engine = self._actions, target_cell(fault), target_engine(fault)
         kind = fault.kind
-        if self._struck is not None and cell is not None and kind in _TAKES_A_CELL_DOWN:
+        if self._struck is not None and cell is not None and kind in TAKES_A_CELL_DOWN:
             self._struck.add(cell)
         if kind in (FaultKind.KILL_CELL, FaultKind.STOP_CELL):
             assert cell is not None
