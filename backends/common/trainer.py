@@ -130,7 +130,7 @@ class TrainerRank:
         """miles' loss flags for a checkpoint's policy (None: the tiny policy's GRPO)."""
         self.ref_model = None
         if self.loss_config is not None and self.loss_config.use_kl_loss:
-            self.ref_model = self.build(policy, stack).eval().requires_grad_(False)
+            self.ref_model = self.reference(policy, stack).eval().requires_grad_(False)
         self._update_groups: dict[str, Any] = {}
         self._taking_part: dict[str, Any] = {}
         """Per update group, the store rank 0 counts its broadcasts in (participation.py)."""
@@ -168,6 +168,10 @@ class TrainerRank:
                 fully_shard(layer, mesh=mesh)
             fully_shard(model, mesh=mesh)
         return model
+
+    def reference(self, policy: AnyPolicy, stack: Stack) -> torch.nn.Module:
+        """The initial weights, kept for --use-kl-loss's KL term (sharded as the policy)."""
+        return self.build(policy, stack)
 
     def hf_tensors(self, bucket: Bucket) -> dict[str, torch.Tensor]:
         """The bucket's tensors, whole, by the engines' names (a collective of the cell)."""

@@ -43,6 +43,13 @@ class MegatronTrainerRank(TrainerRank):
         self.config = model.config
         return model
 
+    def reference(self, policy: AnyPolicy, stack: Stack) -> torch.nn.Module:
+        """The initial weights as a second Megatron model of this TP rank (the parallel
+        state ``build`` made serves both)."""
+        from backends.gpu.megatron.model import build_megatron_policy
+
+        return build_megatron_policy(policy, stack.tp, stack.device)
+
     @property
     def data_rank(self) -> int:
         from megatron.core import parallel_state
