@@ -41,8 +41,9 @@ from backends.common.run import (
 from backends.common.run_flags import OWN_FLAGS, build_parser
 from backends.common.stack import CPU_STACK, Stack, Wire
 from backends.common.training_flags import training_from
+from miles_core.engines import EngineState
 from miles_core.errors import ConfigError
-from miles_core.events import Event, FaultInjected, StepCommitted
+from miles_core.events import EngineStateChanged, Event, FaultInjected, StepCommitted
 from miles_core.loop.flags import flags_argv, given_flags, with_flags
 from miles_core.outputs import check_distinct_paths
 from miles_core.report import (
@@ -95,10 +96,13 @@ def _cpu_stack(args: argparse.Namespace, scenario: Scenario) -> tuple[Stack, Sce
     return dataclasses.replace(CPU_STACK, wire=Wire(args.wire)), scenario
 
 
-def _postfix(bar: tqdm, line: StepLine) -> None:
-    """The bar's figures after each step: reward, version, staleness."""
+def _postfix(bar: tqdm, line: StepLine, engines_up: str) -> None:
+    """The bar's figures after each step: reward, version, staleness, engines serving."""
     bar.set_postfix(
-        reward=f"{line.reward:.3f}", version=line.version, staleness=f"{line.staleness:.2f}"
+        reward=f"{line.reward:.3f}",
+        version=line.version,
+        staleness=f"{line.staleness:.2f}",
+        engines=engines_up,
     )
 
 
@@ -172,7 +176,14 @@ def run_command(
     bar = tqdm(total=steps, unit="step", disable=True if args.json else None, leave=False)
     say = (lambda text: None) if args.json else bar.write
 
+    engines, out_of_rotation = scenario.world.num_engines, set()
+
     def watch(event: Event) -> None:
+        if isinstance(event, EngineStateChanged):  # the bar's "engines up": those serving
+            if event.new is EngineState.SERVING:
+                out_of_rotation.discard(event.engine)
+            else:
+                out_of_rotation.add(event.engine)
         if isinstance(event, StepCommitted):
             count_step(bar)
         elif isinstance(event, FaultInjected):
@@ -192,7 +203,10 @@ def run_command(
             show_start=not args.json,
             interruptible=True,
             observers=[watch] if stream is None else [watch, stream],
-            on_line=lambda line: (say(str(line)), _postfix(bar, line)),
+            on_line=lambda line: (
+                say(str(line)),
+                _postfix(bar, line, f"{engines - len(out_of_rotation)}/{engines}"),
+            ),
             announce=lambda what: say(f"  killing {what} (injected)"),
             save_to=Path(args.save) if args.save else None,
             load_from=Path(args.load) if args.load else None,
