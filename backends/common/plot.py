@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from backends.common.run import StepLine
+from backends.common.run_result import StepLine
 
 
 def plot_steps(lines: Sequence[StepLine], path: Path, title: str) -> Path:

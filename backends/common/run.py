@@ -12,24 +12,21 @@ seconds (a busy 2-core machine answers a Ray call slower than a simulated second
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import math
 import os
 import signal
-import statistics
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from backends.common import checkpoint
 from backends.common.aio_runtime import AsyncioRuntime
 from backends.common.cluster import RayWorld, buffer_size_for
 from backends.common.faults import RayFaultActions
-from backends.common.job_saves import RayCheckpoints, list_saves, read_ranks
+from backends.common.job_saves import RayCheckpoints
 from backends.common.policy import AnyPolicy, PolicyConfig
 from backends.common.ray_session import (
     bundle_nodes,
@@ -37,28 +34,22 @@ from backends.common.ray_session import (
     ray_session,
     remove_placement_group,
 )
+from backends.common.run_restore import restore, save_at_end
+from backends.common.run_result import RealResult, StepLine, StepMetrics
 from backends.common.spinner import spinner
 from backends.common.stack import CPU_STACK, Stack
 from backends.common.task import Task
-from miles_core.backend import CellFailure
 from miles_core.errors import ConfigError
 from miles_core.events import (
     Event,
-    GroupGot,
-    GroupTrained,
     History,
-    StepCommitted,
-    UpdateBegan,
-    VersionPublished,
 )
 from miles_core.kinds import FaultKind, RunStatus
 from miles_core.loop import LoopConfig, Orchestrator, RunReport
 from miles_core.oracles import WHOLE_RUN, Violation, check_all
 from miles_core.oracles.base import forget
 from miles_core.placement import LayoutConfig, compute_layout
-from miles_core.report import summary
 from miles_core.report.interrupt import CUT, judge_prefix
-from miles_core.saves import Resume, choose_save
 from miles_core.scenario import Scenario, WorldShape
 from miles_core.scenario.schedule import FaultSchedule, orchestrator_for, schedule_for
 from miles_core.scenario.world import MAX_TOKEN_SECONDS
@@ -83,135 +74,6 @@ TRAIN = Scenario(
     ),
 )
 """The default real run (python -m backends.cpu run)."""
-
-
-@dataclass(frozen=True)
-class StepLine:
-    """One line of per-step metrics, printed as the run goes."""
-
-    step: int
-    version: int
-    reward: float
-    staleness: float
-    transfer_seconds: float
-    transfer_bytes: int
-
-    @property
-    def gbps(self) -> float:
-        return self.transfer_bytes / self.transfer_seconds / 1e9 if self.transfer_seconds else 0.0
-
-    def __str__(self) -> str:
-        return (
-            f"step {self.step:3d}  reward {self.reward:.3f}  version {self.version:3d}  "
-            f"staleness {self.staleness:.2f}  transfer {self.transfer_seconds * 1e3:7.1f} ms "
-            f"{self.gbps:6.3f} GB/s"
-        )
-
-
-@dataclass
-class RealResult:
-    scenario: Scenario
-    seed: int
-    history: History
-    report: RunReport
-    verdicts: dict[str, Violation | None]
-    lines: list[StepLine] = field(default_factory=list)
-    wall_seconds: float = 0.0
-    step_rewards: dict[int, float] = field(default_factory=dict)
-    checkpoint: Path | None = None
-    """Where --save wrote the checkpoint (None: not asked, or no cell was left alive)."""
-    stack: Stack = CPU_STACK
-    bundle_nodes: tuple[str, ...] = ()
-    """The Ray node each GPU bundle (so each trainer rank and engine) landed on, by index."""
-    not_judged: dict[str, str] = field(default_factory=dict)
-    """Oracles that gave no verdict, by name, and why (an interrupted run's)."""
-
-    @property
-    def interrupted(self) -> bool:
-        """Ctrl-C stopped the run, or cut short the judging of a run that ended by itself."""
-        return self.report.status is RunStatus.INTERRUPTED or bool(self.not_judged)
-
-    @property
-    def ok(self) -> bool:
-        """Every oracle passed (an interrupted run has not: some never judged it)."""
-        return not self.interrupted and all(v is None for v in self.verdicts.values())
-
-    def summary(self) -> dict[str, Any]:
-        """The simulator's summary of the run (its seconds are wall time), with the training
-        and transfer figures."""
-        info = summary(
-            self.scenario, self.seed, self.history, self.report, self.verdicts, clock="wall"
-        )
-        rewards = [self.step_rewards[s] for s in sorted(self.step_rewards)]
-        transfers = [line for line in self.lines if line.transfer_seconds > 0]
-        info |= {
-            "mean_reward_first": rewards[0] if rewards else None,
-            "mean_reward_last": rewards[-1] if rewards else None,
-            "seconds_per_step": self.wall_seconds / max(1, self.report.steps_done),
-            "transfer": {
-                "updates": len(transfers),
-                "bytes_per_update": transfers[0].transfer_bytes if transfers else 0,
-                "median_seconds": statistics.median(t.transfer_seconds for t in transfers)
-                if transfers
-                else None,
-                "median_gbps": statistics.median(t.gbps for t in transfers) if transfers else None,
-            },
-            "checkpoint": None if self.checkpoint is None else str(self.checkpoint),
-            "stack": self.stack.describe(),
-            "ray_nodes": dict(collections.Counter(self.bundle_nodes)),
-        }
-        return info
-
-
-class _StepMetrics:
-    """Turns the event stream into StepLines: the reward and staleness of the groups a
-    step trained, and the transfer of the update that followed it."""
-
-    def __init__(self, world: RayWorld, on_line: Callable[[StepLine], None]) -> None:
-        self.world = world
-        self.on_line = on_line
-        self.staleness: list[int] = []
-        self.trained: dict[int, list[int]] = {}
-        self.step = -1
-        self.update = -1
-        self.lines: list[StepLine] = []
-        self.rewards: dict[int, float] = {}
-
-    def __call__(self, event: Event) -> None:
-        if isinstance(event, GroupGot):
-            self.staleness.append(event.staleness or 0)
-        elif isinstance(event, StepCommitted):
-            self.step = event.step
-        elif isinstance(event, GroupTrained):
-            scores = self.world.rewards.get(event.group_id, ())
-            self.trained.setdefault(event.step, []).extend(scores)
-            self.rewards[event.step] = statistics.fmean(self.trained[event.step] or [0.0])
-        elif isinstance(event, UpdateBegan) and event.publishes:
-            self.update = event.update_id
-        elif isinstance(event, VersionPublished):
-            log = self.world.transfers
-            line = StepLine(
-                step=self.step,
-                version=event.version,
-                reward=self.rewards.get(self.step, 0.0),
-                staleness=statistics.fmean(self.staleness) if self.staleness else 0.0,
-                transfer_seconds=log.wall.get(self.update, 0.0),
-                transfer_bytes=log.bytes.get(self.update, 0),
-            )
-            self.staleness = []
-            self.lines.append(line)
-            self.on_line(line)
-
-
-async def _save(world: RayWorld, control: Orchestrator, to: Path, policy: AnyPolicy) -> Path | None:
-    """Save from the first alive cell that answers; None when no cell is left to save."""
-    for cell in control.cells.alive():
-        try:
-            state = await world.cells[cell].call("get_state")
-        except CellFailure:
-            continue
-        return checkpoint.save(to, state, control.ledger.snapshot(), policy)
-    return None
 
 
 async def _cancel_leftovers() -> None:
@@ -292,42 +154,6 @@ class _Options:
     interruptible: bool = False
     show_start: bool = False
     task: Task | None = None
-
-
-async def _restore(world: RayWorld, options: _Options) -> tuple[Any, Resume | None]:
-    """(ledger, None) for an end-of-run checkpoint (--load of a --save without an interval),
-    (None, resume) for a killed job's directory of periodic saves: the newest committed
-    save loaded into every cell (a torn one skipped), or a fresh start when none committed."""
-    load_from = options.load_from
-    if load_from is None or (load_from / checkpoint.FILE).is_file():
-        return await _resume(world, load_from, options.policy), None
-    resume = choose_save(list_saves(load_from))
-    if resume.state is not None:
-        states = read_ranks(load_from, resume.state.step, options.policy)
-        await _load_states(world, states)
-    return None, resume
-
-
-async def _resume(world: RayWorld, load_from: Path | None, policy: AnyPolicy) -> Any:
-    """Load a checkpoint into every cell; its ledger (or None when not resuming)."""
-    if load_from is None:
-        return None
-    states, ledger = checkpoint.load(load_from, policy)
-    await _load_states(world, states)
-    return ledger
-
-
-async def _load_states(world: RayWorld, states: Sequence[Any]) -> None:
-    """Every cell's ranks take the saved ranks' states (same cell size, checked)."""
-    if len(states) != world.gpus_per_cell:
-        raise ConfigError(
-            "--load",
-            f"the checkpoint holds {len(states)} ranks per cell, this run has "
-            f"{world.gpus_per_cell}",
-            "resume with the cell size the checkpoint was saved with",
-        )
-    args = [(state,) for state in states]
-    await asyncio.gather(*(c.call_each("set_state", args) for c in world.cells.values()))
 
 
 async def _drive(
@@ -448,7 +274,7 @@ async def _run(
     schedule = schedule_for(scenario)
     world = _world(rt, schedule, scenario, pg, placement, options)
     history = History()
-    metrics = _StepMetrics(world, options.on_line)
+    metrics = StepMetrics(world, options.on_line)
     wall, saved = 0.0, None
     try:
         loop = real_loop(scenario, seed, world.model_bytes)
@@ -458,7 +284,9 @@ async def _run(
             periodic = options.save_to is not None and loop.save_interval > 0
             if periodic:
                 world.checkpoints = RayCheckpoints(world, options.save_to, options.policy)
-            ledger, resume = await _unless(ctrl_c, _restore(world, options))
+            ledger, resume = await _unless(
+                ctrl_c, restore(world, options.load_from, options.policy)
+            )
             history.observe(metrics)
             for observer in options.observers:
                 history.observe(observer)
@@ -470,7 +298,7 @@ async def _run(
             if periodic:  # the loop saved after its last step (miles_core.saves.save_due)
                 saved = options.save_to
             elif options.save_to is not None and report.status is not RunStatus.INTERRUPTED:
-                saved = await _save(world, control, options.save_to, options.policy)
+                saved = await save_at_end(world, control, options.save_to, options.policy)
     except _StartInterrupted:
         why = "interrupted (Ctrl-C) while the world started: no step ran"
         report = RunReport(RunStatus.INTERRUPTED, why, 0)
