@@ -51,10 +51,6 @@ class VerlRow:
         return self.gpus // 2
 
     @property
-    def published_speedup(self) -> float:
-        return self.sync_step / self.async_step
-
-    @property
     def colocated_train(self) -> float:
         """The colocated step's training phase: old log-probs recomputed, then the update."""
         return self.sync_old_log_prob + self.sync_update_actor
@@ -140,7 +136,7 @@ COMPARISONS: tuple[Comparison, ...] = (
     *(
         Comparison(
             f"verl 7B colocated {r.gpus} vs {r.trainer_gpus}:{r.trainer_gpus}",
-            f"plans/verl-7b-{r.gpus}-h20.toml",
+            str(r.plan_file.relative_to(ROOT)),
             r.sync_step,
             r.async_step,
             1,

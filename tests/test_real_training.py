@@ -55,6 +55,8 @@ def test_bad_training_flags_are_refused_before_ray_starts(
         (good[:4], "--rm-type"),
         ((*good, "--input-key", "question"), "--input-key"),
         ((*good, "--kl-coef", "0.1"), "--kl-coef"),
+        ((*good, "--advantage-estimator", "ppo2"), "--advantage-estimator"),
+        ((*good, "--kl-loss-type", "k9"), "--kl-loss-type"),
         (("--save-interval", "1"), "--save-interval: is 1 with nowhere to save"),
         (("--scenario", str(KILL_JOB), "--save", str(data.parent / "s")), "faults (kill_job)"),
     ]
@@ -118,3 +120,14 @@ def test_the_checkpoint_loss_masks_what_pads_a_response(checkpoint: Path) -> Non
     same = [Trajectory(t.prompt, t.response, 1.0) for t in group]  # a group that teaches nothing
     flat, _ = checkpoint_loss(model, [same], config)
     assert float(flat) == pytest.approx(0.0, abs=1e-7)
+
+
+def test_parsing_the_run_flags_imports_neither_torch_nor_ray() -> None:
+    """A wrong command fails at once: the flags' module pulls in no heavy import."""
+    import subprocess
+    import sys
+
+    code = "import sys, backends.common.run_flags\n"
+    code += "print('torch' in sys.modules, 'ray' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["False", "False"], done.stderr

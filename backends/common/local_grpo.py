@@ -23,12 +23,9 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from backends.common.losses import (
-    LossConfig,
-    compute_advantages,
-    normalize_group_rewards,
-    policy_loss_function,
-)
+from backends.common.losses import LossConfig
+from backends.common.policy import Trajectory
+from backends.common.policy_loss import checkpoint_loss
 from backends.common.prompt_source import Drawn
 from backends.common.rewards import Reward, RewardSample
 from miles_core.errors import ConfigError, int_at_least
@@ -121,31 +118,6 @@ def _cache_of(output: Any) -> dict[str, Any]:
     return {"past_key_values": output["past_key_values"]}
 
 
-def response_log_probs(
-    model: PreTrainedModel,
-    prompts: Sequence[Sequence[int]],
-    responses: Sequence[Sequence[int]],
-    pad_id: int,
-) -> list[torch.Tensor]:
-    """Each response token's log-prob under ``model`` (with grad); batched per prompt length."""
-    by_length: dict[int, list[int]] = defaultdict(list)
-    for i, p in enumerate(prompts):
-        by_length[len(p)].append(i)
-    out: list[torch.Tensor] = [torch.empty(0)] * len(prompts)
-    device = next(model.parameters()).device
-    for length, rows in by_length.items():
-        width = max(len(responses[i]) for i in rows)
-        ids = torch.tensor(
-            [[*prompts[i], *responses[i], *[pad_id] * (width - len(responses[i]))] for i in rows],
-            device=device,
-        )
-        logits = model(input_ids=ids[:, :-1]).logits[:, length - 1 :].float()
-        logp = torch.log_softmax(logits, -1).gather(-1, ids[:, length:, None])[..., 0]
-        for j, i in enumerate(rows):
-            out[i] = logp[j, : len(responses[i])]
-    return out
-
-
 def rollout(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -183,6 +155,10 @@ def rollout(
     return repeated, responses, reward.score_sync(None, samples)
 
 
+def _chunks(values: Sequence[Any], size: int) -> list[Sequence[Any]]:
+    return [values[k : k + size] for k in range(0, len(values), size)]
+
+
 def grpo_step(
     model: PreTrainedModel,
     optimizer: torch.optim.Optimizer,
@@ -198,25 +174,12 @@ def grpo_step(
     log-probs for the KL term under --use-kl-loss)."""
     prompts, responses, rewards = rollout(model, tokenizer, drawn, reward, settings, step)
     n = settings.n_samples_per_prompt
-    normalized = [
-        value
-        for start in range(0, len(rewards), n)
-        for value in normalize_group_rewards(config, rewards[start : start + n])
+    groups = [
+        [Trajectory(tuple(p), tuple(r), score) for p, r, score in zip(*rows, strict=True)]
+        for rows in zip(*(_chunks(x, n) for x in (prompts, responses, rewards)), strict=True)
     ]
-    model.train()
-    log_probs = response_log_probs(model, prompts, responses, tokenizer.pad_token_id)
-    masks = [
-        torch.ones(len(r), device=lp.device) for r, lp in zip(responses, log_probs, strict=True)
-    ]
-    advantages = compute_advantages(config, normalized, masks)
-    old = [lp.detach() for lp in log_probs]  # one update per rollout: on-policy
-    ref = None
-    if config.use_kl_loss:
-        if ref_model is None:
-            raise ValueError("--use-kl-loss needs a reference model")
-        with torch.no_grad():
-            ref = response_log_probs(ref_model, prompts, responses, tokenizer.pad_token_id)
-    loss, metrics = policy_loss_function(config, log_probs, old, advantages, masks, ref)
+    model.train()  # one update per rollout: the trainer's own loss, on-policy
+    loss, metrics = checkpoint_loss(model, groups, config, ref_model)
     optimizer.zero_grad()
     loss.backward()
     if settings.clip_grad > 0:

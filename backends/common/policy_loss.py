@@ -11,11 +11,11 @@ its one optimizer step per rollout (miles computes them with the actor unless
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
 
 import torch
 
-from backends.common.local_grpo import response_log_probs
 from backends.common.losses import (
     LossConfig,
     compute_advantages,
@@ -27,6 +27,31 @@ from backends.common.policy import Trajectory
 PAD = 0
 """Fills a response out to its batch's longest: after the response, so no real token's
 logits see it, and masked out of the loss."""
+
+
+def response_log_probs(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    pad_id: int,
+) -> list[torch.Tensor]:
+    """Each response token's log-prob under ``model`` (with grad); batched per prompt length."""
+    by_length: dict[int, list[int]] = defaultdict(list)
+    for i, p in enumerate(prompts):
+        by_length[len(p)].append(i)
+    out: list[torch.Tensor] = [torch.empty(0)] * len(prompts)
+    device = next(model.parameters()).device
+    for length, rows in by_length.items():
+        width = max(len(responses[i]) for i in rows)
+        ids = torch.tensor(
+            [[*prompts[i], *responses[i], *[pad_id] * (width - len(responses[i]))] for i in rows],
+            device=device,
+        )
+        logits = model(input_ids=ids[:, :-1]).logits[:, length - 1 :].float()
+        logp = torch.log_softmax(logits, -1).gather(-1, ids[:, length:, None])[..., 0]
+        for j, i in enumerate(rows):
+            out[i] = logp[j, : len(responses[i])]
+    return out
 
 
 def checkpoint_loss(
@@ -55,7 +80,8 @@ def checkpoint_loss(
     ]
     ref = None
     if config.use_kl_loss:
-        assert ref_model is not None, "--use-kl-loss: the trainer keeps the initial weights"
+        if ref_model is None:
+            raise ValueError("--use-kl-loss needs a reference model (the initial weights)")
         with torch.no_grad():
             ref = response_log_probs(ref_model, prompts, responses, PAD)
     advantages = [

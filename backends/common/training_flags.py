@@ -4,7 +4,8 @@ trains the tiny policy on its own task, as before.
 
 Everything is checked before Ray starts: the checkpoint is inspected (no weights loaded),
 the prompt file read and tokenized, the reward resolved (a ``--custom-rm-path`` imported),
-the loss flags validated; each error names the flag as the user wrote it.
+the loss flags validated (by LossConfig, which names each); each error names the flag as the
+user wrote it. Parsing them imports nothing heavy (run_flags.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-from backends.common.losses import ESTIMATORS, KL_TYPES, LossConfig
 from miles_core.errors import ConfigError
 
 DEFAULT_LR = 1e-3
@@ -48,13 +48,13 @@ def add_training_flags(run: argparse.ArgumentParser) -> None:
     add("--custom-rm-path", default=None, metavar="MODULE.FUNCTION")
     add("--reward-key", default=None, help="a dict reward's number (dapo: score)")
     add("--lr", type=float, default=DEFAULT_LR)
-    add("--advantage-estimator", choices=ESTIMATORS, default="grpo")
+    add("--advantage-estimator", default="grpo", help="grpo, reinforce_plus_plus(_baseline)")
     add("--eps-clip", type=float, default=0.2)
     add("--eps-clip-high", type=float, default=None)
     add("--kl-coef", type=float, default=0.0)
     add("--use-kl-loss", action="store_true")
     add("--kl-loss-coef", type=float, default=0.0)
-    add("--kl-loss-type", choices=KL_TYPES, default="k1")
+    add("--kl-loss-type", default="k1", help="k1, k2, k3 or low_var_kl")
     add("--normalize-advantages", action="store_true")
 
 
@@ -80,6 +80,7 @@ def training_from(args: argparse.Namespace, rollout_batch_size: int) -> Training
     if args.prompt_data is None:
         raise ConfigError("--hf-checkpoint", "has no prompts to train on", "add --prompt-data")
     from backends.common.hf_checkpoint import inspect_checkpoint
+    from backends.common.losses import LossConfig
     from backends.common.policy import HFPolicy
     from backends.common.prompt_data import PromptFlags, load_prompts
     from backends.common.rewards import resolve_reward
