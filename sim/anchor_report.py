@@ -29,6 +29,14 @@ from sim.anchors import (
     update_terms,
 )
 from sim.calibrate import predict_update_seconds
+from sim.recovery_anchors import (
+    RECOVERY_UNPREDICTED,
+    predict_recovery,
+    print_loop_checks,
+    print_recovery,
+    print_unpredicted,
+)
+from sim.recovery_loops import loop_checks
 from sim.speedup_anchors import (
     AREAL,
     VERL,
@@ -171,6 +179,7 @@ def predict_anchors_main(as_json: bool) -> int:
         print(f"\nrunning the async-vs-sync rows: {needed} simulations (a few minutes on 2 cores)")
     runs = run_all()
     compared, curve, held_out = speedups(runs), areal_staleness(runs), train_held_out()
+    recovery, loops = predict_recovery(), loop_checks()
     if as_json:
         out = {
             "rows": [asdict(p) for p in predictions],
@@ -178,11 +187,17 @@ def predict_anchors_main(as_json: bool) -> int:
             "staleness": [{**asdict(r), "ratio": r.ratio} for r in curve],
             "verl_trainer_held_out": held_out,
             "unpredicted": [asdict(u) for u in UNPREDICTED],
+            "recovery": [{**asdict(r), "ratio": r.ratio, "meets": r.meets} for r in recovery],
+            "recovery_loops": [{**asdict(c), "inside": c.inside} for c in loops],
+            "recovery_unpredicted": [asdict(u) for u in RECOVERY_UNPREDICTED],
         }
         print(json.dumps(out, sort_keys=True))
         return 0
     print_speedups(compared, held_out)
     print_staleness(curve)
+    print_recovery(recovery)
+    print_loop_checks(loops)
+    print_unpredicted()
     return 0
 
 

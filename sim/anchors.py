@@ -167,15 +167,6 @@ UNPREDICTED: tuple[Unpredicted, ...] = (
         "enough to fill their pipeline (AReaL's eta 0-8: the staleness table below)",
     ),
     Unpredicted(
-        "recovery: miles FT (90-120 s to evict), NeMo-RL shrink and refit, verl standby, "
-        "piper, torchft, RobustRL / ByteRobust ETTR",
-        "90-120 s; 1.38-2.03 s; <0.5 s; 4 s; 948 s; >80 %; 97 %",
-        "anchors.md, Fault-recovery time",
-        "what each figure spans is not given (detection only, or the restart too); with "
-        "miles' 30 s checks the simulator finds a dead engine at its next check "
-        "(docs/timing.md); ETTR under injected faults is what sim plan measures",
-    ),
-    Unpredicted(
         "bad cases: 70B over gloo, 8B, 200+ per-param RPCs",
         "3 min; 5-6 s; >120 s",
         "vllm #5723, open-instruct #1535",
