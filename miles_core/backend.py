@@ -349,3 +349,10 @@ class Cluster(Protocol):
         the world reports it (engine_started) once it answers. The control plane's own
         recovery of an engine (--use-fault-tolerance)."""
         ...
+
+    def start_cell(self, index: int) -> None:
+        """New processes for a cell (killing what is left of the old ones); the world reports
+        them (cell_started), and the next refresh heals them. The control plane's own
+        restart of a cell (--mini-ft-controller-enable; miles' ``allocate_for_pending``).
+        Raises CellFailure if the world could not create them."""
+        ...

@@ -382,6 +382,18 @@ class HeartbeatMissed(Event):
     """When the heartbeat was sent (``t`` is when its timeout ran out)."""
 
 
+@frozen_value(kw_only=True)
+class CellRestartAsked(Event):
+    """The FT controller (--mini-ft-controller-enable) resumed a stopped cell: it asked the
+    world for the cell's new processes, which the world reports (CellStarted) if it made
+    them."""
+
+    cell: int
+    suspended: float
+    """When the controller suspended the cell (``t`` is when it resumed it)."""
+    reason: str
+
+
 # -- weight updates -----------------------------------------------------------
 
 

@@ -341,6 +341,8 @@ class SimCluster:
         alive when the run hands it back (a large run's end took seconds more)."""
         self._starting: dict[str, SimTask] = {}
         """Engines whose new process is starting (engine_start_seconds), by the start's task."""
+        self._cell_starting: dict[int, SimTask] = {}
+        """Cells whose new processes are starting (cell_start_seconds), by the start's task."""
         self.checkpoints = SimCheckpoints(self, disk if disk is not None else SimDisk())
         """The job's saves (--save-interval), on a disk a killed job's restart reads."""
         self.on_job_killed: Callable[[FaultPoint | None], None] | None = None
@@ -455,8 +457,29 @@ class SimCluster:
                 exchange.fail()
 
     def start_cell(self, index: int) -> None:
-        """New processes for a cell; the world reports them (they answer at once here)."""
+        """New processes for a cell (the scenario's start_cell, or the control plane's
+        resume): what is left of the old ones dies now, and the new ones answer the world's
+        cell_start_seconds later (at once with 0), when the world reports them. A start
+        while another is under way replaces it."""
         self._fail_exchanges(index)
+        pending = self._cell_starting.pop(index, None)
+        if pending is not None:
+            pending.cancel("a later start replaced this one")
+        if not self.timing.cell_start_seconds:
+            self._start_cell(index)
+            return
+        self.cells[index].kill()
+        self._cell_starting[index] = self.rt.spawn(
+            self._start_cell_after(index, self.timing.cell_start_seconds), f"start-cell-{index}"
+        )
+
+    async def _start_cell_after(self, index: int, seconds: float) -> None:
+        await self.rt.sleep(seconds)
+        del self._cell_starting[index]
+        self._fail_exchanges(index)
+        self._start_cell(index)
+
+    def _start_cell(self, index: int) -> None:
         incarnation = self.cells[index].start()
         if self.observer is not None:
             self.observer.cell_started(index, incarnation, "processes started")

@@ -39,6 +39,7 @@ settings to search, and the scenario each point of the search runs.
     transfer_mode = ["broadcast", "p2p"]
     update_weight_buffer_mib = [512]
     use_fault_tolerance = [true]
+    mini_ft_controller_enable = [false, true]
     mode = ["fully_async", "one_step_off", "sync"]
 
 A point's trainer is the GPUs the rollout share leaves, as replicas of ``gpus_per_cell``
@@ -111,6 +112,7 @@ SECTIONS = {
         "transfer_mode",
         "update_weight_buffer_mib",
         "use_fault_tolerance",
+        "mini_ft_controller_enable",
         "mode",
     },
 }
@@ -126,6 +128,7 @@ SEARCH_DEFAULTS: Mapping[str, list[Any]] = {
     "transfer_mode": ["broadcast"],
     "update_weight_buffer_mib": [512],
     "use_fault_tolerance": [True],
+    "mini_ft_controller_enable": [False],
     "mode": ["fully_async"],
 }
 
@@ -300,6 +303,7 @@ def scenario_of(plan: Plan, settings: Mapping[str, Any]) -> Scenario:
         transfer_mode=_choice(TransferMode, settings["transfer_mode"], "transfer_mode"),
         update_weight_buffer_size=int(settings["update_weight_buffer_mib"]) << 20,
         use_fault_tolerance=settings["use_fault_tolerance"],
+        mini_ft_controller_enable=settings["mini_ft_controller_enable"],
         mode=settings["mode"],
         heartbeat_interval=10.0,
         heartbeat_timeout=10.0,
@@ -375,24 +379,45 @@ def drawn_faults(
     """Faults at times drawn from the plan's rates within ``horizon`` seconds (the run
     without faults lasted longer than that, so every fault falls inside the run), each on a
     component that is up (a kill of a dead process does nothing): a cell dies and is started
-    ``cell_restart_seconds`` later, and is not struck again, nor another cell, until three
-    steps after (its heal); an engine dies and is up again after fault tolerance's check and
-    its start (or, without it, ``engine_restart_seconds`` later if given; else never)."""
+    ``cell_restart_seconds`` later (with the FT controller, the point's own
+    --mini-ft-controller-enable, it is not started by the plan: the controller resumes it,
+    and its processes take the [timing] cell_start_seconds), and is not struck again, nor
+    another cell, until three steps after (its heal); an engine dies and is up again after
+    fault tolerance's check and its start (or, without it, ``engine_restart_seconds`` later
+    if given; else never)."""
     rates, rng = plan.tables["faults"], random.Random(seed)
     faults: list[AnyFault] = []
     cell_mtbf = rates.get("cell_mtbf_seconds")
     if cell_mtbf and scenario.world.num_cells > 1:  # a lone cell lost is a total loss
-        restart = float(rates.get("cell_restart_seconds", 60.0))
+        controller = scenario.loop.mini_ft_controller_enable
+        restart = (
+            _controller_back(scenario)
+            if controller
+            else float(rates.get("cell_restart_seconds", 60.0))
+        )
         t = rng.expovariate(1 / cell_mtbf)
         while t + restart < horizon:  # started again inside the run
             cell = rng.randrange(scenario.world.num_cells)
-            faults += [
-                make_fault("kill_cell", cell=cell, at=t),
-                make_fault("start_cell", cell=cell, at=t + restart),
-            ]
+            faults.append(make_fault("kill_cell", cell=cell, at=t))
+            if not controller:
+                faults.append(make_fault("start_cell", cell=cell, at=t + restart))
             t += restart + 3 * step_seconds + rng.expovariate(1 / cell_mtbf)
     faults += _engine_faults(plan, scenario, rng, horizon, step_seconds)
     return tuple(sorted(faults, key=lambda f: f.when.at))  # type: ignore[union-attr]
+
+
+def _controller_back(scenario: Scenario) -> float:
+    """The longest a killed cell takes to be started again under the FT controller: the
+    heartbeat's verdict (every miss refused at once; a call may find it sooner), the
+    controller's next poll, its resume delay, and the cell's start."""
+    loop = scenario.loop
+    detect = (loop.heartbeat_interval or 0.0) * loop.heartbeat_failure_threshold
+    return (
+        detect
+        + loop.mini_ft_controller_poll_interval
+        + loop.mini_ft_controller_resume_delay
+        + scenario.timing.cell_start_seconds
+    )
 
 
 def _engine_faults(

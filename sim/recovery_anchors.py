@@ -15,11 +15,13 @@ from dataclasses import dataclass
 
 from sim.anchors import Unpredicted
 from sim.recovery_loops import (
+    CONTROLLER_DELAY,
     HEARTBEAT_REFUSED,
     HEARTBEAT_UNANSWERED,
     MILES_RETRY,
     ROUTER_EVICTION,
     LoopCheck,
+    controller_runs,
     heartbeat_windows,
     retry_window,
 )
@@ -60,14 +62,6 @@ class RecoveryRow:
 
 
 RECOVERY_UNPREDICTED = (
-    Unpredicted(
-        "miles: the heal waits suspended",
-        "10 s",
-        FT_README,
-        "a setting (--mini-ft-controller-resume-delay 10), not an outcome; the simulator has "
-        "no mini FT controller: a stopped cell comes back when the scenario starts it "
-        "(start_cell)",
-    ),
     Unpredicted(
         "miles soak fault rates",
         "mean 120 s (trainer) / 240 s (rollout)",
@@ -156,6 +150,15 @@ def predict_recovery() -> list[RecoveryRow]:
             "",
         ),
         RecoveryRow(
+            "miles: the heal waits suspended",
+            FT_README,
+            (10.0, 10.0),
+            "mini FT controller: suspend, sleep the resume delay (10 s), resume",
+            (CONTROLLER_DELAY, CONTROLLER_DELAY),
+            tuple(suspended for _, suspended in controller_runs()),
+            "",
+        ),
+        RecoveryRow(
             "miles: the generation retry gives up",
             FT_README,
             (60.0, 60.0),
@@ -201,7 +204,7 @@ def print_loop_checks(checks: Sequence[LoopCheck]) -> None:
         simulated = " ".join(f"{s:g}" for s in c.simulated)
         verdict = "inside" if c.inside else "OUTSIDE"
         low, high = c.closed_form
-        print(f"  {c.loop:48s} [{low:g}, {high:g}] s: {simulated}  {verdict}")
+        print(f"  {c.loop:54s} [{low:g}, {high:g}] s: {simulated}  {verdict}")
 
 
 def print_unpredicted() -> None:

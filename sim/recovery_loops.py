@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from miles_core.events import (
+    CellRestartAsked,
     CellStateChanged,
     EngineRecoveryAsked,
     Event,
@@ -126,7 +127,9 @@ _IDLE_TRAINER = TimeModel(
 killed cell first and only the heartbeat can find it."""
 
 
-def _heartbeat_scenario(fault: str, loop: CheckerLoop) -> Callable[[float], Scenario]:
+def _heartbeat_scenario(
+    fault: str, loop: CheckerLoop, controller: bool = False
+) -> Callable[[float], Scenario]:
     def make(at: float) -> Scenario:
         extra = {"duration": 300.0} if fault == "drop_heartbeat" else {}
         scenario = _scenario(
@@ -137,6 +140,7 @@ def _heartbeat_scenario(fault: str, loop: CheckerLoop) -> Callable[[float], Scen
             heartbeat_interval=loop.interval,
             heartbeat_timeout=10.0,
             heartbeat_failure_threshold=loop.threshold,
+            mini_ft_controller_enable=controller,
             steps=1,
         )
         return dataclasses.replace(scenario, max_seconds=2_000.0)
@@ -160,6 +164,33 @@ def heartbeat_windows(loop: CheckerLoop) -> tuple[float, ...]:
     """A cell killed (refused heartbeats) or muted (unanswered) while the trainer waits."""
     fault = "kill_cell" if loop.check_seconds == 0 else "drop_heartbeat"
     return _windows(_heartbeat_scenario(fault, loop), _cell_failed, 100.0, loop.interval)
+
+
+CONTROLLER_POLL = 10.0
+CONTROLLER_DELAY = 10.0
+"""miles' mini FT controller's defaults (--mini-ft-controller-poll-interval and
+-resume-delay; miles/utils/arguments.py)."""
+
+
+def controller_window() -> tuple[float, float]:
+    """From a cell's death while idle to the controller's resume: the heartbeat's verdict
+    (refused), the controller's next poll (its grid is not the heartbeat's), the delay."""
+    low, high = HEARTBEAT_REFUSED.window()
+    return low + CONTROLLER_DELAY, high + CONTROLLER_POLL + CONTROLLER_DELAY
+
+
+def controller_runs() -> tuple[tuple[float, float], ...]:
+    """Each phase's (death to resume, suspend to resume) under miles' controller defaults:
+    cell 1 killed while the trainer waits, found by the heartbeat, resumed by the controller
+    (miles_core/loop/cell_controller.py)."""
+    make = _heartbeat_scenario("kill_cell", HEARTBEAT_REFUSED, controller=True)
+    out = []
+    for phase in PHASES:
+        at = 100.0 + phase * HEARTBEAT_REFUSED.interval
+        history = list(_judged(make(at)).history)
+        asked = next(e for e in history if isinstance(e, CellRestartAsked) and e.cell == 1)
+        out.append((round(asked.t - at, 2), round(asked.t - asked.suspended, 2)))
+    return tuple(out)
 
 
 def _recovery_asked(history: Sequence[Event], at: float) -> float:
@@ -225,9 +256,10 @@ class LoopCheck:
 
 
 def loop_checks() -> list[LoopCheck]:
-    """The trainer heartbeat and the rollout health monitor, refused and unanswered, each
-    simulated at every phase (0.5 s of slack: a healthy heartbeat round takes 0.01 s, so the
-    rounds drift from the interval's grid)."""
+    """The trainer heartbeat and the rollout health monitor, refused and unanswered, and the
+    FT controller after the heartbeat, each simulated at every phase (0.5 s of slack: a
+    healthy heartbeat round takes 0.01 s, so the rounds drift from the interval's grid)."""
+    resumed = tuple(death for death, _ in controller_runs())
     return [
         LoopCheck(
             "trainer heartbeat, cell killed (10/10/3)",
@@ -248,5 +280,8 @@ def loop_checks() -> list[LoopCheck]:
             "rollout health monitor, engine hung (30/30)",
             MONITOR_HUNG.window(),
             monitor_windows(MONITOR_HUNG),
+        ),
+        LoopCheck(
+            "FT controller resumes a killed cell (10/10/3, 10, 10)", controller_window(), resumed
         ),
     ]

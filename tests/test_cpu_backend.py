@@ -44,6 +44,8 @@ from miles_core.conformance import decisions, rollout
 from miles_core.engines import EngineState
 from miles_core.events import (
     BucketReceived,
+    CellRestartAsked,
+    CellStarted,
     CellStateChanged,
     EngineExited,
     EngineRecoveryAsked,
@@ -563,6 +565,27 @@ def _raising_trainer_actor(cell: int, step: int) -> Any:
                 raise RuntimeError("planted: the loss went NaN on this rank")
 
     return ray.remote(num_cpus=0, max_concurrency=4)(RaisingRank)
+
+
+def test_the_ft_controller_resumes_a_killed_cell_for_real(ray_cluster) -> None:
+    """miles' mini FT controller on real Ray: cell 1 dies before its exchange at step 1 and
+    nothing starts it; the controller finds it stopped, waits its resume delay, the world
+    creates new rank actors, and the next refresh heals the cell from cell 0."""
+    scenario = SCENARIOS["ft_controller_heals_a_killed_cell"]
+    loop = dataclasses.replace(
+        scenario.loop,
+        steps=24,
+        mini_ft_controller_poll_interval=0.05,
+        mini_ft_controller_resume_delay=0.1,
+    )
+    kill = make_fault("kill_cell", cell=1, point="before_allreduce", step=1)
+    real = run_in_ray(dataclasses.replace(scenario, loop=loop, faults=(kill,)), seed=0, timeout=600)
+    assert real.ok, _failed(real)
+    _cell_shrinks_and_heals(real.history)
+    (asked,) = [e for e in real.history if isinstance(e, CellRestartAsked)]
+    assert asked.t - asked.suspended >= 0.1
+    started = [e for e in real.history if isinstance(e, CellStarted) and e.cell == 1]
+    assert [e.t >= asked.t for e in started] == [True]
 
 
 def test_an_exception_in_one_cell_fails_that_cell_only(ray_cluster) -> None:

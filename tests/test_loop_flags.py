@@ -52,6 +52,9 @@ GOOD = {
     "rollout_health_check_interval": 5.0,
     "rollout_health_check_timeout": 6.0,
     "rollout_health_check_first_wait": 7.0,
+    "mini_ft_controller_enable": True,
+    "mini_ft_controller_poll_interval": 4.0,
+    "mini_ft_controller_resume_delay": 0.0,
     "save_interval": 2,
     "request_max_retries": 5,
     "request_retry_interval": 0.5,
@@ -76,6 +79,8 @@ def test_miles_defaults_are_stated_once() -> None:
     assert loop.use_fault_tolerance is False
     assert (loop.rollout_health_check_interval, loop.rollout_health_check_timeout) == (30, 30)
     assert loop.rollout_health_check_first_wait == 0
+    assert loop.mini_ft_controller_enable is False
+    assert (loop.mini_ft_controller_poll_interval, loop.mini_ft_controller_resume_delay) == (10, 10)
 
 
 def _words(field: str, value: Any) -> list[str]:

@@ -13,7 +13,13 @@ from pathlib import Path
 import pytest
 
 from miles_core.errors import ConfigError
-from miles_core.events import AttemptBegan, AttemptEnded, CellTrained
+from miles_core.events import (
+    AttemptBegan,
+    AttemptEnded,
+    CellRestartAsked,
+    CellTrained,
+    FaultInjected,
+)
 from miles_core.kinds import FaultKind
 from miles_core.scenario import Scenario, TimeModel, WorldShape, load_scenario_file
 from miles_core.scenario.faults import make_fault
@@ -195,3 +201,28 @@ def test_a_sync_point_runs_colocated_once_whatever_the_share(tmp_path: Path) -> 
     world = ran.scenario.world  # type: ignore[union-attr]
     assert (world.num_engines, world.num_cells) == (8 // 2, 8 // 3)
     assert all("does not apply" in p.why for p in pts if p.scenario is None)
+
+
+def test_under_the_ft_controller_the_plan_starts_no_cell_and_the_controller_heals_them(
+    tmp_path: Path,
+) -> None:
+    """A point with --mini-ft-controller-enable: the plan kills cells and starts none; the
+    controller resumes each (CellRestartAsked), the runs pass, and the faults cost time."""
+    text = TINY.replace(
+        'mode = ["fully_async", "one_step_off"]', "mini_ft_controller_enable = [true]"
+    ).replace("steps = 8", "steps = 40")  # long enough for a kill and its resume (50 s)
+    plan = load_plan(str(_plan(tmp_path, text)))
+    point = next(p for p in points(plan) if p.settings["rollout_share"] == 0.25)
+    assert point.scenario is not None and point.scenario.loop.mini_ft_controller_enable
+    faults = drawn_faults(plan, point.scenario, 0, horizon=500.0, step_seconds=4.0)
+    assert {f.kind for f in faults} >= {FaultKind.KILL_CELL}
+    assert FaultKind.START_CELL not in {f.kind for f in faults}
+    runs = run_point(plan, point, range(3))
+    assert all(r.failed == () and r.tokens_trained > 0 for r in runs)
+    struck = [r for r in runs if r.faults]
+    assert struck and all(0 < PointResult(point, [r]).ettr < 1.0 for r in struck)
+    scenario = dataclasses.replace(point.scenario, faults=faults)
+    history = run_scenario(scenario, 0).history
+    killed = [e for e in history if isinstance(e, FaultInjected) and e.fault is FaultKind.KILL_CELL]
+    resumed = [e for e in history if isinstance(e, CellRestartAsked)]
+    assert killed and len(resumed) >= 1

@@ -43,12 +43,14 @@ def test_the_retry_window_is_the_sleeps_and_the_failures() -> None:
 
 def test_every_simulated_loop_lies_inside_its_closed_form_at_every_phase() -> None:
     checks = loop_checks()
-    assert len(checks) == 4
+    assert len(checks) == 5
     for check in checks:
         assert check.inside, check
         low, high = check.closed_form
         spread = max(check.simulated) - min(check.simulated)
-        assert spread >= (high - low) / 2, f"the phases did not spread over the interval: {check}"
+        # a third: the controller's polls keep the heartbeat's grid, so its window spreads
+        # over the heartbeat's interval only, not over its own poll too
+        assert spread >= (high - low) / 3, f"the phases did not spread over the interval: {check}"
 
 
 def test_a_loop_with_other_settings_falls_outside_the_defaults_window() -> None:
@@ -70,6 +72,7 @@ def test_the_rows_verdicts_and_the_miss_names_its_cause() -> None:
     rows = {r.row: r for r in predict_recovery()}
     assert rows["miles: a dead engine evicted from the router"].meets
     assert rows["miles: the generation retry gives up"].meets
+    assert rows["miles: the heal waits suspended"].meets
     healthy = rows["miles: a killed cell still shows Healthy"]
     assert not healthy.meets
     assert "outside SimpleHealthChecker's loop" in healthy.cause

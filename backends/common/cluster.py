@@ -333,6 +333,13 @@ class RayWorld:
         if incarnation is not None and self.observer is not None:
             self.observer.engine_started(engine_id, incarnation, "actor started, /health answered")
 
+    def start_cell(self, index: int) -> None:
+        """New rank actors for the cell, killing the old ones; reported at once (Ray queues
+        calls to them until they are up, and the heal's first call waits for that)."""
+        incarnation = self.cells[index].create()
+        if self.observer is not None:
+            self.observer.cell_started(index, incarnation, "rank actors created")
+
     def engine_exited(self, engine_id: str, incarnation: int, how: str) -> None:
         if self.observer is not None:
             self.observer.engine_exited(engine_id, incarnation, how)

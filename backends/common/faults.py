@@ -58,9 +58,7 @@ class RayFaultActions:
         self.world.cells[cell].doomed[rank] = RAISE
 
     def start_cell(self, cell: int) -> None:
-        incarnation = self.world.cells[cell].create()
-        if self.world.observer is not None:
-            self.world.observer.cell_started(cell, incarnation, "rank actors created")
+        self.world.start_cell(cell)
 
     def kill_engine(self, engine: str, point: FaultPoint | None) -> None:
         self.announce(f"{engine}'s process")

@@ -74,6 +74,15 @@ class LoopConfig:
     rollout_health_check_interval: float = 30.0
     rollout_health_check_timeout: float = 30.0
     rollout_health_check_first_wait: float = 0.0
+    mini_ft_controller_enable: bool = False
+    """--mini-ft-controller-enable: stopped cells are resumed (new processes, healed at the
+    next refresh) without an operator; miles_core/loop/cell_controller.py."""
+    mini_ft_controller_poll_interval: float = 10.0
+    """--mini-ft-controller-poll-interval: seconds between the controller's looks at the
+    cells."""
+    mini_ft_controller_resume_delay: float = 10.0
+    """--mini-ft-controller-resume-delay: seconds a cell stays suspended before it is
+    resumed, and before a resumed cell may be resumed again."""
     save_interval: int = 0
     """--save-interval: save after every N-th step and after the last (miles'
     ``should_run_periodic_action``), after the step's weight update; 0: no periodic save. What
@@ -135,12 +144,13 @@ class LoopConfig:
                     "pass at least n_samples_per_prompt: whole groups are submitted (miles)",
                 )
         for name in ("heartbeat_interval", "heartbeat_timeout", "rollout_health_check_interval",
-                     "rollout_health_check_timeout",
+                     "rollout_health_check_timeout", "mini_ft_controller_poll_interval",
                      "update_weight_collective_timeout"):  # fmt: skip
             value = getattr(self, name)
             if value is not None and not _seconds(value, strict=True):
                 raise ConfigError(name, f"got {value!r}", "pass seconds > 0")
-        for name in ("rollout_health_check_first_wait", "heartbeat_first_wait"):
+        for name in ("rollout_health_check_first_wait", "heartbeat_first_wait",
+                     "mini_ft_controller_resume_delay"):  # fmt: skip
             value = getattr(self, name)
             if not _seconds(value, strict=False):
                 raise ConfigError(name, f"got {value!r}", "pass seconds >= 0")
@@ -258,6 +268,9 @@ FLAGS: Mapping[str, str] = {
     "rollout_health_check_interval": "--rollout-health-check-interval",
     "rollout_health_check_timeout": "--rollout-health-check-timeout",
     "rollout_health_check_first_wait": "--rollout-health-check-first-wait",
+    "mini_ft_controller_enable": "--mini-ft-controller-enable",
+    "mini_ft_controller_poll_interval": "--mini-ft-controller-poll-interval",
+    "mini_ft_controller_resume_delay": "--mini-ft-controller-resume-delay",
     "save_interval": "--save-interval",
     "request_max_retries": "--request-max-retries",
     "request_retry_interval": "--request-retry-interval",

@@ -48,6 +48,7 @@ from miles_core.events import (
     WeightsChecked,
 )
 from miles_core.kinds import RunStatus
+from miles_core.loop.cell_controller import CellController
 from miles_core.loop.config import LoopConfig, check_until_witnessed
 from miles_core.loop.context import RunContext
 from miles_core.loop.health import EngineHealthMonitor
@@ -128,6 +129,7 @@ class Orchestrator:
         self.health = EngineHealthMonitor(self.ctx, self.engines)
         self.updater = Updater(self.ctx, self.engines, self.trainer, self.health.replace)
         self.monitor = HeartbeatMonitor(self.ctx, self.trainer)
+        self.controller = CellController(self.ctx, self.trainer)
         self.saver = Saver(self.ctx, self.producer, self.trainer)
         if state is not None:
             self.producer.restore(state.cursor, state.pending)
@@ -189,6 +191,7 @@ class Orchestrator:
 
     def cell_started(self, cell: int, incarnation: int, how: str) -> None:
         if not self.ctx.stopping:
+            self.controller.started(cell)
             self.trainer.cell_started(cell, incarnation, how)
 
     def weights_checked(
@@ -335,6 +338,8 @@ class Orchestrator:
             ctx.spawn(monitor, "heartbeat-monitor")
         if c.use_fault_tolerance:
             ctx.spawn(self.health.run(), "engine-health-monitor")
+        if c.mini_ft_controller_enable:
+            ctx.spawn(self.controller.run(), "ft-controller")
         if self.liveness is not None:
             healed = ctx.rt.signal()
             ctx.history.observe(lambda e: _on_heal(e, healed))

@@ -187,6 +187,16 @@ SCENARIOS: Mapping[str, Scenario] = {
             ),
         ),
         _scenario(
+            "ft_controller_heals_a_killed_cell",
+            "cell 1 dies at t=10 s and no one starts it: miles' mini FT controller (polls "
+            "every 2 s, resumes after 2 s: miles' 10 s scaled down) finds it stopped, waits, "
+            "asks the world for new processes, and the next refresh heals it",
+            (F("kill_cell", cell=1, at=10.0),),
+            mini_ft_controller_enable=True,
+            mini_ft_controller_poll_interval=2.0,
+            mini_ft_controller_resume_delay=2.0,
+        ),
+        _scenario(
             "kill_during_heal",
             "three cells; cell 2 dies at step 1 and is restarted at step 3; the healing "
             "source, cell 0, dies while sending the checkpoint, so cell 2 is healed from "

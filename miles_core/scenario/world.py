@@ -149,6 +149,10 @@ class TimeModel:
     """From an engine's restart (a fault's, or fault tolerance's recovery) to its new process
     answering: importing, loading weights, serving (10 to 13 s on the CPU backend here). The
     old process dies at once; meanwhile the slot has none (0: the new one answers at once)."""
+    cell_start_seconds: float = 0.0
+    """From a cell's start (the scenario's start_cell, or the FT controller's resume) to its
+    new processes answering: Ray creating the actors, importing, building the model. The old
+    processes die at once; meanwhile the cell has none (0: the new ones answer at once)."""
     job_restart_seconds: float = 10.0
     """From a job killed whole (kill_job) to its new controller starting: the scheduler
     restarts the job and its processes come up; reading the save back (weights and two
@@ -197,6 +201,7 @@ class TimeModel:
             "link_latency_seconds",
             "control_reply_seconds",
             "engine_start_seconds",
+            "cell_start_seconds",
             "job_restart_seconds",
             *UPDATE_COST_RATES,
             "update_fixed_seconds",
