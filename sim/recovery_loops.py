@@ -6,10 +6,10 @@ has a closed form (``CheckerLoop.window``): the death lands anywhere in an inter
 failed check takes 0 s when the call is refused at once (a dead process: Ray refuses a call
 to a dead actor, a closed port refuses a connection) or its timeout when nothing answers (a
 hung process). Where the simulator runs the loop (the trainer heartbeat, the rollout health
-monitor, the request retries) the fault lands at several phases of it and the windows the
-histories show must lie inside the closed form's (``loop_checks``; tests/test_recovery_anchors.py),
-so a change to a loop's cadence shows in both. sim/recovery_anchors.py compares them with
-the published rows.
+monitor, the request retries, the mini FT controller) the fault lands at several phases of
+it, and the windows the histories show must lie inside the closed form's (``loop_checks``;
+tests/test_recovery_anchors.py), so a change to a loop's cadence shows in both.
+sim/recovery_anchors.py compares them with the published rows.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from miles_core.events import (
     CellRestartAsked,
@@ -27,10 +28,10 @@ from miles_core.events import (
     RunEnded,
 )
 from miles_core.kinds import RunStatus
-from miles_core.scenario.faults import make_fault
-from miles_core.scenario.library import _scenario
+from miles_core.scenario.faults import AnyFault, make_fault
 from miles_core.scenario.model import Expect, Scenario
-from miles_core.scenario.world import TimeModel
+from miles_core.scenario.presets import DEFAULT_LOOP
+from miles_core.scenario.world import TimeModel, WorldShape
 from sim.run import SimResult, run_scenario
 
 PHASES = (0.0, 0.25, 0.5, 0.75, 0.95)
@@ -91,6 +92,27 @@ MILES_RETRY = RetryLoop(tries=60, interval=1.0, failure_seconds=0.01)
 down refuses the connection (a loopback round trip, taken as 0.01 s)."""
 
 
+def _recovery_scenario(
+    name: str,
+    fault: AnyFault,
+    timing: TimeModel,
+    max_seconds: float | None = None,
+    expect: Expect | None = None,
+    **loop: Any,
+) -> Scenario:
+    """The small preset's world and loop (miles' checkers at the settings given) with one
+    fault."""
+    return Scenario(
+        name,
+        world=WorldShape(),
+        timing=timing,
+        loop=dataclasses.replace(DEFAULT_LOOP, **loop),
+        faults=(fault,),
+        expect=expect or Expect(),
+        max_seconds=max_seconds,
+    )
+
+
 def _judged(scenario: Scenario) -> SimResult:
     """A run whose oracles all passed: a window read off a run that broke a rule (or
     crashed) would be no prediction."""
@@ -99,7 +121,7 @@ def _judged(scenario: Scenario) -> SimResult:
         faults = "; ".join(repr(f) for f in scenario.faults)
         raise RuntimeError(
             f"the recovery run {scenario.name} (seed 0, faults {faults}) did not pass its "
-            f"oracles:\n{result.failures()}"
+            f"oracles (replay: python -m sim predict --anchors):\n{result.failures()}"
         )
     return result
 
@@ -132,18 +154,17 @@ def _heartbeat_scenario(
 ) -> Callable[[float], Scenario]:
     def make(at: float) -> Scenario:
         extra = {"duration": 300.0} if fault == "drop_heartbeat" else {}
-        scenario = _scenario(
+        return _recovery_scenario(
             f"recovery-{fault}",
-            "",
-            (make_fault(fault, cell=1, at=at, **extra),),
-            timing=_IDLE_TRAINER,
+            make_fault(fault, cell=1, at=at, **extra),
+            _IDLE_TRAINER,
+            max_seconds=2_000.0,
             heartbeat_interval=loop.interval,
             heartbeat_timeout=10.0,
             heartbeat_failure_threshold=loop.threshold,
             mini_ft_controller_enable=controller,
             steps=1,
         )
-        return dataclasses.replace(scenario, max_seconds=2_000.0)
 
     return make
 
@@ -207,17 +228,16 @@ def monitor_windows(loop: CheckerLoop) -> tuple[float, ...]:
     interval = loop.interval
 
     def make(at: float) -> Scenario:
-        scenario = _scenario(
+        return _recovery_scenario(
             f"recovery-{fault}",
-            "",
-            (make_fault(fault, engine="engine-1", at=at),),
-            timing=TimeModel(response_tokens_mean=3_000.0, response_tokens_sigma=0.3),
+            make_fault(fault, engine="engine-1", at=at),
+            TimeModel(response_tokens_mean=3_000.0, response_tokens_sigma=0.3),
+            max_seconds=4_000.0,
             use_fault_tolerance=True,
             rollout_health_check_interval=interval,
             rollout_health_check_timeout=loop.check_seconds or interval,
             steps=12,
         )
-        return dataclasses.replace(scenario, max_seconds=4_000.0)
 
     return _windows(make, _recovery_asked, 100.0, interval)
 
@@ -225,11 +245,10 @@ def monitor_windows(loop: CheckerLoop) -> tuple[float, ...]:
 def retry_window(loop: RetryLoop = MILES_RETRY) -> float:
     """The router down for longer than the retries last: from a request's first failed try
     to the run's end (miles' worker raises ``_post``'s last error)."""
-    scenario = _scenario(
+    scenario = _recovery_scenario(
         "recovery-retry",
-        "",
-        (make_fault("fail_router", at=1.0, duration=1_000.0),),
-        timing=TimeModel(router_failure_seconds=loop.failure_seconds),
+        make_fault("fail_router", at=1.0, duration=1_000.0),
+        TimeModel(router_failure_seconds=loop.failure_seconds),
         expect=Expect(RunStatus.FAILED, "RequestFailedError"),
         request_max_retries=loop.tries,
         request_retry_interval=loop.interval,
