@@ -22,6 +22,7 @@ from miles_core.engines import EngineState
 from miles_core.events import (
     AttemptBegan,
     BucketReceived,
+    CellRestartAsked,
     CellStarted,
     EngineExited,
     EngineHealthFailed,
@@ -337,6 +338,8 @@ _CORE: tuple[tuple[str, str, Test], ...] = (
     ("cell_restarted", "a cell started again (a later incarnation)", _cell_restarted),
     ("engine_restarted", "an engine started again (a later incarnation)", _engine_restarted),
     ("heartbeat_missed", "a cell's heartbeat went unanswered", _kinds(HeartbeatMissed)),
+    ("cell_resumed_by_controller", "the FT controller resumed a stopped cell",
+     _kinds(CellRestartAsked)),
     ("request_retried", "a generate request was sent again", _kinds(RequestRetried)),
     ("group_recycled", "a group came back to be generated again", _kinds(GroupRecycled)),
     ("lora_update", "a LoRA update began", _lora),
@@ -390,11 +393,13 @@ PROBES: tuple[Probe, ...] = (
     *(Probe(name, doc, test) for name, doc, test in _OTHER),
 )
 PROBE_NAMES = tuple(p.name for p in PROBES)
-NOT_IN_LIVENESS = frozenset({"flush_refused", "job_resumed_from_save", "torn_save_skipped"})
+NOT_IN_LIVENESS = frozenset(
+    {"flush_refused", "job_resumed_from_save", "torn_save_skipped", "cell_resumed_by_controller"}
+)
 """Core probes liveness mode cannot reach: the swarm's only refused flushes are those of an
 SGLang before #31962 under retract, whose runs must fail (FlushTimeoutError), and a
-liveness run must not; and liveness mode draws no kill_job (its heal would have to span
-the job's restart)."""
+liveness run must not; liveness mode draws no kill_job (its heal would have to span the
+job's restart), and no FT controller (its heal starts the cells: sim/swarm_controller.py)."""
 CORE = frozenset(p.name for p in PROBES if p.core)
 
 

@@ -58,6 +58,7 @@ from miles_core.scenario.faults import (
 from miles_core.scenario.liveness import Liveness, step_parts
 from miles_core.transfer import TransferMode
 from sim.aim import CELL, ENGINE, IMPAIRMENT, adjust, aimed_faults, family, probe_with
+from sim.swarm_controller import ft_controller
 from sim.swarm_kill import kill_job
 
 SWARM = "swarm"
@@ -828,6 +829,9 @@ def swarm_scenario(
     if aim is None and live is None:  # the whole job killed once (sim/swarm_kill.py)
         shape_of = (d.n_buckets, step_seconds)
         loop, d.faults, restart = kill_job(seed, loop, world, timing, shape_of, d.faults)
+    comeback = 0.0
+    if aim is None and live is None and not restart:  # the FT controller brings cells back
+        loop, d.faults, comeback = ft_controller(seed, loop, world, d.faults)
     description = f"{len(d.faults)} faults drawn by seed {seed}"
     return Scenario(
         SWARM,
@@ -841,6 +845,7 @@ def swarm_scenario(
         + _paced_rollout(world, timing, loop)
         + _slowest_update(world, timing, d.faults)
         + stall
-        + restart,
+        + restart
+        + comeback,
         liveness=live,
     )

@@ -130,3 +130,28 @@ def test_a_cell_that_takes_time_to_start_is_reported_then_and_healed_after() -> 
     assert started.t == pytest.approx(asked.t + 7.0)
     healed = [e for e in of(result, HealEnded) if e.dst_cell == 1 and e.ok]
     assert healed and healed[0].t >= started.t
+
+
+def test_the_swarm_runs_the_controller_in_a_share_of_its_seeds_without_their_starts() -> None:
+    from miles_core.kinds import FaultKind
+    from sim.swarm import swarm_scenario
+
+    on = [s for s in map(swarm_scenario, range(120)) if s.loop.mini_ft_controller_enable]
+    assert 10 <= len(on) <= 50
+    assert all(f.kind is not FaultKind.START_CELL for s in on for f in s.faults)
+    assert any(f.kind is FaultKind.KILL_CELL for s in on for f in s.faults)
+    live = [swarm_scenario(seed, liveness=True) for seed in range(40)]
+    assert not any(s.loop.mini_ft_controller_enable for s in live)
+
+
+def test_dropping_the_starts_renumbers_what_waits_on_a_fault_and_refuses_a_wait_on_one() -> None:
+    from sim.swarm_controller import _without_starts
+
+    kill = make_fault("kill_cell", cell=1, at=3.0)
+    start = make_fault("start_cell", cell=1, at=5.0)
+    after_kill = make_fault("kill_engine", engine="engine-1", after={"fault": 2, "seconds": 1.0})
+    kept = _without_starts([start, start, kill, after_kill])
+    assert kept is not None and [f.kind for f in kept] == ["kill_cell", "kill_engine"]
+    assert kept[1].when.fault == 0  # type: ignore[union-attr]  # the kill's new place
+    after_start = make_fault("kill_engine", engine="engine-1", after={"fault": 0})
+    assert _without_starts([start, after_start]) is None
