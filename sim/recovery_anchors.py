@@ -9,7 +9,6 @@ of other systems name the mechanism the simulator does not have.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -130,7 +129,7 @@ def predict_recovery() -> list[RecoveryRow]:
     """Every recovery row the simulator has a loop for, closed form and simulated."""
     heartbeat = heartbeat_windows(HEARTBEAT_REFUSED)
     retry = retry_window()
-    rows = [
+    return [
         RecoveryRow(
             "miles: a dead engine evicted from the router",
             FT_README,
@@ -147,7 +146,7 @@ def predict_recovery() -> list[RecoveryRow]:
             "trainer heartbeat: 3 misses, 10 s apart (refused)",
             HEARTBEAT_REFUSED.window(),
             heartbeat,
-            "",
+            _miss_cause_heartbeat(95.0),
         ),
         RecoveryRow(
             "miles: the heal waits suspended",
@@ -167,12 +166,6 @@ def predict_recovery() -> list[RecoveryRow]:
             (retry,),
             "",
         ),
-    ]
-    return [
-        dataclasses.replace(r, cause=_miss_cause_heartbeat(r.published[0]))
-        if not r.meets and "heartbeat" in r.term
-        else r
-        for r in rows
     ]
 
 

@@ -19,7 +19,8 @@ import random
 from miles_core.kinds import FaultKind, FaultPoint
 from miles_core.loop import LoopConfig
 from miles_core.scenario import WorldShape, derive_seed
-from miles_core.scenario.faults import After, AnyFault
+from miles_core.scenario.faults import AnyFault
+from sim.shrink import kept
 
 CONTROLLER_SHARE = 0.25
 """The share of the eligible seeds that run the controller."""
@@ -51,17 +52,6 @@ def ft_controller(
 def _without_starts(faults: list[AnyFault]) -> list[AnyFault] | None:
     """The faults but the starts, ``after = {fault = N}`` renumbered to the positions left
     (as drawn, before the swarm orders them); None if a fault waits on a start."""
-    place: dict[int, int] = {}
-    for old, fault in enumerate(faults):
-        if fault.kind is not FaultKind.START_CELL:
-            place[old] = len(place)
-    kept = []
-    for old in place:
-        fault, when = faults[old], faults[old].when
-        if isinstance(when, After) and when.fault is not None:
-            if when.fault not in place:
-                return None
-            renumbered = dataclasses.replace(when, fault=place[when.fault])
-            fault = dataclasses.replace(fault, when=renumbered)
-        kept.append(fault)
-    return kept
+    left = [i for i, f in enumerate(faults) if f.kind is not FaultKind.START_CELL]
+    renumbered = kept(faults, left)
+    return None if renumbered is None else list(renumbered)
