@@ -1,1 +1,3 @@
-"""Real worlds for the control plane: Ray actors, torch, HTTP engines (CPU now, GPU later)."""
+"""Real worlds for the control plane, on Ray: what the CPU and GPU backends share (common/),
+each backend's own parts (cpu/, gpu/), the transfer bench (bench/) and the tasks a small model
+learns (tasks/)."""

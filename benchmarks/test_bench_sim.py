@@ -1,4 +1,4 @@
-"""Simulated training steps of the production-shaped presets (sim/bench.py).
+"""Simulated training steps of the production-shaped presets (sim/cli/bench.py).
 
 ``production_scenario`` is the ``production-30b-moe`` preset (8 trainer cells of
 8 GPUs, 16 engines of 4 GPUs, 61 GB of weights in 1,024 tensors, 2 GiB buckets,
@@ -22,7 +22,7 @@ from __future__ import annotations
 import pytest
 
 from miles_core.events import FaultInjected, RunStatus, StepCommitted, VersionPublished
-from sim.bench import production_scenario, scale_scenario
+from sim.cli.bench import production_scenario, scale_scenario
 from sim.run import run_scenario
 
 PRESETS = {"production-30b-moe": production_scenario, "production-64x256": scale_scenario}

@@ -802,8 +802,28 @@ class _RowReaders(dict[type, _Row]):
     def __missing__(self, cls: type) -> _Row:
         keys = tuple(sorted(["type", *_field_names(cls)]))
         getter = operator.attrgetter(*("type_name" if key == "type" else key for key in keys))
+        blank = [i for i, key in enumerate(keys) if key in _WHERE_NOT_WHAT.get(cls, ())]
+        if blank:
+            getter = _blanked(getter, blank)
         self[cls] = row = (keys, getter)
         return row
+
+
+_WHERE_NOT_WHAT: dict[type, tuple[str, ...]] = {RunEnded: ("traceback",)}
+"""Fields the hash reads as "": they say where in the source something was raised (file and
+line), not what happened, so moving or editing code must not change a run's hash. The
+history keeps them (``to_dict``, ``--history``); a run whose traceback is "" hashes as it
+always did."""
+
+
+def _blanked(getter: Callable[[Event], tuple[Any, ...]], blank: list[int]) -> Callable:
+    def values(event: Event) -> tuple[Any, ...]:
+        row = list(getter(event))
+        for i in blank:
+            row[i] = ""
+        return tuple(row)
+
+    return values
 
 
 _ROWS = _RowReaders()
@@ -859,7 +879,8 @@ class History:
         return [e.to_dict() for e in self._events]
 
     def hash(self) -> str:
-        """sha256 of the canonical JSON of every event, in order."""
+        """sha256 of the canonical JSON of every event, in order (a traceback read as "":
+        ``_WHERE_NOT_WHAT``)."""
         digest = hashlib.sha256()
         encode, rows = _CANONICAL_JSON.encode, _ROWS
         for event in self._events:

@@ -14,7 +14,7 @@ the order is total and explicit:
 A hostname the resolver resolves sorts as its address. Within a node, bundles
 go by GPU id; the bundle index breaks any remaining tie, so the result never
 depends on the input order. The resolver is injected because this module does
-no I/O: the Ray backends pass one backed by DNS (backends/common/ray_session.py's
+no I/O: the Ray backends pass one backed by DNS (backends/common/session/ray_session.py's
 dns_resolver), tests pass a dict.
 
 The layout follows miles' ``create_placement_groups`` modes; where miles

@@ -399,7 +399,7 @@ NOT_IN_LIVENESS = frozenset(
 """Core probes liveness mode cannot reach: the swarm's only refused flushes are those of an
 SGLang before #31962 under retract, whose runs must fail (FlushTimeoutError), and a
 liveness run must not; liveness mode draws no kill_job (its heal would have to span the
-job's restart), and no FT controller (its heal starts the cells: sim/swarm_controller.py)."""
+job's restart), and no FT controller (its heal starts the cells: sim/search/swarm_controller.py)."""
 CORE = frozenset(p.name for p in PROBES if p.core)
 
 

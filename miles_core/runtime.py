@@ -2,7 +2,7 @@
 
 The fully-async loop, the weight-update sequence and healing are written once
 as ``async def`` coroutines that await nothing but what a Runtime hands out.
-The simulator implements it over SimPy virtual time (sim/runtime.py); the real
+The simulator implements it over SimPy virtual time (sim/world/runtime.py); the real
 backends over asyncio and Ray. Nothing here imports either.
 
 Rules the orchestration code keeps, so that both worlds run it identically:

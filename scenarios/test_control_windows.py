@@ -17,8 +17,8 @@ from miles_core.coverage import coverage_cells, phase_windows
 from miles_core.events import UpdateAborted, VersionPublished
 from miles_core.scenario import SCENARIOS, Scenario
 from miles_core.scenario.faults import make_fault
-from sim.plants import planted
 from sim.run import run_scenario
+from sim.search.plants import planted
 
 REPLY = 0.05
 

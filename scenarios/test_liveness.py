@@ -28,9 +28,9 @@ from miles_core.scenario import (
 )
 from miles_core.scenario.liveness import Liveness
 from miles_core.waits import TaskWait, WaitGraph
-from sim.plants import planted
 from sim.run import SimResult, run_scenario
-from sim.swarm import swarm_scenario
+from sim.search.plants import planted
+from sim.search.swarm import swarm_scenario
 
 HUNG = "ft_update_meets_a_hung_engine"
 FILES = Path(__file__).resolve().parent / "files"

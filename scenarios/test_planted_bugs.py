@@ -1,4 +1,4 @@
-"""Planted control bugs (sim/plants.py): each is caught by an oracle over the named
+"""Planted control bugs (sim/search/plants.py): each is caught by an oracle over the named
 scenarios, the scenario files and the swarm.
 
 A plant changes the control plane the way a user's own change might, then the
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from miles_core.scenario import SCENARIOS, Scenario, load_scenario_file
-from sim.plants import PLANTS, planted
 from sim.run import SimResult, run_scenario
-from sim.swarm import swarm_scenario
+from sim.search.plants import PLANTS, planted
+from sim.search.swarm import swarm_scenario
 
 SWARM_SEEDS = 100
 SWARM_RUN = "swarm seed"

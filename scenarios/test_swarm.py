@@ -12,7 +12,7 @@ import pytest
 
 from miles_core.events import FaultInjected, RunStatus
 from sim.run import run_scenario
-from sim.swarm import swarm_scenario
+from sim.search.swarm import swarm_scenario
 
 SEEDS = range(200)
 

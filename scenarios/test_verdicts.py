@@ -36,11 +36,11 @@ from miles_core.oracles.witnesses import WITNESSES, fault_witness
 from miles_core.scenario import SCENARIOS, Expect, TimeModel, make_fault
 from miles_core.scenario.schedule import FaultSchedule
 from sim.__main__ import main
-from sim.cluster import SimCluster
-from sim.faults import SimFaultActions
 from sim.run import SimResult, run_scenario
-from sim.runtime import Deadlock, SimRuntime
 from sim.scenarios import load_scenario_file
+from sim.world.cluster import SimCluster
+from sim.world.faults import SimFaultActions
+from sim.world.runtime import Deadlock, SimRuntime
 
 FILES = Path(__file__).resolve().parent / "files"
 

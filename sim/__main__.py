@@ -5,17 +5,17 @@
                       [--metrics out.jsonl] [--history out.jsonl] [--check-every K]
                       [--save-scenario FILE]
                       [miles' loop flags: --pause-generation-mode retract, ...]
-    python -m sim sweep [--seeds N] ...     (many seeds on Ray; see sim/sweep.py)
-    python -m sim shrink REPLAY_OR_SCENARIO (a failing run made small; see sim/shrink.py)
+    python -m sim sweep [--seeds N] ...     (many seeds on Ray; see sim/search/fanout.py)
+    python -m sim shrink REPLAY_OR_SCENARIO (a failing run made small; see sim/search/shrinker.py)
     python -m sim findability [--seeds N]   (seeds that catch each planted bug; on Ray)
-    python -m sim bench                     (simulator speed; see sim/bench.py)
-    python -m sim plan PLAN.toml [--out DIR] (search settings; the front; see sim/plan_spec.py)
-    python -m sim calibrate bench.json      (fit the transfer model; see sim/calibrate.py)
+    python -m sim bench                     (simulator speed; see sim/cli/bench.py)
+    python -m sim plan PLAN.toml [--out DIR] (search settings; the front; sim/timing/plan_file.py)
+    python -m sim calibrate bench.json      (fit the transfer model; see sim/cli/calibrate.py)
     python -m sim predict PRESET            (a weight update's time by that model)
     python -m sim predict --anchors         (every published update time; docs/timing.md)
     python -m sim calibrate --anchors       (the update path's terms fitted to them)
     python -m sim calibrate --history A.jsonl --scenario A.toml [--check B.jsonl
-                          --check-scenario B.toml]   (fit to real runs; sim/run_fit.py)
+                          --check-scenario B.toml]   (fit to real runs; sim/timing/run_fit.py)
 
 Exit codes: 0 when every oracle passed; 1 when one failed (the control plane
 broke, or the run did not end as its scenario expects), with the command that
@@ -65,11 +65,11 @@ from miles_core.report.interrupt import (
 from miles_core.report.progress import count_step
 from miles_core.scenario import SCENARIOS, Scenario, save_scenario_file
 from miles_core.scenario.limits import Limits, check_steps
-from sim.aim import parse_aim
-from sim.plants import check_plant, planted
 from sim.run import SimResult, replay_command, run_scenario
 from sim.scenarios import find_scenario
-from sim.swarm import SWARM, SWARM_TOTAL_LOSS, swarm_scenario
+from sim.search.aim import parse_aim
+from sim.search.plants import check_plant, planted
+from sim.search.swarm import SWARM, SWARM_TOTAL_LOSS, swarm_scenario
 
 DEFAULT_SCENARIO = "cell_crash_before_allreduce"
 OWN_FLAGS = ("steps",)
@@ -276,9 +276,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--aim",
         metavar="KIND@HOW:PHASE",
-        help="a swarm seed that puts one fault in this cell of the coverage map (sim/aim.py)",
+        help="a swarm seed that puts one fault in this cell of the coverage map "
+        "(sim/search/aim.py)",
     )
-    run.add_argument("--plant", metavar="NAME", help="run with a planted bug (sim/plants.py)")
+    run.add_argument(
+        "--plant", metavar="NAME", help="run with a planted bug (sim/search/plants.py)"
+    )
     run.add_argument(
         "--liveness",
         action="store_true",
@@ -304,31 +307,31 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
     if argv[:1] in (["calibrate"], ["predict"]):
-        from sim.calibrate import main as calibrate
+        from sim.cli.calibrate import main as calibrate
 
         return calibrate(argv)
     if argv[:1] == ["plan"]:
-        from sim.plan_cli import main as plan
+        from sim.cli.plan import main as plan
 
         return plan(argv[1:])
     if argv[:1] == ["sweep"]:
-        from sim.sweep_cli import main as sweep
+        from sim.cli.sweep import main as sweep
 
         return sweep(argv[1:])
     if argv[:1] == ["shrink"]:
-        from sim.shrink_cli import main as shrink
+        from sim.cli.shrink import main as shrink
 
         return shrink(argv[1:])
     if argv[:1] == ["findability"]:
-        from sim.findability_cli import main as findability
+        from sim.cli.findability import main as findability
 
         return findability(argv[1:])
     if argv[:1] == ["bench"]:
-        from sim.bench import main as bench
+        from sim.cli.bench import main as bench
 
         return bench(argv[1:])
     if argv[:1] == ["judge-joined"]:
-        from sim.judge_joined import main as judge_joined
+        from sim.cli.judge_joined import main as judge_joined
 
         return judge_joined(argv[1:])
     parser = _parser()

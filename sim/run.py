@@ -18,10 +18,10 @@ from miles_core.report.interrupt import CUT, ctrl_c_calls, judge_prefix
 from miles_core.scenario import Scenario
 from miles_core.scenario.schedule import orchestrator_for, schedule_for
 from miles_core.versions import VersionLedger
-from sim.cluster import SimCluster
-from sim.faults import SimFaultActions
-from sim.job import SimJob, kills_jobs
-from sim.runtime import Deadlock, Livelock, RunInterrupted, SimRuntime
+from sim.world.cluster import SimCluster
+from sim.world.faults import SimFaultActions
+from sim.world.job import SimJob, kills_jobs
+from sim.world.runtime import Deadlock, Livelock, RunInterrupted, SimRuntime
 
 
 @dataclass

@@ -14,7 +14,7 @@ from miles_core.scenario import (
     scenario_from_toml,
 )
 from miles_core.scenario import find_scenario as find_named_or_file
-from sim.swarm import SWARM, SWARM_TOTAL_LOSS, swarm_scenario
+from sim.search.swarm import SWARM, SWARM_TOTAL_LOSS, swarm_scenario
 
 
 def find_scenario(name_or_file: str, seed: int = 0) -> Scenario:

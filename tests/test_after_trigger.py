@@ -20,7 +20,7 @@ from miles_core.scenario.dump import scenario_to_toml
 from miles_core.scenario.faults import After, make_fault
 from miles_core.scenario.load import scenario_from_toml
 from sim.run import run_scenario
-from sim.shrink import kept
+from sim.search.shrinker import kept
 
 ROOT = Path(__file__).resolve().parents[1]
 FILE = ROOT / "scenarios" / "files" / "after_triggers.toml"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from backends.common.aio_runtime import AsyncioRuntime
+from backends.common.world.runtime import AsyncioRuntime
 from miles_core.sync import Lock
 
 

@@ -1,5 +1,5 @@
 """The generated arithmetic task: its data, its CLI, and the proof that the real-training
-blocks learn it (backends/common/arith_task.py, local_grpo.py, backends/tasks)."""
+blocks learn it (backends/tasks/arith_task.py, local_grpo.py, backends/tasks)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from backends.common.arith_task import ArithSpec, make_rows, write_task
-from backends.common.hf_checkpoint import load_checkpoint
-from backends.common.prompt_data import PromptFlags, load_prompts
+from backends.common.training.hf_checkpoint import load_checkpoint
+from backends.common.training.prompt_data import PromptFlags, load_prompts
 from backends.tasks.__main__ import main
+from backends.tasks.arith_task import ArithSpec, make_rows, write_task
 from backends.tasks.learn import LEARNING_SPEC, LEARNING_STEPS, evaluate, flags, learn, tuned
 from miles_core.errors import ConfigError
 

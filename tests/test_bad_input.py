@@ -1053,9 +1053,9 @@ def test_two_outputs_on_one_path_exit_2_naming_both(
     scenario.write_text("[loop]\nsteps = 4\n")
     bench = tmp_path / "bench.json"
     bench.write_text("{}")
-    import sim.shrink_cli
+    import sim.cli.shrink
 
-    monkeypatch.setattr(sim.shrink_cli, "run_scenario", lambda *a, **k: 1 / 0)
+    monkeypatch.setattr(sim.cli.shrink, "run_scenario", lambda *a, **k: 1 / 0)
     for argv, first, second in [
         (["run", "--trace", str(out), "--metrics", str(out)], "--trace", "--metrics"),
         (

@@ -8,7 +8,7 @@ import pytest
 
 from miles_core.errors import ConfigError
 from miles_core.scenario import PRESETS, Preset
-from sim.calibrate import apply_fit, calibrate, least_squares, main, predict_update_seconds
+from sim.cli.calibrate import apply_fit, calibrate, least_squares, main, predict_update_seconds
 
 
 def _timing(preset: Preset, **changes: float) -> Preset:

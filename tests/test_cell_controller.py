@@ -22,8 +22,8 @@ from miles_core.events import (
 from miles_core.loop.config import LoopConfig
 from miles_core.scenario import SCENARIOS
 from miles_core.scenario.faults import make_fault
-from sim.cluster import SimCluster
 from sim.run import SimResult, run_scenario
+from sim.world.cluster import SimCluster
 
 NAME = "ft_controller_heals_a_killed_cell"
 
@@ -134,7 +134,7 @@ def test_a_cell_that_takes_time_to_start_is_reported_then_and_healed_after() -> 
 
 def test_the_swarm_runs_the_controller_in_a_share_of_its_seeds_without_their_starts() -> None:
     from miles_core.kinds import FaultKind
-    from sim.swarm import swarm_scenario
+    from sim.search.swarm import swarm_scenario
 
     on = [s for s in map(swarm_scenario, range(120)) if s.loop.mini_ft_controller_enable]
     assert 10 <= len(on) <= 50
@@ -145,7 +145,7 @@ def test_the_swarm_runs_the_controller_in_a_share_of_its_seeds_without_their_sta
 
 
 def test_dropping_the_starts_renumbers_what_waits_on_a_fault_and_refuses_a_wait_on_one() -> None:
-    from sim.swarm_controller import _without_starts
+    from sim.search.swarm_controller import _without_starts
 
     kill = make_fault("kill_cell", cell=1, at=3.0)
     start = make_fault("start_cell", cell=1, at=5.0)

@@ -24,9 +24,9 @@ from miles_core.events import (
 from miles_core.kinds import FaultKind, FaultPoint
 from miles_core.scenario import SCENARIOS, TimeModel
 from miles_core.weight_update import UpdateKind
-from sim.aim import AIMABLE, parse_aim
 from sim.run import run_scenario
-from sim.swarm import AIMED_PAUSE_REPLY_SECONDS, swarm_scenario
+from sim.search.aim import AIMABLE, parse_aim
+from sim.search.swarm import AIMED_PAUSE_REPLY_SECONDS, swarm_scenario
 
 ENGINES = ("engine-0",)
 

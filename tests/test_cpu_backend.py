@@ -29,16 +29,16 @@ import pytest
 
 pytest.importorskip("ray", reason="the CPU backend needs the cpu extra (see the README)")
 
-from backends.common.hf_checkpoint import write_random_checkpoint
-from backends.common.ray_session import (
+from backends.common.run.ray_run import TRAIN, RealResult, _layout, run_in_ray
+from backends.common.session.ray_session import (
     node_addresses,
     placed_bundles,
     ray_session,
     remove_placement_group,
 )
-from backends.common.run import TRAIN, RealResult, _layout, run_in_ray
 from backends.common.stack import CPU_STACK, Wire
-from backends.common.transport import RayRouter
+from backends.common.training.hf_checkpoint import write_random_checkpoint
+from backends.common.world.transport import RayRouter
 from miles_core.cells import CellState
 from miles_core.conformance import decisions, rollout
 from miles_core.engines import EngineState
@@ -77,8 +77,8 @@ from miles_core.scenario.faults import RANK_FAILED, make_fault
 from miles_core.transfer import TransferMode
 from miles_core.update_connections import ConnectReason
 from sim.run import Scenario, run_scenario
-from sim.run_fit import read_history
 from sim.scenarios import SCENARIOS, load_scenario_file
+from sim.timing.run_fit import read_history
 from tests.ray_cluster import session_processes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -553,7 +553,7 @@ def _raising_trainer_actor(cell: int, step: int) -> Any:
     RuntimeErrors too, and a rank that took one for a failed exchange would retry it."""
     import ray
 
-    from backends.common.trainer import TrainerRank
+    from backends.common.world.trainer import TrainerRank
 
     class RaisingRank(TrainerRank):
         def train(self, step_: int, *args: Any, **kwargs: Any) -> Any:
@@ -624,7 +624,7 @@ def test_a_dead_rank_refuses_its_cells_heartbeat(ray_cluster) -> None:
 
     import ray
 
-    from backends.common.cluster import RayCell
+    from backends.common.world.cluster import RayCell
     from miles_core.backend import CellFailure
 
     class Answering:

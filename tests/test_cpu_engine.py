@@ -22,9 +22,9 @@ import torch
 
 pytest.importorskip("ray", reason="the CPU backend needs the cpu extra (see the README)")
 
-from backends.common.decoding import Decoding
-from backends.common.engine import EngineServer
-from backends.common.policy import BOS, SEP, PolicyConfig, build_model
+from backends.common.engine.decoding import Decoding
+from backends.common.engine.server import EngineServer
+from backends.common.training.policy import BOS, SEP, PolicyConfig, build_model
 
 PROMPT = [BOS, 3, 1, 4, SEP]
 MAX_NEW = 8

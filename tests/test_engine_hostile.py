@@ -46,12 +46,12 @@ import torch.distributed as dist
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from backends.common.devices import use_file_system_sharing
-from backends.common.engine import MAX_BODY_BYTES, EngineServer
-from backends.common.engine_requests import SPECS, BadRequest, bucket_payload, parse
-from backends.common.policy import BOS, CONTEXT_LENGTH, SEP, VOCAB, PolicyConfig
-from backends.common.tensor_bucket import FlattenedTensorMetadata, serialize
-from backends.common.wire import broadcast, broadcast_each, wire_spans
+from backends.common.engine.requests import SPECS, BadRequest, bucket_payload, parse
+from backends.common.engine.server import MAX_BODY_BYTES, EngineServer
+from backends.common.training.policy import BOS, CONTEXT_LENGTH, SEP, VOCAB, PolicyConfig
+from backends.common.wire.devices import use_file_system_sharing
+from backends.common.wire.groups import broadcast, broadcast_each, wire_spans
+from backends.common.wire.tensor_bucket import FlattenedTensorMetadata, serialize
 
 NORM = "model.norm.weight"
 K_PROJ = "model.layers.0.self_attn.k_proj.weight"

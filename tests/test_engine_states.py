@@ -25,11 +25,11 @@ import aiohttp
 import torch
 import torch.distributed as dist
 
-from backends.common import engine_http
-from backends.common.engine import EngineServer
-from backends.common.engine_state import ROUTES, EngineState, refusal
-from backends.common.policy import BOS, SEP, PolicyConfig
-from backends.common.wire import broadcast_each
+from backends.common.engine import http as engine_http
+from backends.common.engine.server import EngineServer
+from backends.common.engine.state import ROUTES, EngineState, refusal
+from backends.common.training.policy import BOS, SEP, PolicyConfig
+from backends.common.wire.groups import broadcast_each
 
 NORM = "model.norm.weight"
 BUCKET = {"names": [NORM], "dtypes": ["float32"], "shapes": [[64]], "group_name": "g"}

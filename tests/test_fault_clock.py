@@ -1,7 +1,7 @@
 """A fault at a time leaves the run before that time as it was.
 
 An aimed seed finds its moment in a probe run without the aimed fault, then adds
-the fault at that moment (sim/aim.py); shrinking drops faults and expects the rest
+the fault at that moment (sim/search/aim.py); shrinking drops faults and expects the rest
 of the run to stay put. Both need the run with one more fault at t to be the run
 without it up to t, tie-breaks included: the schedule's one fault clock
 (``Schedule._clock``) keeps the simulator's tie-break draws before t the same.
@@ -17,7 +17,7 @@ from miles_core.events import EngineExited, FaultInjected, FaultScheduled, Sampl
 from miles_core.scenario.faults import make_fault
 from sim.run import run_scenario
 from sim.scenarios import SCENARIOS
-from sim.swarm import swarm_scenario
+from sim.search.swarm import swarm_scenario
 
 
 def _before(history: object, t: float) -> list[object]:

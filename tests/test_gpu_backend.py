@@ -18,8 +18,8 @@ import pytest
 pytest.importorskip("ray", reason="the real backends need the cpu extra (see the README)")
 pytest.importorskip("megatron.core", reason="the Megatron trainer needs megatron-core")
 
-from backends.common.ray_session import ray_session
-from backends.common.run import TRAIN, RealResult, run_in_ray
+from backends.common.run.ray_run import TRAIN, RealResult, run_in_ray
+from backends.common.session.ray_session import ray_session
 from backends.gpu.stack import gpu_stack
 from miles_core.conformance import decisions, rollout
 from miles_core.errors import ConfigError

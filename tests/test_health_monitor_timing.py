@@ -13,7 +13,7 @@ import pytest
 
 from miles_core.engines import EngineState
 from miles_core.loop.health import EngineHealthMonitor
-from sim.runtime import SimRuntime
+from sim.world.runtime import SimRuntime
 
 
 def _check_times(

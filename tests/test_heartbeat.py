@@ -11,7 +11,7 @@ import pytest
 
 from miles_core.backend import CellFailure
 from miles_core.loop.heartbeat import HeartbeatMonitor
-from sim.runtime import SimRuntime
+from sim.world.runtime import SimRuntime
 
 
 class _Cells:

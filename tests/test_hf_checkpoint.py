@@ -1,5 +1,5 @@
 """--hf-checkpoint: a small random HF checkpoint written locally, loaded back, and every bad
-directory refused before any weight is read (backends/common/hf_checkpoint.py)."""
+directory refused before any weight is read (backends/common/training/hf_checkpoint.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from backends.common import hf_checkpoint
-from backends.common.hf_checkpoint import (
+from backends.common.training import hf_checkpoint
+from backends.common.training.hf_checkpoint import (
     inspect_checkpoint,
     load_checkpoint,
     write_random_checkpoint,

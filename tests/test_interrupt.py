@@ -31,9 +31,9 @@ from miles_core.oracles import SAFETY, WHOLE_RUN, end_state, fault_witness, prog
 from miles_core.report.interrupt import INTERRUPTED_EXIT, judge_prefix
 from sim.__main__ import main as sim_main
 from sim.run import run_scenario
-from sim.runtime import RunInterrupted, SimRuntime
 from sim.scenarios import find_scenario
-from sim.swarm import swarm_scenario
+from sim.search.swarm import swarm_scenario
+from sim.world.runtime import RunInterrupted, SimRuntime
 from tests.ray_cluster import session_processes
 
 STOP_SECONDS = 2.0
@@ -328,7 +328,7 @@ def _alarm(pid: int) -> dict[str, object]:
 def test_rays_alarm_is_left_out_for_an_intended_exit_only(monkeypatch) -> None:
     import ray._private.worker
 
-    from backends.common import ray_quiet
+    from backends.common.session import ray_quiet
 
     printed: list[object] = []
 
@@ -348,8 +348,8 @@ def test_rays_alarm_is_left_out_for_an_intended_exit_only(monkeypatch) -> None:
 def test_a_worker_killed_on_purpose_raises_no_alarm_and_another_does(capfd) -> None:
     import ray
 
-    from backends.common.ray_quiet import expect_exit
-    from backends.common.ray_session import ray_session
+    from backends.common.session.ray_quiet import expect_exit
+    from backends.common.session.ray_session import ray_session
 
     @ray.remote(num_cpus=0)
     class Doomed:
@@ -377,7 +377,7 @@ def test_a_worker_killed_on_purpose_raises_no_alarm_and_another_does(capfd) -> N
 
 
 def test_a_wait_is_said_once_without_a_terminal_and_spins_on_one() -> None:
-    from backends.common.spinner import spinner
+    from backends.common.session.spinner import spinner
 
     log = io.StringIO()
     with spinner("starting Ray (local: 2 CPU(s))", file=log):
@@ -402,7 +402,7 @@ def test_a_wait_is_said_once_without_a_terminal_and_spins_on_one() -> None:
 
 
 def test_a_sweep_without_a_terminal_says_its_progress_in_lines(capsys) -> None:
-    from sim.sweep_cli import LINES, _progress
+    from sim.cli.sweep import LINES, _progress
 
     bar = _progress(40, workers=2, quiet=False)  # capsys: stderr is no terminal
     for _ in range(40):

@@ -21,12 +21,12 @@ import pytest
 
 pytest.importorskip("ray", reason="the CPU backend needs the cpu extra (see the README)")
 
-from backends.common.job_saves import list_saves, write_save
-from backends.common.policy import PolicyConfig
+from backends.common.run.saves import list_saves, write_save
+from backends.common.training.policy import PolicyConfig
 from miles_core.events import JobResumed, SaveCommitted, StepCommitted, VersionPublished
 from miles_core.oracles import check_all
 from miles_core.saves import SaveState, choose_save
-from sim.judge_joined import join, read_history
+from sim.cli.judge_joined import join, read_history
 from tests.ray_cluster import session_processes
 
 STEPS = 6

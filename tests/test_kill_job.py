@@ -33,10 +33,10 @@ from miles_core.report.story import step_stories, story_lines
 from miles_core.saves import Resume, SaveState, StoredSave, choose_save, save_due
 from miles_core.scenario import Scenario, make_fault, scenario_from_toml
 from miles_core.scenario.schedule import FaultSchedule
-from sim.plants import planted
 from sim.run import SimResult, run_scenario
-from sim.runtime import SimRuntime
-from sim.swarm import swarm_scenario
+from sim.search.plants import planted
+from sim.search.swarm import swarm_scenario
+from sim.world.runtime import SimRuntime
 
 BASE = """
 name = "kill"

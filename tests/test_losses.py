@@ -1,5 +1,5 @@
 """GRPO / REINFORCE++ advantages, KL estimators and the PPO-clip loss against hand-computed
-numbers (backends/common/losses.py, modelled on miles' loss_hub)."""
+numbers (backends/common/training/losses.py, modelled on miles' loss_hub)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from backends.common.losses import (
+from backends.common.training.losses import (
     LossConfig,
     aggregate,
     compute_advantages,

@@ -23,7 +23,7 @@ pytest.importorskip("megatron.core")
 
 from transformers import LlamaForCausalLM
 
-from backends.common.policy import (
+from backends.common.training.policy import (
     DIGITS,
     PolicyConfig,
     Trajectory,

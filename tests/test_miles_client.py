@@ -1,7 +1,7 @@
 """miles' own client against our engine: every body as miles builds it, the whole sequence.
 
 Each request below is written from radixark/miles (31f1ca9), not from this project's
-client (backends/common/sglang_api.py), so that a difference between the two shows
+client (backends/common/sglang/api.py), so that a difference between the two shows
 here; the function each body comes from is named beside it. The sequence is miles'
 (update_weight_from_distributed/mixin.py ``_pause_and_prepare_engines``, the buckets,
 ``_finalize_and_resume_engines``; update_weight_from_tensor.py ``update_weights``
@@ -41,10 +41,10 @@ import aiohttp
 import torch
 import torch.distributed as dist
 
-from backends.common.devices import use_file_system_sharing
-from backends.common.engine import EngineServer
-from backends.common.policy import BOS, SEP, PolicyConfig
-from backends.common.sglang_api import missing_reads
+from backends.common.engine.server import EngineServer
+from backends.common.sglang.api import missing_reads
+from backends.common.training.policy import BOS, SEP, PolicyConfig
+from backends.common.wire.devices import use_file_system_sharing
 
 MODES = ("abort", "retract", "in_place")
 PATHS = ("distributed", "distributed-packed", "tensor")

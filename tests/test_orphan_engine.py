@@ -14,9 +14,9 @@ from miles_core.oracles.witnesses import fault_witness
 from miles_core.probes import probes_hit
 from miles_core.scenario import load_scenario_file, make_fault
 from miles_core.scenario.library import SCENARIOS
-from sim.plants import planted
 from sim.run import run_scenario
-from sim.swarm import swarm_scenario
+from sim.search.plants import planted
+from sim.search.swarm import swarm_scenario
 
 FILE = Path(__file__).resolve().parents[1] / "scenarios/files/orphan_engine_in_router.toml"
 

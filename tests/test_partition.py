@@ -17,9 +17,9 @@ from miles_core.probes import probes_hit
 from miles_core.scenario import load_scenario_file, make_fault
 from miles_core.scenario.library import SCENARIOS
 from miles_core.scenario.liveness import Liveness
-from sim.cluster import SimTransport
 from sim.run import run_scenario
-from sim.swarm import swarm_scenario
+from sim.search.swarm import swarm_scenario
+from sim.world.cluster import SimTransport
 
 FILE = Path(__file__).resolve().parents[1] / "scenarios" / "files" / "partition_mid_update.toml"
 

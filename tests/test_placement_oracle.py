@@ -16,9 +16,9 @@ from miles_core.oracles.placement import judge_placement
 from miles_core.placement import Bundle, LayoutConfig, compute_layout, place
 from miles_core.scenario.library import SCENARIOS
 from miles_core.scenario.world import NODE_ADDRESSES, TimeModel, WorldShape
-from sim.cluster import node_names
-from sim.plants import planted
 from sim.run import run_scenario
+from sim.search.plants import planted
+from sim.world.cluster import node_names
 
 
 def _made(**changes: object) -> PlacementMade:

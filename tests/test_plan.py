@@ -1,5 +1,5 @@
 """``python -m sim plan``: the plan file, its points, the faults drawn for them, the front,
-and the command end to end (sim/plan_spec.py, sim/plan.py, sim/plan_cli.py)."""
+and the command end to end (sim/timing/plan_file.py, sim/timing/planner.py, sim/cli/plan.py)."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from miles_core.events import (
 from miles_core.kinds import FaultKind
 from miles_core.scenario import Scenario, TimeModel, WorldShape, load_scenario_file
 from miles_core.scenario.faults import make_fault
-from sim.plan import PointResult, SeedRun, mark_front, run_point
-from sim.plan_spec import Point, drawn_faults, load_plan, points
 from sim.run import run_scenario
+from sim.timing.plan_file import Point, drawn_faults, load_plan, points
+from sim.timing.planner import PointResult, SeedRun, mark_front, run_point
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = """

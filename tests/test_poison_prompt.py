@@ -28,9 +28,9 @@ from miles_core.kinds import SampleOutcome
 from miles_core.oracles import recycled_regenerated
 from miles_core.probes import probes_hit
 from miles_core.scenario import load_scenario_file
-from sim.plants import planted
 from sim.run import run_scenario
-from sim.swarm import swarm_scenario
+from sim.search.plants import planted
+from sim.search.swarm import swarm_scenario
 
 FILE = Path(__file__).resolve().parents[1] / "scenarios/files/over_long_prompt.toml"
 

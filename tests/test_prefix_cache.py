@@ -146,9 +146,9 @@ pytest.importorskip("ray", reason="the CPU engine needs the cpu extra (see the R
 import aiohttp  # noqa: E402
 import torch  # noqa: E402
 
-from backends.common.decoding import forward  # noqa: E402
-from backends.common.engine import EngineServer  # noqa: E402
-from backends.common.policy import BOS, SEP, PolicyConfig, build_model  # noqa: E402
+from backends.common.engine.decoding import forward  # noqa: E402
+from backends.common.engine.server import EngineServer  # noqa: E402
+from backends.common.training.policy import BOS, SEP, PolicyConfig, build_model  # noqa: E402
 
 PROMPT = [BOS, 3, 1, 4, SEP]
 

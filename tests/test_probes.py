@@ -92,8 +92,8 @@ def test_every_probe_has_a_unique_name_and_a_doc() -> None:
 
 
 def test_liveness_mode_does_not_ask_for_the_probes_it_cannot_reach() -> None:
-    from sim.sweep import Tally
-    from sim.sweep_report import probes_json
+    from sim.search.fanout import Tally
+    from sim.search.sweep_report import probes_json
 
     tally = Tally(probes={name: 1 for name in CORE if name != "flush_refused"})
     assert probes_json(tally)["core_missed"] == ["flush_refused"]

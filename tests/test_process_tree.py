@@ -1,11 +1,12 @@
-"""The process tree a local Ray session waits for at shutdown (backends/common/process_tree)."""
+"""The process tree a local Ray session waits for at shutdown
+(backends/common/session/process_tree)."""
 
 from __future__ import annotations
 
 import subprocess
 import time
 
-from backends.common.process_tree import Proc, alive, descendants, wait_gone
+from backends.common.session.process_tree import Proc, alive, descendants, wait_gone
 
 
 def _tree() -> subprocess.Popen:

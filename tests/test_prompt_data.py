@@ -1,5 +1,5 @@
 """--prompt-data read with miles' keys, and the resumable order prompts are handed out in
-(backends/common/prompt_data.py, prompt_source.py)."""
+(backends/common/training/prompt_data.py, prompt_source.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from backends.common.char_tokenizer import build_tokenizer
-from backends.common.prompt_data import Prompt, PromptFlags, load_prompts
-from backends.common.prompt_source import DataCursor, DataExhaustedError, Drawn, PromptSource
+from backends.common.training.char_tokenizer import build_tokenizer
+from backends.common.training.prompt_data import Prompt, PromptFlags, load_prompts
+from backends.common.training.prompt_source import (
+    DataCursor,
+    DataExhaustedError,
+    Drawn,
+    PromptSource,
+)
 from miles_core.errors import ConfigError
 
 

@@ -16,7 +16,7 @@ from miles_core.probes import probes_hit
 from miles_core.scenario import load_scenario_file, make_fault
 from miles_core.scenario.faults import RANK_FAILED
 from sim.run import run_scenario
-from sim.swarm import swarm_scenario
+from sim.search.swarm import swarm_scenario
 
 FILE = Path(__file__).resolve().parents[1] / "scenarios" / "files" / "rank_faults.toml"
 

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("ray", reason="the Ray backends need the cpu extra (see the README)")
 
-from backends.common.ray_session import bundles_from_ray, dns_resolver
+from backends.common.session.ray_session import bundles_from_ray, dns_resolver
 from miles_core.placement import LayoutConfig, compute_layout, dict_resolver, place
 
 LAYOUT = compute_layout(

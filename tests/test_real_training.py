@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from backends.common.hf_checkpoint import write_random_checkpoint
-from backends.common.losses import LossConfig, policy_loss_function
-from backends.common.policy import HFPolicy, Trajectory, build_model
-from backends.common.policy_loss import checkpoint_loss
-from backends.common.prompt_data import PromptFlags, load_prompts
-from backends.common.rewards import resolve_reward
-from backends.common.task import DataTask
+from backends.common.training.hf_checkpoint import write_random_checkpoint
+from backends.common.training.losses import LossConfig, policy_loss_function
+from backends.common.training.policy import HFPolicy, Trajectory, build_model
+from backends.common.training.policy_loss import checkpoint_loss
+from backends.common.training.prompt_data import PromptFlags, load_prompts
+from backends.common.training.rewards import resolve_reward
+from backends.common.training.task import DataTask
 
 KILL_JOB = Path(__file__).parents[1] / "scenarios/files/kill_job_resumes_from_its_save.toml"
 
@@ -37,7 +37,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
     """The CLI in this process (a refusal exits 2 before Ray is imported to start)."""
-    from backends.common.cli import main
+    from backends.common.run.command import main
 
     with pytest.raises(SystemExit) as done:
         main(["run", *argv])
@@ -127,7 +127,7 @@ def test_parsing_the_run_flags_imports_neither_torch_nor_ray() -> None:
     import subprocess
     import sys
 
-    code = "import sys, backends.common.run_flags\n"
+    code = "import sys, backends.common.run.flags\n"
     code += "print('torch' in sys.modules, 'ray' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.split() == ["False", "False"], done.stderr

@@ -1,4 +1,5 @@
-"""The recovery-time rows (sim/recovery_anchors.py, sim/recovery_loops.py): each loop's
+"""The recovery-time rows (sim/timing/recovery_anchors.py, sim/timing/recovery_loops.py): each
+loop's
 closed form, the simulator's loops inside their closed forms at every phase, and the rows'
 verdicts."""
 
@@ -6,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from sim.recovery_anchors import predict_recovery
-from sim.recovery_loops import (
+from sim.timing.recovery_anchors import predict_recovery
+from sim.timing.recovery_loops import (
     HEARTBEAT_REFUSED,
     HEARTBEAT_UNANSWERED,
     MILES_RETRY,

@@ -160,7 +160,7 @@ def test_the_header_says_the_time_is_simulated() -> None:
 def test_a_real_run_says_wall_time() -> None:
     """A real backend's summary names its clock wall (its seconds are the run's own)."""
     pytest.importorskip("ray", reason="the real backends need the cpu extra")
-    from backends.common.run import RealResult
+    from backends.common.run.ray_run import RealResult
 
     sim = _run("no_failure")
     real = RealResult(sim.scenario, sim.seed, sim.history, sim.report, sim.verdicts)

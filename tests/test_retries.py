@@ -36,8 +36,8 @@ from miles_core.report.summary import summary
 from miles_core.report.trace import chrome_trace
 from miles_core.scenario import SCENARIOS
 from miles_core.scenario.faults import make_fault
-from sim.engine import SimEngine
 from sim.run import SimResult, run_scenario
+from sim.world.engine import SimEngine
 
 WINDOW = (10.0, 30.0)
 

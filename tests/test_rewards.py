@@ -1,5 +1,6 @@
 """Rule-based rewards (--rm-type math / deepscaler / dapo) on concrete right and wrong
-answers, and --custom-rm-path loaded and called as miles does (backends/common/rewards.py)."""
+answers, and --custom-rm-path loaded and called as miles does
+(backends/common/training/rewards.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.common.rewards import (
+from backends.common.training.rewards import (
     RewardSample,
     dapo_reward,
     deepscaler_reward,

@@ -1,4 +1,4 @@
-"""Fitting the time model to a run's history and predicting another run (sim/run_fit.py).
+"""Fitting the time model to a run's history and predicting another run (sim/timing/run_fit.py).
 
 The simulator is the one world whose true figures are known, so it checks the method: a
 fit of a simulated run must give back the figures that made it, and predict the other
@@ -18,7 +18,7 @@ from miles_core.errors import ConfigError
 from miles_core.events import History
 from miles_core.scenario import Scenario, load_scenario_file
 from sim.run import run_scenario
-from sim.run_fit import check, compare, figures, fit_timing, read_history
+from sim.timing.run_fit import check, compare, figures, fit_timing, read_history
 
 ROOT = Path(__file__).resolve().parent.parent
 FIT, CHECK = ROOT / "scenarios/timing/fit.toml", ROOT / "scenarios/timing/check.toml"
@@ -73,7 +73,7 @@ def test_a_fit_from_a_history_with_no_restart_keeps_the_scenarios_start_time() -
 
 
 def test_compare_marks_a_figure_off_by_more_than_a_quarter() -> None:
-    from sim.run_fit import RunFigures
+    from sim.timing.run_fit import RunFigures
 
     rows = compare(RunFigures(10.0, 2.0, None), RunFigures(12.4, 2.6, 5.0))
     assert [r["within"] for r in rows] == [True, False, False]

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from backends.common import cli, preflight
+from backends.common.run import command as cli
+from backends.common.run import preflight
 from miles_core.errors import ConfigError
 
 
@@ -145,7 +146,7 @@ def test_the_bench_refuses_a_plot_over_its_json(
 
 
 def test_the_sweep_checks_its_address_before_ray(capsys: pytest.CaptureFixture[str]) -> None:
-    from sim.sweep_cli import main as sweep
+    from sim.cli.sweep import main as sweep
 
     with pytest.raises(SystemExit) as caught:
         sweep(["--seeds", "1", "--address", f"127.0.0.1:{closed_port()}"])

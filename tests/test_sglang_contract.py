@@ -1,6 +1,6 @@
 """Our SGLang client and our SGLang-shaped engine, held to the pinned SGLang wheel's source.
 
-The wheel is downloaded once (backends.common.sglang_contract.ensure_wheel) and read as
+The wheel is downloaded once (backends.common.sglang.contract.ensure_wheel) and read as
 text; a download that fails fails these tests: CI has network, and an unchecked contract
 must not pass quietly. The parser is also tested on small synthetic sources, wheel-free.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.common.sglang_api import (
+from backends.common.sglang.api import (
     MILES_SENDS,
     REQUESTS,
     TESTBED_PREFIX,
@@ -22,7 +22,7 @@ from backends.common.sglang_api import (
     UpdateWeightsFromDistributedReqInput,
     UpdateWeightVersionReqInput,
 )
-from backends.common.sglang_contract import (
+from backends.common.sglang.contract import (
     Route,
     SGLangAPI,
     WheelUnavailable,
@@ -49,8 +49,8 @@ def api() -> SGLangAPI:
 
 @pytest.fixture(scope="module")
 def engine_app():
-    from backends.common.engine import EngineServer
-    from backends.common.policy import PolicyConfig
+    from backends.common.engine.server import EngineServer
+    from backends.common.training.policy import PolicyConfig
 
     return EngineServer("engine-0", PolicyConfig()).app()
 
@@ -103,7 +103,7 @@ def test_our_engine_serves_only_sglang_routes(api: SGLangAPI, engine_app) -> Non
 
 
 def test_our_engine_reads_only_sglang_fields(api: SGLangAPI, engine_app) -> None:
-    from backends.common.engine_requests import ENGINE_READS
+    from backends.common.engine.requests import ENGINE_READS
 
     posts = {
         r.resource.canonical
@@ -348,7 +348,7 @@ def test_a_failed_download_raises(tmp_path: Path) -> None:
 def test_our_launch_command_uses_only_flags_sglang_takes() -> None:
     """backends/gpu/sglang_engine.py starts real SGLang with these flags; a misspelt one
     would only fail on a GPU host."""
-    from backends.common.sglang_contract import check_launch, read_server_flags
+    from backends.common.sglang.contract import check_launch, read_server_flags
     from backends.gpu.sglang_engine import launch_command
 
     flags = read_server_flags(ensure_wheel())
@@ -363,8 +363,8 @@ def test_our_server_info_reports_only_sglang_server_arguments() -> None:
     """miles builds ServerArgs from /server_info (p2p_transfer_utils.py) and compares its
     fields (sglang_engine.py ``_init_external``): a key SGLang's server does not have would
     be one it never reports."""
-    from backends.common.engine_info import SERVER_INFO_EXTRAS, EngineInfo
-    from backends.common.sglang_contract import read_server_flags
+    from backends.common.engine.info import SERVER_INFO_EXTRAS, EngineInfo
+    from backends.common.sglang.contract import read_server_flags
 
     flags = read_server_flags(ensure_wheel())
     info = EngineInfo("m", "127.0.0.1", 1, 4096, "cpu", "float32", 0.0)
@@ -374,7 +374,7 @@ def test_our_server_info_reports_only_sglang_server_arguments() -> None:
 
 
 def test_the_routes_miles_reads_are_sglang_routes(api: SGLangAPI, engine_app) -> None:
-    from backends.common.sglang_api import MILES_READS
+    from backends.common.sglang.api import MILES_READS
 
     served = {r.resource.canonical for r in engine_app.router.routes()}
     assert set(MILES_READS) <= set(api.routes)

@@ -1,4 +1,4 @@
-"""The shm update group (backends/common/shm_group.py) between real processes.
+"""The shm update group (backends/common/wire/shm_group.py) between real processes.
 
 Each test spawns its processes against a TCPStore of its own on loopback; a
 process that fails raises in the test (torch.multiprocessing.spawn), and none
@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from backends.common import shm_group
-from backends.common.shm_group import (
+from backends.common.wire import shm_group
+from backends.common.wire.shm_group import (
     NODE_KEY,
     PeerFailure,
     ShmArena,
@@ -193,8 +193,8 @@ def test_an_arena_grows_by_a_new_segment_and_never_reuses_a_generation() -> None
 def test_a_cuda_engine_refuses_an_shm_group_naming_the_backend() -> None:
     import asyncio
 
-    from backends.common.engine_requests import BadRequest
-    from backends.common.engine_weights import EngineWeights
+    from backends.common.engine.requests import BadRequest
+    from backends.common.engine.weights import EngineWeights
 
     weights = EngineWeights(torch.nn.Linear(2, 2), "cuda")
     body = {
@@ -228,7 +228,7 @@ def test_the_shm_wire_is_a_cpu_stack_only() -> None:
 def test_a_wire_the_run_cannot_use_exits_2_before_ray(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv, words
 ) -> None:
-    from backends.common import cli
+    from backends.common.run import command as cli
 
     monkeypatch.setattr(cli, "run_real", lambda *a, **k: pytest.fail("the run started"))
     with pytest.raises(SystemExit) as caught:
@@ -242,7 +242,7 @@ def test_a_wire_the_run_cannot_use_exits_2_before_ray(
 def test_the_replay_line_keeps_the_wire() -> None:
     import argparse
 
-    from backends.common.cli import _replay, add_cpu_flags, cpu_stack_flags
+    from backends.common.run.command import _replay, add_cpu_flags, cpu_stack_flags
 
     parser = argparse.ArgumentParser()
     add_cpu_flags(parser)
@@ -260,7 +260,7 @@ def test_a_receiver_joining_a_dead_source_is_told_it_died() -> None:
     import subprocess
     import sys
 
-    from backends.common.shm_group import HEADER_KEY, node_id
+    from backends.common.wire.shm_group import HEADER_KEY, node_id
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()

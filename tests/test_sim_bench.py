@@ -1,4 +1,4 @@
-"""sim/bench.py: its workloads are the runs they name, its figures are what those runs gave,
+"""sim/cli/bench.py: its workloads are the runs they name, its figures are what those runs gave,
 and a baseline is compared like with like (no timing is asserted here)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from miles_core.events import FaultInjected, StepCommitted
 from miles_core.kinds import FaultKind
 from miles_core.scenario import PRESETS, SCENARIOS
 from miles_core.scenario.faults import BeforeAllreduce
-from sim import bench
+from sim.cli import bench
 from sim.run import run_scenario
 
 

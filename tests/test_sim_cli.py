@@ -200,7 +200,7 @@ def test_a_swarm_seed_saved_as_a_scenario_replays_without_the_swarm(tmp_path, ca
 
 
 def test_the_swarm_prints_what_it_drew(capsys) -> None:
-    from sim.swarm import swarm_scenario
+    from sim.search.swarm import swarm_scenario
 
     drawn = {seed: len(swarm_scenario(seed).faults) for seed in range(200)}
     many = next(seed for seed, n in drawn.items() if n >= 2)

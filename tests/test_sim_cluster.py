@@ -6,9 +6,9 @@ import dataclasses
 
 from miles_core.events import UpdateBegan, VersionPublished
 from miles_core.scenario import PRESETS, SCENARIOS, TimeModel
-from sim.cluster import SimCluster
 from sim.run import run_scenario
-from sim.runtime import SimRuntime
+from sim.world.cluster import SimCluster
+from sim.world.runtime import SimRuntime
 
 
 def test_cells_and_engines_are_placed_by_miles_core_whatever_order_ray_gives() -> None:

@@ -22,9 +22,9 @@ from miles_core.backend import (
 from miles_core.kinds import PauseMode
 from miles_core.scenario import TimeModel, WorldShape
 from miles_core.transfer import plan_buckets
-from sim.cluster import SimCluster
-from sim.engine import EngineHandle
-from sim.runtime import SimRuntime
+from sim.world.cluster import SimCluster
+from sim.world.engine import EngineHandle
+from sim.world.runtime import SimRuntime
 
 TIMING = TimeModel(response_tokens_mean=400.0, response_tokens_sigma=0.01)
 PAUSED_AT, RESUMED_AT = 1.0, 3.0

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from miles_core.runtime import Cancelled
-from sim.runtime import SimRuntime, derive_seed
+from sim.world.runtime import SimRuntime, derive_seed
 
 
 def test_sleep_advances_virtual_time_only() -> None:
@@ -204,7 +204,7 @@ def test_negative_sleep_is_refused() -> None:
 
 
 def test_a_zero_delay_loop_is_reported_as_a_livelock() -> None:
-    from sim.runtime import Livelock, SeededEnvironment
+    from sim.world.runtime import Livelock, SeededEnvironment
 
     rt = SimRuntime(seed=11)
     rt.env = SeededEnvironment(11, max_events_per_instant=500)

@@ -18,9 +18,9 @@ from miles_core.probes import probes_hit
 from miles_core.scenario import Scenario, load_scenario_file, make_fault
 from miles_core.scenario.library import SCENARIOS
 from miles_core.scenario.liveness import Liveness
-from sim.plants import planted
 from sim.run import run_scenario
-from sim.swarm import swarm_scenario
+from sim.search.plants import planted
+from sim.search.swarm import swarm_scenario
 
 FILE = Path(__file__).resolve().parents[1] / "scenarios" / "files" / "ft_engine_starts_slowly.toml"
 

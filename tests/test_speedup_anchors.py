@@ -1,4 +1,4 @@
-"""The async-vs-sync anchors (sim/speedup_anchors.py): verl's 7B table fitted and run in both
+"""The async-vs-sync anchors (sim/timing/speedup_anchors.py): verl's 7B table fitted and run in both
 modes, AReaL's 1.5B plan file, and the training terms they need (train_fixed_seconds; a
 colocated point's own training figures)."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from miles_core.errors import ConfigError
-from sim.plan_spec import load_plan, points
-from sim.speedup_anchors import (
+from sim.timing.plan_file import load_plan, points
+from sim.timing.speedup_anchors import (
     COMPARISONS,
     ROOT,
     VERL_7B,

@@ -30,17 +30,17 @@ from hypothesis import strategies as st
 from miles_core.oracles import ORACLES
 from miles_core.probes import CORE
 from miles_core.scenario import load_scenario_file
-from sim.judge import CRASHED, SeedTask, judge
-from sim.plants import PLANTS, planted
+from sim.cli.shrink import main as shrink_main
+from sim.cli.sweep import _parser as sweep_parser
+from sim.cli.sweep import _sources as sweep_sources
+from sim.cli.sweep import main as sweep_main
 from sim.run import run_scenario
-from sim.shrink import ddmin
-from sim.shrink_cli import main as shrink_main
-from sim.swarm import swarm_scenario
-from sim.sweep import SweepRun, Tally
-from sim.sweep_cli import _parser as sweep_parser
-from sim.sweep_cli import _sources as sweep_sources
-from sim.sweep_cli import main as sweep_main
-from sim.sweep_report import summary, text_lines
+from sim.search.fanout import SweepRun, Tally
+from sim.search.judge import CRASHED, SeedTask, judge
+from sim.search.plants import PLANTS, planted
+from sim.search.shrinker import ddmin
+from sim.search.swarm import swarm_scenario
+from sim.search.sweep_report import summary, text_lines
 from tests.ray_cluster import leftovers
 
 MUST_HIT = {
@@ -258,12 +258,12 @@ def test_ddmin_keeps_exactly_what_the_failure_needs(items: list[int], needed: se
 def test_a_seed_that_crashes_is_a_failure_with_its_replay_line(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import sim.judge
+    import sim.search.judge
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("an injector's own bug")
 
-    monkeypatch.setattr(sim.judge, "run_scenario", broken)
+    monkeypatch.setattr(sim.search.judge, "run_scenario", broken)
     outcome = judge(SeedTask("swarm", 3))
     assert not outcome.ok and outcome.failed == (CRASHED,)
     assert outcome.replay == "python -m sim run swarm --seed 3"
@@ -275,7 +275,7 @@ def test_a_shrink_keeps_the_same_failure_not_just_the_same_oracle() -> None:
     from miles_core.events import FaultInjected
     from miles_core.kinds import FaultKind
     from miles_core.oracles import Violation
-    from sim.shrink import signature
+    from sim.search.shrinker import signature
 
     def witness(kind: FaultKind) -> Violation:
         fault = FaultInjected(t=1.0, index=0, fault=kind)
@@ -300,10 +300,10 @@ def test_a_shrink_whose_result_no_longer_fails_writes_nothing(
 ) -> None:
     """The shrunk scenario is run once more from the text it would write; a shrinker that
     skipped a check (here: one that drops every fault) is refused, not printed."""
-    import sim.shrink_cli
+    import sim.cli.shrink
 
     monkeypatch.setattr(
-        sim.shrink_cli,
+        sim.cli.shrink,
         "shrink",
         lambda scenario, shrinker: dataclasses.replace(scenario, faults=()),
     )

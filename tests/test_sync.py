@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from backends.common.aio_runtime import AsyncioRuntime
+from backends.common.world.runtime import AsyncioRuntime
 from miles_core.runtime import Cancelled, Runtime
 from miles_core.sync import join_all
-from sim.runtime import SimRuntime
+from sim.world.runtime import SimRuntime
 
 
 async def _cancel_a_joining_waiter(rt: Runtime, unit: float) -> tuple[list[str], bool]:

@@ -49,7 +49,7 @@ def test_a_bad_pace_names_the_key_and_the_range(value: object) -> None:
 
 def test_the_cpu_backend_flag_takes_the_same_range() -> None:
     pytest.importorskip("ray")
-    from backends.common.run import check_token_seconds
+    from backends.common.run.ray_run import check_token_seconds
 
     check_token_seconds(None)  # not given: the scenario's own pace
     with pytest.raises(ConfigError, match="--engine-token-seconds"):

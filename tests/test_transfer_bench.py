@@ -17,7 +17,7 @@ from backends.bench.methods import BUCKETED, P2P_ONLY, WRITES_WEIGHTS  # noqa: E
 from backends.bench.report import TIE, markdown, summarize, table  # noqa: E402
 from backends.bench.state import bench_units, moe_specs, uniform_specs  # noqa: E402
 from backends.bench.worker import BenchConfig, module_of  # noqa: E402
-from backends.common.wire import BucketViews, payload_of  # noqa: E402
+from backends.common.wire.groups import BucketViews, payload_of  # noqa: E402
 from miles_core.errors import ConfigError  # noqa: E402
 from miles_core.transfer import plan_buckets  # noqa: E402
 

@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from backends.common.transport import CollectiveTransport
+from backends.common.world.transport import CollectiveTransport
 from miles_core.backend import Delivery, EngineFailure
 from miles_core.transfer import ParamSpec, UpdateUnit, plan_buckets
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 from miles_core.loop.update import Updater, _CallNames
 from miles_core.runtime import Cancelled
-from sim.runtime import SimRuntime
+from sim.world.runtime import SimRuntime
 
 
 class _Engine:

@@ -15,11 +15,11 @@ from miles_core.scenario import TimeModel, WorldShape, load_scenario_file
 from miles_core.scenario.library import SCENARIOS
 from miles_core.transfer import plan_buckets
 from miles_core.update_connections import ConnectReason, UpdateConnections
-from sim.cluster import SimCluster
-from sim.plants import planted
 from sim.run import run_scenario
-from sim.runtime import SimRuntime
-from sim.swarm import swarm_scenario
+from sim.search.plants import planted
+from sim.search.swarm import swarm_scenario
+from sim.world.cluster import SimCluster
+from sim.world.runtime import SimRuntime
 
 FILE = (
     Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
-"""The update path's cost model (sim/update_cost.py), its fit to the published rows
-(sim/anchors.py) and the table of predictions (sim/anchor_report.py)."""
+"""The update path's cost model (sim/world/update_cost.py), its fit to the published rows
+(sim/timing/anchors.py) and the table of predictions (sim/timing/anchor_report.py)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import pytest
 from miles_core.errors import ConfigError
 from miles_core.scenario import PRESETS, TimeModel
 from miles_core.scenario.anchor_presets import ANCHOR_PRESETS, SYSTEM_MODES, SYSTEMS
-from sim.anchor_report import predict_all
-from sim.anchors import ANCHORS, FIT_GROUPS, fit_group, group_of, update_terms
-from sim.calibrate import predict_update_seconds
-from sim.update_cost import BucketCost, Route, bucket_cost, bucket_seconds, wire_seconds
+from sim.cli.calibrate import predict_update_seconds
+from sim.timing.anchor_report import predict_all
+from sim.timing.anchors import ANCHORS, FIT_GROUPS, fit_group, group_of, update_terms
+from sim.world.update_cost import BucketCost, Route, bucket_cost, bucket_seconds, wire_seconds
 
 MB = 10**6
 REMOTE = Route(within_a_node=False, source_gpus=8, engines=4, gpus_per_engine=4)

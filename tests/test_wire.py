@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from backends.common.wire import (  # noqa: E402
+from backends.common.wire.groups import (  # noqa: E402
     BucketViews,
     UnalignedTensor,
     pack_bucket,
@@ -136,8 +136,8 @@ def test_a_trainer_whose_parameters_are_bucket_views_trains_bitwise_like_one_wit
 def test_an_engine_remembers_a_checked_layout_and_still_refuses_its_mutants() -> None:
     """check_bucket keeps the layouts that passed (the same buckets every update): a
     request that differs in one dtype or one shape is checked afresh and refused."""
-    from backends.common.engine_requests import BadRequest
-    from backends.common.engine_weights import EngineWeights
+    from backends.common.engine.requests import BadRequest
+    from backends.common.engine.weights import EngineWeights
 
     model = torch.nn.Linear(4, 3)
     weights = EngineWeights(model, "cpu")

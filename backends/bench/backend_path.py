@@ -1,11 +1,11 @@
 """The ``backend`` method: the CPU backend's own transfer code, called as its actors call it.
 
-Source: ``TrainerRank.send_bucket`` (backends/common/trainer.py), the method the
+Source: ``TrainerRank.send_bucket`` (backends/common/world/trainer.py), the method the
 trainer actor runs for each bucket, packed (``flattened_bucket``) or one broadcast per
 tensor (what miles sends, the backend's default), on a stand-in that holds what a one-rank
 cell's actor holds (its parameters as ``BucketViews``, its update groups made
 by ``gloo_group`` as ``init_update_group`` makes them). Receivers: an
-``EngineWeights`` (backends/common/engine_weights.py) that joins its groups with
+``EngineWeights`` (backends/common/engine/weights.py) that joins its groups with
 ``join`` and takes each bucket with ``receive``, from the bodies SGLang's routes
 take (sglang_api), on an event loop as the engine serves them. Left out: the Ray
 call and the HTTP request around each, which are not the transfer.
@@ -13,7 +13,7 @@ call and the HTTP request around each, which are not the transfer.
 The bench calls the code rather than copying it, so a change to the backend's
 send or receive changes the figure. Each wire gets its own groups: the bench's
 ``--backend`` (gloo, or NCCL on CUDA) and, on CPU, ``shm`` (the CPU backend's
-``--wire shm``: backends/common/shm_group.py).
+``--wire shm``: backends/common/wire/shm_group.py).
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from typing import Any
 
 import torch
 
-from backends.common import sglang_api as api
-from backends.common.engine_requests import parse
-from backends.common.engine_weights import EngineWeights
-from backends.common.shm_group import ShmArena
-from backends.common.trainer import TrainerRank
-from backends.common.wire import BucketViews, payload_of, update_group
+from backends.common.engine.requests import parse
+from backends.common.engine.weights import EngineWeights
+from backends.common.sglang import api
+from backends.common.wire.groups import BucketViews, payload_of, update_group
+from backends.common.wire.shm_group import ShmArena
+from backends.common.world.trainer import TrainerRank
 from miles_core.transfer import Bucket
 
 

@@ -17,7 +17,7 @@ and the report flags it.
 - ``shm-pipe``: the same in ``CHUNKS`` chunks, so receivers copy chunk k while
   the source writes chunk k+1;
 - ``shm-flags``: the flat tensor in one broadcast of an shm group
-  (backends/common/shm_group.py): pieces of ``shm_group.CHUNK`` bytes, each
+  (backends/common/wire/shm_group.py): pieces of ``shm_group.CHUNK`` bytes, each
   published by a flag in shared memory instead of a gloo token (microseconds
   instead of 0.1 to 1 ms), the pipelining of ``shm-pipe`` without its tokens'
   cost. The CPU backend's ``--wire shm`` sends buckets this way, so without this

@@ -29,7 +29,7 @@ The bucketed ones form a ladder, each adding one technique:
   tensors and loaded once all arrived (``backend`` is ``--flattened-bucket``);
 - ``backend-shm`` (CPU only): the same code on the CPU backend's other wire
   (``--wire shm``): update groups over the trainer's shared memory
-  (backends/common/shm_group.py), the way NCCL moves bytes within a node;
+  (backends/common/wire/shm_group.py), the way NCCL moves bytes within a node;
 - ``in-turn`` (p2p only): the same code, with the bucket sent to one engine after
   another, as miles_core's update loop calls the transport today (one
   ``send_bucket`` per engine);
@@ -54,7 +54,7 @@ import torch.distributed as dist
 
 from backends.bench.backend_path import EngineSide, TrainerSide, engine_group, group_names
 from backends.bench.ceiling import CEILINGS, run_ceiling
-from backends.common.wire import (
+from backends.common.wire.groups import (
     BucketViews,
     pack_bucket,
     pack_into,

@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from backends.common.cluster import RayWorld
+    from backends.common.world.cluster import RayWorld
 
 
 class Wire(StrEnum):
@@ -51,9 +51,9 @@ class Stack:
             raise ValueError("the shm wire moves host memory: it runs with device cpu only")
 
     trainer_actor: Any = None
-    """The Ray actor class of a trainer rank (None: backends.common.trainer's)."""
+    """The Ray actor class of a trainer rank (None: backends.common.world.trainer's)."""
     engine_actor: Any = None
-    """The Ray actor class of an engine (None: backends.common.engine's local engine)."""
+    """The Ray actor class of an engine (None: backends.common.engine.server's local engine)."""
     transport: Callable[[RayWorld], Any] | None = None
     """Makes the world's WeightTransport (None: the collective transport)."""
 

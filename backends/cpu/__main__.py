@@ -5,12 +5,12 @@
 The loop for real on a local Ray with virtual GPUs, on CPU: torch FSDP2 trainer
 cells, SGLang-shaped HTTP engines, gloo weight transfer. Everything it runs lives
 in backends/common (the GPU backend runs the same code with its own Stack); see
-backends/common/cli.py for the output and exit codes.
+backends/common/run/command.py for the output and exit codes.
 """
 
 from __future__ import annotations
 
-from backends.common.cli import main
+from backends.common.run.command import main
 from miles_core.report import exit_cli
 
 if __name__ == "__main__":

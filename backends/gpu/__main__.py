@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from backends.common.run_flags import build_parser
+from backends.common.run.flags import build_parser
 from backends.gpu.stack import add_gpu_flags, check_device
 from miles_core.errors import ConfigError
 from miles_core.report import exit_cli
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
             code, _ = run_devcheck(Path(args.out), budget_s=args.budget)
             return code
         check_device(args.device)  # before Ray, torch.distributed and Megatron are imported
-        from backends.common.cli import run_command
+        from backends.common.run.command import run_command
         from backends.gpu.stack import gpu_stack
 
         return run_command(args, "backends.gpu", gpu_stack, _stack_flags(args))

@@ -86,7 +86,7 @@ def _init_group(device: str, port: int, rank: int = 0, world: int = 1) -> None:
 
 def _groups(prompts: int = 4, per_group: int = 4) -> list[list[Any]]:
     """Fixed trajectories: seeded responses to the task's prompts, scored by its verifier."""
-    from backends.common.policy import RESPONSE_TOKENS, Trajectory, prompt_tokens, reward
+    from backends.common.training.policy import RESPONSE_TOKENS, Trajectory, prompt_tokens, reward
 
     rng, groups = random.Random(SEED), []
     for pid in range(prompts):
@@ -115,7 +115,7 @@ def _device_io(model: Any, device: str) -> Any:
 
 def _train(model: torch.nn.Module, device: str, steps: int) -> dict[str, Any]:
     """Adam steps of grpo_loss on the fixed trajectories; the last loss is after them."""
-    from backends.common.policy import PolicyConfig, grpo_loss
+    from backends.common.training.policy import PolicyConfig, grpo_loss
 
     groups, wrapped = _groups(), _device_io(model, device)
     optimizer, losses, seconds = torch.optim.Adam(model.parameters(), PolicyConfig().lr), [], []
@@ -360,7 +360,7 @@ def megatron_child(device: str, port: int, steps: int = 3) -> dict:
     _init_group(device, port)
     from transformers import LlamaForCausalLM
 
-    from backends.common.policy import PolicyConfig, build_model, grpo_loss
+    from backends.common.training.policy import PolicyConfig, build_model, grpo_loss
     from backends.gpu.megatron import model as mg
     from backends.gpu.megatron.convert import megatron_to_hf
 
@@ -409,7 +409,7 @@ def fsdp2_child(device: str, port: int) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from backends.common.policy import PolicyConfig, build_model
+    from backends.common.training.policy import PolicyConfig, build_model
 
     _init_group(device, port)
     try:

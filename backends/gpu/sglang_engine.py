@@ -30,8 +30,8 @@ from pathlib import Path
 import aiohttp
 import ray
 
-from backends.common.policy import AnyPolicy, HFPolicy, build_model
-from backends.common.ray_session import LOOPBACK
+from backends.common.session.ray_session import LOOPBACK
+from backends.common.training.policy import AnyPolicy, HFPolicy, build_model
 
 START_SECONDS = 600.0
 MIDWAY_SECONDS = 0.2

@@ -122,7 +122,7 @@ def gpu_stack(args: argparse.Namespace, scenario: Scenario) -> tuple[Stack, Scen
 
 def _parts(trainer: str, engine: str, wire: Wire) -> tuple[object, object, object]:
     """The actor classes and transport (imported here: Megatron and Ray are heavy)."""
-    from backends.common.transport import CollectiveTransport, HandleTransport
+    from backends.common.world.transport import CollectiveTransport, HandleTransport
 
     trainer_actor = None
     if trainer == "megatron":

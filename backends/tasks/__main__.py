@@ -3,7 +3,7 @@
 
 python -m backends.tasks learn --task DIR [--steps K] [--seed S] [--lr LR] ...
 
-``make`` writes a task a small model learns on CPU (``backends/common/arith_task.py``):
+``make`` writes a task a small model learns on CPU (``backends/tasks/arith_task.py``):
 DIR/checkpoint (an HF checkpoint with its tokenizer), DIR/train.jsonl and
 DIR/test.jsonl (miles' JSONL: ``--input-key input --label-key label``, reward
 ``--rm-type math``). ``learn`` trains it with GRPO in this process (no Ray) and prints
@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 from transformers.utils import logging as hf_logging
 
-from backends.common.arith_task import ArithSpec, write_task
-from backends.common.hf_checkpoint import ARCHITECTURES, load_checkpoint
-from backends.common.local_grpo import GrpoSettings, StepResult
-from backends.common.losses import KL_TYPES, LossConfig
-from backends.common.prompt_data import load_prompts
+from backends.common.training.hf_checkpoint import ARCHITECTURES, load_checkpoint
+from backends.common.training.local_grpo import GrpoSettings, StepResult
+from backends.common.training.losses import KL_TYPES, LossConfig
+from backends.common.training.prompt_data import load_prompts
+from backends.tasks.arith_task import ArithSpec, write_task
 from backends.tasks.learn import LEARNING_STEPS, evaluate, flags, learn, tuned
 from miles_core.errors import ConfigError
 from miles_core.report import exit_cli

@@ -15,13 +15,13 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from backends.common.arith_task import ArithSpec
-from backends.common.hf_checkpoint import load_checkpoint
-from backends.common.local_grpo import GrpoSettings, StepResult, grpo_step, make_optimizer
-from backends.common.losses import LossConfig
-from backends.common.prompt_data import Prompt, PromptFlags, load_prompts
-from backends.common.prompt_source import PromptSource
-from backends.common.rewards import math_reward, resolve_reward
+from backends.common.training.hf_checkpoint import load_checkpoint
+from backends.common.training.local_grpo import GrpoSettings, StepResult, grpo_step, make_optimizer
+from backends.common.training.losses import LossConfig
+from backends.common.training.prompt_data import Prompt, PromptFlags, load_prompts
+from backends.common.training.prompt_source import PromptSource
+from backends.common.training.rewards import math_reward, resolve_reward
+from backends.tasks.arith_task import ArithSpec
 
 LEARNING_SPEC = ArithSpec(max_operand=2, seed=1, hidden_size=128, heads=8, warmup_steps=100)
 """The task the learning test makes: sums of 0..2 (nine prompts, five answers, chance 0.2)."""

@@ -4,8 +4,8 @@ weight-update system that was measured on it, so every published figure is one c
 
 A preset is a cluster (the model's bytes on the wire, the trainer's GPUs and PP stages, the
 engines and their expert shards) under a system: the update path's terms
-(sim/update_cost.py) with the values fitted to the published rows by
-``python -m sim calibrate --anchors`` (sim/anchors.py). ``SYSTEMS`` is that one table;
+(sim/world/update_cost.py) with the values fitted to the published rows by
+``python -m sim calibrate --anchors`` (sim/timing/anchors.py). ``SYSTEMS`` is that one table;
 a test fits them again and holds these figures to the fit.
 
 The trainer is one cell of all its GPUs (its DP replicas hold the same weights; one

@@ -252,8 +252,8 @@ class FaultSchedule:
         """Fire the faults at times, in time order, from one timer started at once (eager: no
         start event). It schedules nothing for a moment before the next fault's, so a run
         with one more fault at t is the run without it up to t (the simulator's tie-breaks
-        depend on the time an event is for, sim/runtime.py ``_tie``): an aimed fault's
-        probe (sim/aim.py) relies on it. A task per fault put a start event at time 0
+        depend on the time an event is for, sim/world/runtime.py ``_tie``): an aimed fault's
+        probe (sim/search/aim.py) relies on it. A task per fault put a start event at time 0
         for each fault, which reordered the run's first instant."""
         rt = self._rt
         assert rt is not None

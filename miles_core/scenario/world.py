@@ -161,7 +161,8 @@ class TimeModel:
     """A weight update's fixed cost on its source, charged before its first bucket: the
     session's setup (transfer plan, locks, Python), which small models show (miles' P2P
     loses to NCCL on one node: ``docs/advanced/p2p-weight-transfer.md``). See
-    sim/update_cost.py for every term of the update path and the anchors they are fitted to."""
+    sim/world/update_cost.py for every term of the update path and the anchors they are fitted
+    to."""
     bucket_fixed_seconds: float = 0.0
     """Each bucket's fixed cost on its source (packing it, one call per bucket)."""
     gather_bytes_per_second: float = 0.0

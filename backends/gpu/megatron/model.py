@@ -24,7 +24,7 @@ from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.spec_utils import ModuleSpec
 from transformers import LlamaConfig
 
-from backends.common.policy import AnyPolicy, build_model
+from backends.common.training.policy import AnyPolicy, build_model
 from backends.gpu.megatron.convert import hf_to_megatron
 from backends.gpu.megatron.shims import apply_cpu_shims, cpu_model_parallel_manual_seed
 

@@ -21,9 +21,9 @@ import ray
 import torch
 import torch.distributed as dist
 
-from backends.common.policy import INIT_SEED, AnyPolicy, checksum_of
 from backends.common.stack import Stack
-from backends.common.trainer import TrainerRank
+from backends.common.training.policy import INIT_SEED, AnyPolicy, checksum_of
+from backends.common.world.trainer import TrainerRank
 from miles_core.transfer import Bucket
 
 

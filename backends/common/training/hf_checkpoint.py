@@ -1,0 +1,231 @@
+"""HF checkpoints for ``--hf-checkpoint``: write a small random one, inspect and load one.
+
+miles reads ``--hf-checkpoint DIR`` as a ``save_pretrained`` directory (config.json,
+*.safetensors, tokenizer files): the Megatron bridge converts it for the trainer
+(``miles/backends/megatron_utils/model_provider.py``), the FSDP backend loads it with
+``AutoModelForCausalLM.from_pretrained`` (``miles/backends/fsdp_utils/actor.py``,
+``FSDPTrainRayActor.init``) and SGLang is handed the directory. Here only the
+architectures the trainers can convert are accepted (llama, qwen2, qwen3), and a bad
+directory is refused by ``inspect_checkpoint``, which reads config.json and the
+safetensors headers only, before any weight is loaded (or Ray starts).
+
+Nothing is downloaded: ``write_random_checkpoint`` builds the model from a config,
+initialises it from its own seeded generator (the same seed writes bitwise-equal
+files) and saves the local tokenizer of ``char_tokenizer`` beside it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+    Qwen3Config,
+)
+
+from backends.common.training.char_tokenizer import build_tokenizer
+from miles_core.errors import ConfigError
+
+FLAG = "--hf-checkpoint"
+ARCHITECTURES: dict[str, type[PretrainedConfig]] = {
+    "llama": LlamaConfig,
+    "qwen2": Qwen2Config,
+    "qwen3": Qwen3Config,
+}
+_MAKE = "write one with `python -m backends.tasks make --out DIR`"
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What a checkpoint is, read without loading it: for the run's report and checks."""
+
+    directory: str
+    arch: str
+    vocab_size: int
+    layers: int
+    hidden_size: int
+    heads: int
+    param_count: int
+    param_bytes: int
+    tied_embeddings: bool
+
+
+def model_config(
+    arch: str, vocab_size: int, hidden_size: int, layers: int, heads: int
+) -> PretrainedConfig:
+    """A small config of ``arch``; bos/eos/pad ids follow ``char_tokenizer`` (1, 2, 0)."""
+    if arch not in ARCHITECTURES:
+        raise ConfigError("--arch", f"{arch!r} is not supported", f"pass one of {_choices()}")
+    if hidden_size % heads:
+        raise ConfigError(
+            "--hidden-size", f"{hidden_size} is not a multiple of {heads} heads", "fix it"
+        )
+    return ARCHITECTURES[arch](
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2),
+        head_dim=hidden_size // heads,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+
+
+def _initialise(model: PreTrainedModel, seed: int, std: float) -> None:
+    """Every parameter from one seeded generator, in name order: weights (matrices,
+    embeddings) ~ N(0, std), norms 1, biases 0 (what HF's ``_init_weights`` draws),
+    without touching torch's global RNG."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
+            if param.dim() >= 2:
+                param.copy_(torch.randn(param.shape, generator=generator) * std)
+            elif name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                param.zero_()
+
+
+def write_random_checkpoint(
+    directory: Path | str,
+    arch: str = "llama",
+    hidden_size: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    seed: int = 0,
+) -> CheckpointInfo:
+    """A randomly initialised causal LM and the local tokenizer, saved as HF saves them."""
+    tokenizer = build_tokenizer()
+    config = model_config(arch, len(tokenizer), hidden_size, layers, heads)
+    with torch.random.fork_rng():  # HF's own init draws from the global RNG: restore it
+        model = AutoModelForCausalLM.from_config(config).float()
+    _initialise(model, seed, config.initializer_range)
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return inspect_checkpoint(out)
+
+
+def _choices() -> str:
+    return ", ".join(ARCHITECTURES)
+
+
+def _read_config(directory: Path) -> dict[str, Any]:
+    if not directory.is_dir():
+        what = "is a file" if directory.exists() else "does not exist"
+        raise ConfigError(
+            FLAG, f"{str(directory)!r} {what}", f"pass a checkpoint directory; {_MAKE}"
+        )
+    path = directory / "config.json"
+    if not path.is_file():
+        raise ConfigError(
+            FLAG,
+            f"{str(directory)!r} has no config.json",
+            f"pass a save_pretrained directory; {_MAKE}",
+        )
+    try:
+        config = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ConfigError(
+            FLAG, f"{path} is not JSON ({error})", "rewrite it with save_pretrained"
+        ) from None
+    if not isinstance(config, dict):
+        raise ConfigError(FLAG, f"{path} holds no JSON object", "rewrite it with save_pretrained")
+    arch = config.get("model_type")
+    if arch not in ARCHITECTURES:
+        raise ConfigError(
+            FLAG,
+            f"model_type {arch!r} in {path} is not supported",
+            f"pass a checkpoint of one of: {_choices()}",
+        )
+    return config
+
+
+def _weights(directory: Path) -> list[Path]:
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        other = "only .bin weights" if any(directory.glob("*.bin")) else "no *.safetensors"
+        raise ConfigError(
+            FLAG,
+            f"{str(directory)!r} holds {other}",
+            "save the model with save_pretrained(dir, safe_serialization=True)",
+        )
+    if not any(
+        (directory / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")
+    ):
+        raise ConfigError(
+            FLAG,
+            f"{str(directory)!r} has no tokenizer",
+            "save the tokenizer into the same directory",
+        )
+    return files
+
+
+def _tensor_sizes(files: list[Path]) -> tuple[int, int]:
+    """(parameter count, bytes) from the safetensors headers alone."""
+    count = size = 0
+    for path in files:
+        with safe_open(str(path), framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 (a safe_open handle is not a dict)
+                piece = handle.get_slice(name)
+                numel = 1
+                for dim in piece.get_shape():
+                    numel *= dim
+                count += numel
+                size += numel * _DTYPE_BYTES.get(piece.get_dtype(), 4)
+    return count, size
+
+
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "U8": 1, "BOOL": 1}
+
+
+def inspect_checkpoint(directory: Path | str) -> CheckpointInfo:
+    """The checkpoint's description, or a ConfigError naming --hf-checkpoint: cheap (no
+    weights loaded), so a run checks its flag before any heavy work."""
+    folder = Path(directory)
+    config = _read_config(folder)
+    count, size = _tensor_sizes(_weights(folder))
+    return CheckpointInfo(
+        directory=str(folder),
+        arch=config["model_type"],
+        vocab_size=int(config.get("vocab_size", 0)),
+        layers=int(config.get("num_hidden_layers", 0)),
+        hidden_size=int(config.get("hidden_size", 0)),
+        heads=int(config.get("num_attention_heads", 0)),
+        param_count=count,
+        param_bytes=size,
+        tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+    )
+
+
+def load_checkpoint(
+    directory: Path | str,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, CheckpointInfo]:
+    """The model in float32, its tokenizer and its description; checked before loading."""
+    info = inspect_checkpoint(directory)
+    tokenizer = AutoTokenizer.from_pretrained(info.directory)
+    if len(tokenizer) > info.vocab_size:
+        raise ConfigError(
+            FLAG,
+            f"the tokenizer has {len(tokenizer)} tokens, the model embeds {info.vocab_size}",
+            "save the tokenizer the model was built for",
+        )
+    model = AutoModelForCausalLM.from_pretrained(info.directory)
+    return model.float(), tokenizer, info

@@ -1,0 +1,230 @@
+"""An engine slot of the Ray world: the actor of its current process, and the SGLang client to it.
+
+Calls are addressed to one process (an incarnation): a call meant for a process
+that was replaced fails instead of reaching the new one. Every body is built from
+sglang_api's request types, the ones the contract test holds to SGLang's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import ray
+from ray.exceptions import RayActorError
+
+from backends.common.engine.server import EngineActor
+from backends.common.session.ray_session import LOOPBACK, in_bundle
+from backends.common.sglang import api
+from miles_core.backend import EngineFailure, RequestRefused, SessionAlreadyOpen
+from miles_core.kinds import FaultPoint, PauseMode
+
+if TYPE_CHECKING:
+    from backends.common.world.cluster import RayWorld
+
+ACTOR_DIED = (RayActorError,)
+
+
+class RayEngine:
+    """An engine slot: the actor of its current process and the HTTP client to it."""
+
+    def __init__(self, world: RayWorld, engine_id: str, position: int) -> None:
+        self.world = world
+        self.id = engine_id
+        self.position = position
+        self.actor: Any = None
+        self.url: str | None = None
+        self.incarnation = -1
+        self.doomed = False
+        self.hung = False
+        """This world made its current process hang (the hang_engine fault)."""
+        self.unanswered: frozenset[str] = frozenset()
+        """Routes its current process leaves unanswered (the hang_call fault)."""
+        self.gone = False
+        """Ray reported its current process dead."""
+
+    async def start(self, recovery: bool = False) -> int | None:
+        """A new process (the old one killed first); its incarnation once its HTTP server
+        answers, or None if it died or was replaced while starting (the death reported).
+        ``recovery``: the control plane's own restart (the during_recovery fault point)."""
+        self.kill()
+        self.incarnation += 1
+        self.hung = self.gone = False
+        self.unanswered = frozenset()
+        incarnation = self.incarnation
+        bundle = self.world.placement.engine_bundles(self.position)[0]
+        stack = self.world.stack
+        actor = (
+            (stack.engine_actor or EngineActor)
+            .options(
+                num_gpus=self.world.placement.layout.engine_actor_gpu_fraction,
+                scheduling_strategy=in_bundle(self.world.pg, bundle),
+            )
+            .remote(
+                self.id,
+                self.world.policy,
+                self.world.engine_token_seconds,
+                stack.device,
+                self.world.collective_timeout,
+                self.world.flush_refuses_while_queued,
+                self.world.prefix_cache,
+            )
+        )
+        self.actor = actor
+        if recovery:
+            self.world.faults.fire(FaultPoint.DURING_RECOVERY, engine=self.id)
+        delay = self.world.slowdown(f"start-{self.id}") - 1.0  # a slow_start fault's window
+        try:
+            port = await actor.start.remote(delay)
+        except ACTOR_DIED:
+            self.world.engine_exited(self.id, incarnation, "died while starting")
+            return None
+        if self.incarnation != incarnation:
+            return None  # replaced while starting
+        self.url = f"http://{LOOPBACK}:{port}"
+        await self.request(incarnation, "GET", api.Health.ROUTE)
+        self.world.spawn(self._watch(actor, incarnation), f"watch-{self.id}.{incarnation}")
+        return incarnation
+
+    def hang(self) -> None:
+        """The process stops answering and stays alive (the hang_engine fault)."""
+        if self.actor is not None:
+            self.hung = True
+            self.actor.hang.remote()
+
+    async def hang_call(self, route: str) -> None:
+        """The process leaves ``route`` unanswered from now on (the hang_call fault)."""
+        if self.actor is not None:
+            self.unanswered = self.unanswered | {route}
+            await self.actor.hang_route.remote(route)
+
+    async def die_midway(self, incarnation: int, rid: str) -> None:
+        """That process exits halfway through request ``rid`` (the mid-generation kill),
+        armed through its actor: no HTTP client can reach the hook."""
+        if self.actor is not None and incarnation == self.incarnation:
+            with contextlib.suppress(ACTOR_DIED):  # gone already: the request fails anyway
+                await self.actor.die_midway.remote(rid)
+
+    async def _watch(self, actor: Any, incarnation: int) -> None:
+        """Report the process's death when Ray sees the actor die."""
+        try:
+            await actor.wait_forever.remote()
+        except ACTOR_DIED:
+            if incarnation == self.incarnation:
+                self.gone = True
+            self.world.engine_exited(self.id, incarnation, "its actor died")
+
+    def orphan(self) -> None:
+        """The actor is lost and its server left running (the orphan_engine fault): the slot
+        lets go of its process without killing it, the router keeps its address, and the
+        world reports the actor's exit. The local engine's server lives in its actor's
+        process, so that actor is kept, out of the slot's reach, until the world closes."""
+        if self.actor is None or self.url is None:
+            return  # no process serving: nothing to orphan
+        incarnation = self.incarnation
+        self.world.router.keep_orphan(self.id, incarnation, self.actor, self.url)
+        self.actor, self.url, self.gone = None, None, True
+        self.world.engine_exited(self.id, incarnation, "its actor was lost; its server runs on")
+
+    def kill(self) -> None:
+        if self.actor is not None:
+            ray.kill(self.actor, no_restart=True)
+        self.actor, self.url = None, None
+
+    def needs_restart(self) -> bool:
+        """Dead, killed or hung: what liveness mode's heal restarts."""
+        return self.actor is None or self.hung or self.gone or bool(self.unanswered)
+
+    def wait_party(self) -> str:
+        """How the wait-for graph names this engine when a task waits on it."""
+        state = "hung" if self.hung else "dead" if self.gone or self.actor is None else "alive"
+        if self.unanswered and state == "alive":
+            state += f", {', '.join(sorted(self.unanswered))} unanswered"
+        return f"{self.id} process {self.incarnation} ({state})"
+
+    async def request(
+        self,
+        incarnation: int,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        refusable: bool = False,
+        seconds: float | None = None,
+        **headers: str,
+    ) -> dict[str, Any]:
+        """One HTTP call to that process. An answer >= 400 is an EngineFailure, or with
+        ``refusable`` a 400 is RequestRefused (the engine is fine, it said no). ``seconds``:
+        how long to wait for the answer (default: the world's HTTP timeout); a collective's
+        part waits longer than the collective may stall, so that a member's own timeout is
+        never mistaken for the stall's cause."""
+        if incarnation != self.incarnation:
+            raise EngineFailure(self.id, f"process {incarnation} was replaced")
+        if self.url is None:
+            raise EngineFailure(self.id, "not running")
+        timeout = None if seconds is None else aiohttp.ClientTimeout(total=seconds)
+        try:
+            async with self.world.http.request(
+                method, self.url + path, json=body, headers=headers, timeout=timeout
+            ) as reply:
+                if reply.status >= 400:
+                    text = (await reply.text())[:200]
+                    if refusable and reply.status == 400:
+                        raise RequestRefused(self.id, f"{path}: {text}")
+                    raise EngineFailure(self.id, f"{path} answered {reply.status}: {text}")
+                if reply.content_type != "application/json":
+                    return {}
+                return await reply.json()
+        except (TimeoutError, aiohttp.ClientError, ConnectionError) as error:
+            raise EngineFailure(self.id, f"{path}: {type(error).__name__}") from None
+
+
+class EngineHandle:
+    """The RolloutEngine protocol for one process of an engine, in SGLang's API (sglang_api)."""
+
+    def __init__(self, engine: RayEngine, incarnation: int) -> None:
+        self.engine = engine
+        self.id = engine.id
+        self.incarnation = incarnation
+
+    async def send(self, request: api.SGLangRequest, refusable: bool = False) -> dict[str, Any]:
+        payload = api.body(request) if request.METHOD == "POST" else None
+        return await self.engine.request(
+            self.incarnation, request.METHOD, request.ROUTE, payload, refusable
+        )
+
+    async def pause(self, mode: PauseMode) -> None:
+        await self.send(api.PauseGenerationReqInput(mode=mode.value))
+
+    async def resume(self) -> None:
+        await self.send(api.ContinueGenerationReqInput())
+
+    async def flush_cache(self) -> None:
+        await self.send(api.FlushCache(), refusable=True)
+
+    async def begin_update(self) -> None:
+        try:
+            await self.send(api.BeginWeightUpdateReqInput(), refusable=True)
+        except RequestRefused as refusal:
+            if "already open" in refusal.reason:  # SGLang's words for a second begin
+                raise SessionAlreadyOpen(refusal.component, refusal.reason) from None
+            raise EngineFailure(self.id, refusal.reason) from None
+
+    async def end_update(self) -> None:
+        await self.send(api.EndWeightUpdateReqInput())
+
+    async def stamp(self, version: int, abort_all_requests: bool = True) -> None:
+        """Leaving ``abort_all_requests`` out of the body takes SGLang's default (true), so
+        it is sent only when false, as miles sends it (a client that omits it is the bug)."""
+        flag = api.OMIT if abort_all_requests else False
+        await self.send(api.UpdateWeightVersionReqInput(str(version), flag))
+        if self.engine.world.stack.engine == "sglang":
+            return  # SGLang serves no /testbed/ route (see backends/gpu/sglang_engine.py)
+        reply = await self.engine.request(self.incarnation, "GET", "/testbed/weights_checksum")
+        self.engine.world.weights_checked(self.id, version, reply["checksum"])
+
+    async def health(self) -> None:
+        await self.send(api.HealthGenerate())
+
+    async def unload_adapter(self, adapter: str) -> None:
+        raise EngineFailure(self.id, "the real backends train full parameters, not LoRA")

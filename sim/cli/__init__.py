@@ -1,0 +1,1 @@
+"""One module per python -m sim command, named as the command."""

@@ -1,0 +1,462 @@
+"""A simulated rollout engine that keeps SGLang's semantics where they matter to the control
+plane.
+
+- Generation runs token by token in virtual time (lognormal length, decode time per
+  token slowed by concurrency). A pause (``/pause_generation``) interrupts it by
+  mode: ``abort`` ends the request aborted; ``retract`` frees its KV and requeues
+  it, and when generation continues its KV is recomputed (a prefill of prompt and
+  tokens so far) on the new weights; ``in_place`` freezes it on its KV, and later
+  tokens come from the new weights attending to the old keys and values.
+- Every response reports the weight version of each span of its tokens
+  (SGLang's meta_info ``weight_versions``), and whether it kept old KV across a
+  change of weights.
+- ``/update_weight_version`` aborts every request in flight unless told
+  ``abort_all_requests: false`` (SGLang's default is true).
+- ``/flush_cache`` refuses while a request holds KV pages (a running or frozen
+  one); retracted and queued ones hold none. It drops the prefix cache
+  (``[sim] prefix_cache``): a prompt's KV, kept per process from the first
+  request that computed it, and reused by later requests for the prompt
+  (``shared``, as SGLang's radix cache: whatever weights computed it) or only under
+  the same weights (``by_version``); each response names the weights of the KV it
+  reused. Entries live until a flush or the process's end (no eviction). An SGLang before #31962
+  (``[sim] flush_refuses_while_queued``) also refuses while any request waits.
+- A hung engine (a fault) answers nothing until it is killed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING
+
+from miles_core.backend import (
+    EngineFailure,
+    GenerateRequest,
+    GenerateResult,
+    RequestRefused,
+    SessionAlreadyOpen,
+)
+from miles_core.kinds import FaultPoint, PauseMode
+from sim.world.cells import _Mortal
+from sim.world.runtime import SimSignal
+
+if TYPE_CHECKING:
+    from sim.world.cluster import SimCluster
+
+OVER_LONG = "the input is longer than the model's context length"
+"""SGLang's refusal of an over-long prompt (the poison_prompt fault), answered at once."""
+
+_NONE = object()
+"""No entry in the prefix cache (None is a version: the initial weights)."""
+
+
+class _Request:
+    """One generate request's progress: tokens done, the versions its spans came from."""
+
+    __slots__ = (
+        "aborted",
+        "cached",
+        "death",
+        "done",
+        "first",
+        "holds_pages",
+        "kept_kv",
+        "prompt",
+        "recompute",
+        "spans",
+        "started",
+        "total",
+    )
+
+    def __init__(self, total: float, started: float, death: SimSignal, prompt: int) -> None:
+        self.total = total
+        self.prompt = prompt
+        self.cached: list[int | None] = []
+        """The weights that computed the prompt KV it reused from the prefix cache."""
+        self.started = started
+        self.death = death
+        """The death of the process the request was sent to (not of a restarted one)."""
+        self.done = 0.0
+        self.spans: list[int | None] = []
+        self.kept_kv = False
+        self.recompute = False
+        self.first = True
+        self.aborted = False
+        """An abort of every request (an abort-mode pause, a version update that aborts)
+        reached it while the engine held it: it ends aborted, whatever woke it first."""
+        self.holds_pages = False
+        """It holds KV pages: decoding, or frozen in place (a retracted one holds none)."""
+
+    def on_weights(self, version: int | None) -> None:
+        """Tokens from here on come from ``version``; frozen KV across a change is kept KV."""
+        if self.spans and self.spans[-1] != version:
+            self.kept_kv = self.kept_kv or not self.recompute
+        if not self.spans or self.spans[-1] != version:
+            self.spans.append(version)
+
+
+class SimEngine(_Mortal):
+    """One engine slot; its process is replaced on restart."""
+
+    def __init__(self, cluster: SimCluster, engine_id: str) -> None:
+        super().__init__(cluster.rt, engine_id)
+        self.cluster = cluster
+        self.id = engine_id
+        self._lengths = cluster.rt.rng(f"{engine_id}.lengths")
+        self._rewards = cluster.rt.rng(f"{engine_id}.rewards")
+        """Looked up once: a stream is the same object for the whole run (rt.rng's contract)."""
+        t = cluster.timing
+        self._length_sigma = t.response_tokens_sigma
+        self._length_mu = math.log(t.response_tokens_mean) - self._length_sigma**2 / 2
+        """The response length's lognormal parameters (mean response_tokens_mean), worked out
+        once: the cluster's timing is fixed for its run, and every request draws one."""
+        self._fresh()
+
+    def _fresh(self) -> None:
+        """A new process's state: initial weights, no version, not paused."""
+        self.version: int | None = None
+        self.adapter: str | None = None
+        self.paused = False
+        self.hung = False
+        self.unanswered: frozenset[str] = frozenset()
+        """Control calls this process accepts and never answers (a hang_call fault)."""
+        self.session_open = False
+        """Between begin_update and end_update (SGLang's weight-update session)."""
+        self.in_flight = 0
+        self.prefixes: dict[int, int | None] = {}
+        """The prefix cache: prompt -> the weights that computed its KV."""
+        self.jobs: set[_Request] = set()
+        """Requests this process has admitted and not finished."""
+        self._resumed: SimSignal = self.rt.signal()
+        self._interrupt: SimSignal = self.rt.signal()
+        self._interrupt_mode: PauseMode | None = None
+        """What the last interrupt asked of running requests (None: abort them all)."""
+
+    def failure(self, reason: str) -> EngineFailure:
+        return EngineFailure(self.id, reason)
+
+    def check(self, incarnation: int) -> None:
+        """Raise as a client would when the process it addresses is gone."""
+        if incarnation != self.incarnation:
+            raise self.failure(f"process {incarnation} was replaced by {self.incarnation}")
+        if self.dead:
+            raise self.failure("dead")
+
+    def start(self) -> int:
+        incarnation = super().start()
+        self._fresh()
+        return incarnation
+
+    async def answer(self) -> None:
+        """A hung process never answers; it fails once killed."""
+        if self.hung:
+            await self._death
+            raise self.failure("killed while hung")
+
+    async def never_answers(self, route: str) -> None:
+        """A call this process accepted and will never answer; it fails once killed."""
+        await self._death
+        raise self.failure(f"killed with its {route} call unanswered")
+
+    def _interrupt_all(self, mode: PauseMode | None) -> None:
+        """Interrupt every request now: as SGLang's scheduler does before it answers, a pause
+        that retracts or aborts has released their KV pages by the time it returns."""
+        self._interrupt_mode = mode
+        if mode is not PauseMode.IN_PLACE:
+            for job in self.jobs:
+                job.holds_pages = False
+        if mode is None or mode is PauseMode.ABORT:
+            for job in self.jobs:
+                job.aborted = True
+        self._interrupt.set_for_current_waiters()  # replaced at once: no later waiter
+        self._interrupt = self.rt.signal()
+
+    # -- generation ------------------------------------------------------------------------
+
+    async def generate(self, incarnation: int, request: GenerateRequest) -> GenerateResult:
+        """Decode until done, through pauses (one coroutine for the whole request, not one
+        more around its loop: a large run makes 512 requests a step)."""
+        self.check(incarnation)
+        if self.hung:
+            await self.answer()
+        if self.cluster.poisoned and request.prompt_id in self.cluster.poisoned:
+            raise RequestRefused(self.id, OVER_LONG)
+        length = self._lengths.lognormvariate(self._length_mu, self._length_sigma)
+        if self.cluster.timing.response_tokens_max:  # max_new_tokens: the tail is cut
+            length = min(length, self.cluster.timing.response_tokens_max)
+        job = _Request(length, self.rt.now(), self._death, request.prompt_id)
+        self.jobs.add(job)
+        try:
+            while job.done < job.total:
+                if self.paused and await self._wait_paused(job):
+                    return self._result(job, aborted=True)  # abort_all while it waited
+                if job.death.is_set():  # its process was replaced while it waited to go on
+                    raise self.failure("killed while the request waited")
+                if self.hung:
+                    await self.answer()
+                job.on_weights(self.version)
+                interrupted = await self._decode(job)
+                if interrupted is None:
+                    continue
+                if job.aborted:
+                    return self._result(job, aborted=True)
+                mode = self._interrupt_mode
+                job.recompute = mode is PauseMode.RETRACT
+                if mode is PauseMode.IN_PLACE and self.paused and await self._wait_paused(job):
+                    return self._result(job, aborted=True)
+            if self.hung:
+                await self.answer()
+            return self._result(job, aborted=job.aborted)
+        finally:
+            self.jobs.discard(job)
+
+    async def _decode(self, job: _Request) -> bool | None:
+        """Prefill (if retracted) and decode until done (None) or interrupted (True)."""
+        t = self.cluster.timing
+        interrupt = self._interrupt
+        if job.recompute:  # retracted: the KV of prompt and tokens so far, on these weights
+            self._prompt_kv(job)
+            prefill = (t.prompt_tokens + job.done) * t.prefill_seconds_per_token
+            outcome = await self.work(prefill, interrupt, death=job.death)
+            if outcome == 1:
+                raise self.failure("killed while recomputing a retracted request's KV")
+            if outcome == 2:
+                return True
+            job.recompute = False
+        per_token = self.token_seconds() * (1 + t.concurrency_slowdown * (self.in_flight + 1))
+        seconds = (job.total - job.done) * per_token
+        faults, strike = self.cluster.faults, False
+        if job.first:
+            job.first = False
+            self._prompt_kv(job)
+            halfway = self.rt.now() + seconds / 2  # an after_time is judged then
+            strike = faults.armed(FaultPoint.MID_GENERATION, by=halfway, engine=self.id)
+        self.in_flight += 1
+        job.holds_pages = True
+        began, incarnation = self.rt.now(), self.incarnation
+        if strike:  # a mid-generation kill strikes this process halfway, if the request gets
+            outcome = await self.work(seconds / 2, interrupt, death=job.death)  # that far
+            if outcome == 0:
+                faults.fire(FaultPoint.MID_GENERATION, engine=self.id)
+                outcome = await self.work(seconds / 2, interrupt, death=job.death)
+        else:
+            outcome = await self.work(seconds, interrupt, death=job.death)
+        if self.incarnation == incarnation:  # a restart began a new count
+            self.in_flight -= 1
+        if outcome != 2:
+            job.holds_pages = False  # finished or killed: its pages go
+        if outcome == 1:
+            raise self.failure("killed mid-generation")
+        job.done = job.total if outcome == 0 else job.done + (self.rt.now() - began) / per_token
+        return True if outcome == 2 else None
+
+    def _prompt_kv(self, job: _Request) -> None:
+        """A prefill's prompt KV: reused from the prefix cache where its policy allows (the
+        weights that computed it recorded), else computed now and cached."""
+        policy = self.cluster.world.prefix_cache
+        if policy == "off":
+            return
+        cached = self.prefixes.get(job.prompt, _NONE)
+        if cached is not _NONE and (policy == "shared" or cached == self.version):
+            job.cached.append(cached)  # type: ignore[arg-type]
+        else:
+            self.prefixes[job.prompt] = self.version
+
+    async def _wait_paused(self, job: _Request) -> bool:
+        """Wait while the engine is paused (a queued, retracted or frozen request); True when
+        an abort of every request ended it meanwhile (whether the abort's signal or the
+        resume's woke it first)."""
+        while self.paused and not job.aborted:
+            woke = await self.rt.wait_any([self._resumed, job.death, self._interrupt])
+            if woke == 1:
+                raise self.failure("killed while the request waited")
+        return job.aborted
+
+    def _result(self, job: _Request, aborted: bool) -> GenerateResult:
+        versions = tuple(job.spans) or (self.version,)
+        versions = self.cluster.spans.setdefault(versions, versions)
+        # by position, in field order: a type call with keywords builds a dict of them, and
+        # this is once per request
+        return GenerateResult(
+            self.id,  # engine
+            versions[-1],  # weight_version
+            aborted,
+            self._reward(),  # reward
+            None,  # payload
+            self.rt.now() - job.started,  # engine_seconds
+            versions,
+            job.kept_kv,
+            tuple(job.cached),
+        )
+
+    def _reward(self) -> float:
+        rate = self.cluster.timing.reward_success_rate
+        draw = self._rewards.random()
+        return draw if rate is None else float(draw < rate)
+
+    # -- control -------------------------------------------------------------------------
+
+    async def pause(self, mode: PauseMode) -> None:
+        if self.hung:
+            await self.answer()
+        if not self.paused:  # a second pause (a retried update) keeps the waiters' signal
+            self.paused = True
+            self._resumed = self.rt.signal()
+        self._interrupt_all(mode)
+
+    async def resume(self) -> None:
+        if self.hung:
+            await self.answer()
+        self.paused = False
+        self._resumed.set_for_current_waiters()  # awaited only while paused: no later waiter
+
+    async def flush_cache(self) -> None:
+        if self.hung:
+            await self.answer()
+        holding = sum(job.holds_pages for job in self.jobs)
+        if holding:
+            raise RequestRefused(self.id, f"Cache not flushed: {holding} requests hold KV pages")
+        if self.jobs and self.cluster.world.flush_refuses_while_queued:
+            raise RequestRefused(
+                self.id, f"Cache not flushed: {len(self.jobs)} requests wait in the queue"
+            )
+        self.prefixes.clear()
+
+    async def begin_update(self) -> None:
+        """SGLang refuses a second begin while a session is open."""
+        if self.hung:
+            await self.answer()
+        if self.session_open:
+            raise SessionAlreadyOpen(self.id, "a weight-update session is already open")
+        self.session_open = True
+
+    async def end_update(self) -> None:
+        """SGLang refuses an end with no session open."""
+        if self.hung:
+            await self.answer()
+        if not self.session_open:
+            raise RequestRefused(self.id, "no weight-update session is open")
+        self.session_open = False
+
+    async def stamp(self, version: int, abort_all_requests: bool = True) -> None:
+        if self.hung:
+            await self.answer()
+        self.version = version
+        if abort_all_requests:  # SGLang's default: every request in flight ends, aborted
+            self._interrupt_all(None)
+
+    def abort_all(self) -> None:
+        """SGLang's ``/abort_request`` with ``abort_all``, sent to the server's address: every
+        request in flight ends aborted (a hung process answers nothing)."""
+        if not self.hung:
+            self._interrupt_all(None)
+
+    async def unload_adapter(self, adapter: str) -> None:
+        """SGLang's ``/unload_lora_adapter``: refused for an adapter this process does not
+        hold (``LoRAManager.unload_lora_adapter``: "LoRA adapter ... is not loaded")."""
+        if self.hung:
+            await self.answer()
+        if self.adapter != adapter:
+            raise RequestRefused(self.id, f"LoRA adapter {adapter} is not loaded")
+        self.adapter = None
+
+    def load_adapter(self, adapter: str) -> None:
+        """The adapter's tensors arrived: loaded, unless this process holds that name already
+        (SGLang refuses a duplicate adapter name; miles unloads first for that reason)."""
+        if self.adapter == adapter:
+            raise RequestRefused(self.id, f"LoRA adapter {adapter} is already loaded")
+        self.adapter = adapter
+
+    def token_seconds(self) -> float:
+        """One token's decode time alone: the time model's, or the world's pace if slower."""
+        return max(
+            self.cluster.timing.decode_seconds_per_token, self.cluster.world.engine_token_seconds
+        )
+
+    async def health(self) -> None:
+        """A health generate: one token's worth of time, if the engine answers at all. It is
+        a request like any other (SGLang's /health_generate), so a paused engine schedules
+        it only once resumed: a check that meets an update's pause waits for its end, and
+        fails when the pause outlasts the check's timeout (why miles pauses its monitor
+        around updates)."""
+        if self.hung:
+            await self.answer()
+        while self.paused and not self.dead:
+            if await self.rt.wait_any([self._resumed, self._death]) == 1:
+                break
+        await self.rt.sleep(self.token_seconds())
+        if self.dead:
+            raise self.failure("dead")
+
+
+ROUTES = {
+    "pause": "pause_generation",
+    "flush_cache": "flush_cache",
+    "stamp": "update_weight_version",
+    "resume": "continue_generation",
+}
+"""The SGLang route each control call goes to (the names a hang_call fault takes)."""
+
+
+class EngineHandle:
+    """Calls to one process of an engine; they fail once that process is gone.
+
+    A control call takes the world's ``control_reply_seconds`` (one wait shared by every
+    call made at that instant, ``SimCluster.control_reply``); the engine acts when it
+    ends, if the process addressed is still the one running, as an HTTP call to a
+    replaced server would fail. With no reply time, each method hands back the engine's
+    own call to await (no coroutine of the handle's around each of a run's hundreds of
+    thousands of control calls); a call to a gone process raises EngineFailure at once."""
+
+    def __init__(self, engine: SimEngine, incarnation: int) -> None:
+        self.engine = engine
+        self.id = engine.id
+        self.incarnation = incarnation
+
+    def _check(self) -> SimEngine:
+        self.engine.check(self.incarnation)
+        return self.engine
+
+    def _control(self, method: str, *args: object) -> Awaitable[None]:
+        engine = self.engine
+        if engine.incarnation != self.incarnation or engine.dead:  # _check's test, inline:
+            engine.check(self.incarnation)  # every update makes six calls to each engine
+        if engine.unanswered and ROUTES.get(method) in engine.unanswered:
+            return engine.never_answers(ROUTES[method])
+        if not engine.cluster.timing.control_reply_seconds:
+            return getattr(engine, method)(*args)
+        return self._after_reply(method, args)
+
+    async def _after_reply(self, method: str, args: tuple[object, ...]) -> None:
+        await self.engine.cluster.control_reply()
+        await getattr(self._check(), method)(*args)
+
+    def pause(self, mode: PauseMode) -> Awaitable[None]:
+        return self._control("pause", mode)
+
+    def resume(self) -> Awaitable[None]:
+        return self._control("resume")
+
+    def flush_cache(self) -> Awaitable[None]:
+        return self._control("flush_cache")
+
+    def begin_update(self) -> Awaitable[None]:
+        return self._control("begin_update")
+
+    def end_update(self) -> Awaitable[None]:
+        return self._control("end_update")
+
+    def stamp(self, version: int, abort_all_requests: bool = True) -> Awaitable[None]:
+        return self._control("stamp", version, abort_all_requests)
+
+    def unload_adapter(self, adapter: str) -> Awaitable[None]:
+        return self._control("unload_adapter", adapter)
+
+    def token_seconds(self) -> float:
+        """One token's decode time alone: the time model's, or the world's pace if slower."""
+        return max(
+            self.cluster.timing.decode_seconds_per_token, self.cluster.world.engine_token_seconds
+        )
+
+    async def health(self) -> None:  # spawned as a task: a gone process fails inside it
+        await self._check().health()

@@ -1,0 +1,180 @@
+"""A simulated job that a kill_job fault kills whole, restarted from its last committed save.
+
+A run with a kill_job fault is driven by a SimJob instead of its controller alone. When the
+kill strikes (at a time, or at a point inside some task's call), the world acts at once:
+every process of the job dies (cells, engines, orphans, the router's requests), the dead
+controller records nothing more, and the world reports the death (JobKilled). Then, as a job
+scheduler would, the job starts again: new processes (a new cluster, placed anew, on the
+same disk, under the same seed tree: the runtime's streams go on), and after
+``job_restart_seconds`` plus the time to read the save back, a new controller resumed from
+the newest committed save (miles_core.saves.choose_save; a fresh start when none). The
+history is one: the segments of every controller, joined (miles_core.oracles.segments).
+Faults keep their schedule: those that fired stay fired, the rest act on the new processes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from miles_core import saves
+from miles_core.backend import WorldObserver
+from miles_core.events import History, JobKilled, RunEnded
+from miles_core.kinds import FaultKind, FaultPoint, RunStatus
+from miles_core.loop import Orchestrator, RunReport
+from miles_core.oracles.segments import committed_versions
+from miles_core.saves import Resume
+from miles_core.scenario import Scenario
+from miles_core.scenario.schedule import FaultSchedule, NoFaults, orchestrator_for
+from sim.world.cluster import SimCluster
+from sim.world.runtime import SimRuntime
+from sim.world.saves import save_seconds
+
+
+def kills_jobs(scenario: Scenario) -> bool:
+    """Whether a run of ``scenario`` may be killed whole (it needs a SimJob)."""
+    return any(f.kind is FaultKind.KILL_JOB for f in scenario.faults)
+
+
+def end_processes(cluster: SimCluster) -> None:
+    """Every process of the cluster dies now, reported to nobody (its controller is dead),
+    and nothing it still runs fires a fault."""
+    cluster.observer = None
+    cluster.faults = NoFaults()
+    for index, cell in enumerate(cluster.cells):
+        cell.kill()
+        cluster._fail_exchanges(index)
+    for engine in cluster.engines.values():
+        engine.kill()
+    for orphan in cluster.router.orphans.values():
+        orphan.kill()
+
+
+def report_processes(cluster: SimCluster, observer: WorldObserver) -> None:
+    """A restarted job's controller attaches: what befell its processes since they started
+    (faults that struck while it was starting) is reported now, as a real controller finds
+    its actors: a first process of an engine gone, the process that replaced it; a cell's
+    new processes (a dead cell is found by its calls, as ever)."""
+    how = "while the job restarted"
+    for index, cell in enumerate(cluster.cells):
+        if cell.incarnation and not cell.dead:
+            observer.cell_started(index, cell.incarnation, f"processes started {how}")
+    for engine_id, engine in cluster.engines.items():
+        if engine.dead or engine.incarnation:
+            observer.engine_exited(engine_id, 0, f"died {how}")
+        if engine.incarnation and not engine.dead:
+            observer.engine_started(engine_id, engine.incarnation, f"process restarted {how}")
+
+
+class SimJob:
+    """Runs a scenario's controller; on a kill, records it and starts the job again."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        rt: SimRuntime,
+        history: History,
+        schedule: FaultSchedule,
+        actions: Any,
+        cluster: SimCluster,
+        control: Orchestrator,
+    ) -> None:
+        self.scenario, self.rt, self.history = scenario, rt, history
+        self.schedule, self.actions = schedule, actions
+        self.cluster = cluster
+        self.control: Orchestrator | None = control
+        self._kill: str | None = None
+        self._killed = rt.signal()
+        self._dead = False
+        """The controller (``control``) died with the job and was not replaced yet."""
+        cluster.on_job_killed = self._on_kill
+
+    def _on_kill(self, point: FaultPoint | None) -> None:
+        """The kill strikes: the job's processes die now, the world reports it (a run that
+        has ended has nothing left to kill)."""
+        control = self.control
+        if control is not None and control.report is not None and not self._dead:
+            return
+        reason = "kill_job" + (f" at {point.value}" if point is not None else "")
+        if control is not None and not self._dead:
+            control.killed(reason)
+        self._dead = True
+        end_processes(self.cluster)
+        self.history.append(JobKilled(t=self.rt.now(), reason=reason))
+        self._kill = reason
+        self._killed.set()
+
+    async def run(self) -> RunReport:
+        """Run controllers until one ends the run; its report, with the committed versions."""
+        while True:
+            assert self.control is not None
+            task = self.rt.spawn(self.control.run(), "controller")
+            await self.rt.wait_any([task, self._killed])
+            if self._kill is None:
+                report = await task
+                report.versions = committed_versions(self.history)
+                return report
+            await self._restart(task)
+
+    async def _restart(self, task: Any) -> None:
+        """Stop what is left of the dead controller, then start the job again (again, if a
+        kill strikes while it starts) from its newest committed save."""
+        while self._kill is not None:
+            reason, self._kill, self._killed = self._kill, None, self.rt.signal()
+            if self.control is not None:
+                self.control.stop(reason)
+                task.cancel(reason)
+                self.control = None
+            self.schedule.restarted()
+            self.cluster = self._new_cluster()
+            resume = saves.choose_save(self.cluster.checkpoints.saves())
+            delay = self.scenario.timing.job_restart_seconds + self._read_seconds(resume)
+            await self.rt.wait_any([self.rt.timer(delay), self._killed])
+        resume = saves.choose_save(self.cluster.checkpoints.saves())
+        self.control = orchestrator_for(
+            self.scenario, self.rt, self.cluster, self.history, None, resume=resume
+        )
+        self._dead = False
+
+    def _read_seconds(self, resume: Resume) -> float:
+        if resume.state is None:
+            return 0.0
+        return save_seconds(self.scenario.world, self.scenario.timing)
+
+    def _new_cluster(self) -> SimCluster:
+        """The restarted job's processes: a new cluster on the same disk, the network's and
+        the data set's troubles (impairment windows, over-long prompts) as they were."""
+        old, scenario = self.cluster, self.scenario
+        timeout = scenario.loop.update_weight_collective_timeout
+        new = SimCluster(
+            self.rt, scenario.world, scenario.timing, self.schedule, timeout, old.checkpoints.disk
+        )
+        new._impairments = dict(old._impairments)
+        new.poisoned, new.poison_armed = set(old.poisoned), old.poison_armed
+        new.resumed = True
+        new.on_job_killed = self._on_kill
+        self.actions.cluster = new
+        return new
+
+    # -- how the run ends, whoever is running ---------------------------------------------
+
+    def end(self, status: RunStatus, reason: str) -> RunReport:
+        """End the run: through the live controller, or, while the job restarts, as the
+        world records it (no controller is there to)."""
+        if self.control is not None and not self._dead:
+            return self.control.end(status, reason)
+        self.history.append(
+            RunEnded(t=self.rt.now(), status=status, reason=reason, outstanding_prompts=())
+        )
+        return RunReport(status, reason, 0, committed_versions(self.history))
+
+    def end_with(self, error: BaseException, where: str) -> RunReport:
+        if self.control is not None and not self._dead:
+            return self.control.end_with(error, where)
+        return self.end(RunStatus.CRASHED, f"{type(error).__name__}: {error} ({where})")
+
+    def record_waits(self, reason: str) -> None:
+        if self.control is not None and not self._dead:
+            self.control.record_waits(reason)
+
+
+__all__ = ["SimJob", "end_processes", "kills_jobs", "report_processes"]

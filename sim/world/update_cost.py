@@ -1,0 +1,150 @@
+"""What one bucket of a weight update costs in the simulator, term by term.
+
+Each term is its own function and says where it comes from. The terms follow miles'
+bucketed update path (``miles/backends/megatron_utils/update_weight/``; the stages are
+listed in ``docs/advanced/p2p-weight-transfer.md``, "Architecture"):
+
+1. a fixed cost per update (``update_fixed_seconds``), charged on the first bucket;
+2. on the source, per bucket: packing and the call (``bucket_fixed_seconds``), Megatron's
+   TP/EP all-gather (``gather_bytes_per_second``) and the Megatron -> HF conversion
+   (``convert_bytes_per_second``), each PP stage doing its own share at once (``gather_shares``:
+   "Each pipeline-parallel stage updates its own weights independently");
+3. the wire: a broadcast reaches every target GPU with the whole bucket, so the bucket
+   takes one link's send; p2p gives each engine a link of its own; many-source p2p (miles'
+   RDMA path, Perplexity's static schedule) has every trainer GPU write its share, so the
+   source side has one NIC per GPU and each target rank takes 1 / ``engine_ep`` of the bucket
+   ("utilizes M // src_pp times more source transmission bandwidth", "each target rank
+   receives sgl_ep times less data");
+4. on the rollout side, per engine GPU: requantization (``quantize_bytes_per_second``, miles'
+   Kimi-K2 ``post_load_weights``, about 884 ms) and the load (``load_bytes_per_second``).
+
+Without ``pipelined_buckets`` the stages of a bucket follow one another (miles' broadcast
+waits for the engines before the next gather); with it they overlap the next bucket's, so a
+bucket costs its slowest stage and the update pays the others once (fill and drain).
+
+Every term left at its default (0, False, 1) charges nothing: the simulator's old model, a
+latency and a bandwidth per link, is what remains. The anchor presets set them to the
+values fitted in sim/timing/anchors.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from miles_core.scenario.world import TimeModel
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a bucket goes: what the wire's time depends on."""
+
+    within_a_node: bool
+    """Source and every target on one node: NVLink, else the inter-node link."""
+    source_gpus: int
+    engines: int
+    gpus_per_engine: int
+
+
+@dataclass(frozen=True)
+class BucketCost:
+    """One bucket's stages, in seconds."""
+
+    prepare: float
+    """On the source: packing, gather, conversion."""
+    wire: float
+    land: float
+    """On the rollout side: requantization and load."""
+
+    def charged(self, pipelined: bool, first: bool) -> dict[str, float]:
+        """What each stage adds to the update: every stage in turn, or (pipelined) only the
+        slowest, the first bucket also paying the other stages once (filling the pipe and,
+        as the same amount, draining it)."""
+        stages = {"prepare": self.prepare, "wire": self.wire, "land": self.land}
+        if not pipelined or first:
+            return stages
+        slowest = max(stages, key=stages.__getitem__)
+        return {k: v if k == slowest else 0.0 for k, v in stages.items()}
+
+    def seconds(self, pipelined: bool, first: bool) -> float:
+        """The bucket's share of the update: the sum of what its stages add."""
+        return sum(self.charged(pipelined, first).values())
+
+
+def _per(rate: float, nbytes: float) -> float:
+    return nbytes / rate if rate > 0 else 0.0
+
+
+def update_fixed_seconds(t: TimeModel) -> float:
+    """Per update: setup the bytes do not explain (fitted: the small-model rows)."""
+    return t.update_fixed_seconds
+
+
+def pack_seconds(t: TimeModel) -> float:
+    """Per bucket: flattening it into the buffer and the call that sends it."""
+    return t.bucket_fixed_seconds
+
+
+def gather_seconds(t: TimeModel, nbytes: int) -> float:
+    """TP/EP all-gather of the bucket, each PP stage gathering its share at once."""
+    return _per(t.gather_bytes_per_second, nbytes / t.gather_shares)
+
+
+def convert_seconds(t: TimeModel, nbytes: int) -> float:
+    """Megatron -> HF names and layouts, per PP stage."""
+    return _per(t.convert_bytes_per_second, nbytes / t.gather_shares)
+
+
+def wire_seconds(t: TimeModel, nbytes: int, route: Route, many_source: bool) -> float:
+    """The bucket on the wire to one engine (broadcast: to all, as slow as one link)."""
+    rate = t.nvlink_bytes_per_second if route.within_a_node else t.link_bytes_per_second
+    if not many_source:
+        return t.link_latency_seconds + nbytes / rate
+    sent = route.engines * nbytes / (route.source_gpus * rate)  # every source NIC at once
+    taken = nbytes / (t.engine_ep * rate)  # each target rank its shard
+    return t.link_latency_seconds + max(sent, taken)
+
+
+def quantize_seconds(t: TimeModel, nbytes: int, gpus_per_engine: int) -> float:
+    """Rollout-side requantization of each GPU's share of the bucket."""
+    return _per(t.quantize_bytes_per_second, nbytes / gpus_per_engine)
+
+
+def load_seconds(t: TimeModel, nbytes: int, gpus_per_engine: int) -> float:
+    """The engine's load of each GPU's share into its model."""
+    return _per(t.load_bytes_per_second, nbytes / gpus_per_engine)
+
+
+def bucket_cost(
+    t: TimeModel, nbytes: int, route: Route, p2p: bool, link_slowdown: float = 1.0
+) -> BucketCost:
+    """A bucket's stages; ``link_slowdown`` is a slow link's factor (the wire only)."""
+    prepare = pack_seconds(t) + gather_seconds(t, nbytes) + convert_seconds(t, nbytes)
+    wire = wire_seconds(t, nbytes, route, many_source=p2p and t.many_source_p2p)
+    land = quantize_seconds(t, nbytes, route.gpus_per_engine)
+    land += load_seconds(t, nbytes, route.gpus_per_engine)
+    return BucketCost(prepare, wire * link_slowdown, land)
+
+
+def bucket_seconds(
+    t: TimeModel, nbytes: int, route: Route, p2p: bool, index: int, link_slowdown: float = 1.0
+) -> float:
+    """What bucket ``index`` of an update costs, its own stages only (the update's fixed
+    cost, ``update_fixed_seconds``, is the source's before its first bucket: a transport
+    measures a bucket's send without it)."""
+    cost = bucket_cost(t, nbytes, route, p2p, link_slowdown)
+    return cost.seconds(t.pipelined_buckets, first=index == 0)
+
+
+__all__ = [
+    "BucketCost",
+    "Route",
+    "bucket_cost",
+    "bucket_seconds",
+    "convert_seconds",
+    "gather_seconds",
+    "load_seconds",
+    "pack_seconds",
+    "quantize_seconds",
+    "update_fixed_seconds",
+    "wire_seconds",
+]
