@@ -152,6 +152,10 @@ class Delivery:
     engines: tuple[str, ...]
     """The engines that hold the bucket now."""
     seconds: float
+    trainer_checksum: str | None = None
+    """The source's checksum of the whole model this update sends, where the world can read
+    weights (the Ray world); the engines' stamps answer theirs, and the updater records
+    both (WeightsChecked). None where it cannot (the simulator, no weights)."""
 
 
 class TrainCell(Protocol):
@@ -212,9 +216,11 @@ class RolloutEngine(Protocol):
 
     async def resume(self) -> None: ...
 
-    async def stamp(self, version: int, abort_all_requests: bool = True) -> None:
+    async def stamp(self, version: int, abort_all_requests: bool = True) -> str | None:
         """/update_weight_version: the weight_version the engine reports from now on. As in
-        SGLang, unless told ``abort_all_requests=False`` it aborts every request in flight."""
+        SGLang, unless told ``abort_all_requests=False`` it aborts every request in flight.
+        Answers the checksum of the weights the engine now serves where its world can read
+        them (the CPU world's local engine), else None."""
         ...
 
     async def health(self) -> None:
@@ -294,12 +300,6 @@ class WorldObserver(Protocol):
 
     def cell_started(self, cell: int, incarnation: int, how: str) -> None:
         """New processes for ``cell`` answer (initial weights, ready to be healed)."""
-        ...
-
-    def weights_checked(
-        self, engine: str, version: int, checksum: str, trainer_checksum: str
-    ) -> None:
-        """A world that can read weights compared an engine's with the trainer's."""
         ...
 
 

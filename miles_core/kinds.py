@@ -73,18 +73,6 @@ class FaultKind(StrEnum):
     job restarts from its last committed save (miles_core.saves)."""
 
 
-TAKES_A_CELL_DOWN = frozenset(
-    {
-        FaultKind.KILL_CELL,
-        FaultKind.STOP_CELL,
-        FaultKind.KILL_RANK,
-        FaultKind.FAIL_RANK,
-        FaultKind.DROP_HEARTBEAT,
-    }
-)
-"""The fault kinds that take a cell out of its quorum (its processes die or stop answering)."""
-
-
 class FaultPoint(StrEnum):
     """A named place in a world's code where a scheduled fault may strike."""
 

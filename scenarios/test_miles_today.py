@@ -496,7 +496,7 @@ def test_a_dead_producer_fails_the_run_even_with_groups_queued(monkeypatch) -> N
 
 
 def test_a_generation_error_ends_the_run_with_its_type_not_a_deadlock(monkeypatch) -> None:
-    from sim.world.cluster import SimRouter
+    from sim.world.router import SimRouter
 
     generate = SimRouter.generate
 

@@ -29,10 +29,11 @@ from miles_core.events import (
     UpdateAborted,
     UpdateBegan,
 )
+from miles_core.fault_kinds import BY_KIND
 from miles_core.kinds import FaultKind, FaultPoint, PutFate, RunStatus
 from miles_core.loop.producer import Producer
 from miles_core.oracles import idle_faults
-from miles_core.oracles.witnesses import WITNESSES, fault_witness
+from miles_core.oracles.witnesses import fault_witness
 from miles_core.scenario import SCENARIOS, Expect, TimeModel, make_fault
 from miles_core.scenario.schedule import FaultSchedule
 from sim.__main__ import main
@@ -162,9 +163,6 @@ class _Observer:
     def cell_started(self, cell: int, incarnation: int, how: str) -> None:
         self.calls.append(("cell_started", cell, incarnation))
 
-    def weights_checked(self, *args: Any) -> None:
-        self.calls.append(("weights_checked", args, 0))
-
 
 def test_the_simulated_world_reports_exits_and_new_processes_itself() -> None:
     cluster = SimCluster(SimRuntime(0), SCENARIOS["no_failure"].world)
@@ -255,7 +253,7 @@ def test_the_fault_schedule_records_only_that_faults_fired() -> None:
 
 
 def test_every_fault_kind_has_a_witness() -> None:
-    assert set(WITNESSES) == set(FaultKind)
+    assert set(BY_KIND) == set(FaultKind)
 
 
 class _DoesNothing(SimFaultActions):

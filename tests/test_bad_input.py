@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sim.__main__ as cli
+import sim.cli.run as run_command
 from miles_core.errors import ConfigError
 from miles_core.kinds import FaultKind, FaultPoint
 from miles_core.loop.config import LoopConfig
@@ -981,9 +982,10 @@ def cli_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 
 @pytest.fixture
 def no_run(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """sim.__main__'s run_scenario replaced by a recorder: a run that happens fails the test."""
+    """The run command's run_scenario (sim/cli/run.py) replaced by a recorder: a run that
+    happens fails the test."""
     calls: list[Any] = []
-    monkeypatch.setattr(cli, "run_scenario", lambda *a, **k: calls.append(a) or 1 / 0)
+    monkeypatch.setattr(run_command, "run_scenario", lambda *a, **k: calls.append(a) or 1 / 0)
     return calls
 
 

@@ -8,7 +8,8 @@ import pytest
 
 from miles_core.errors import ConfigError
 from miles_core.scenario import PRESETS, Preset
-from sim.cli.calibrate import apply_fit, calibrate, least_squares, main, predict_update_seconds
+from sim.cli.predict import main as predict
+from sim.timing.calibration import apply_fit, calibrate, least_squares, predict_update_seconds
 
 
 def _timing(preset: Preset, **changes: float) -> Preset:
@@ -108,7 +109,7 @@ def test_apply_fit_sets_the_fitted_link_kind_only() -> None:
 
 def test_predict_cli_names_the_bad_preset(capsys) -> None:
     with pytest.raises(SystemExit):
-        main(["predict", "gpt-5"])
+        predict(["gpt-5"])
     assert "preset: unknown preset 'gpt-5'" in capsys.readouterr().err
-    assert main(["predict", "kimi-k2-1t-fp8-256gpu"]) == 0
+    assert predict(["kimi-k2-1t-fp8-256gpu"]) == 0
     assert "22." in capsys.readouterr().out

@@ -38,7 +38,7 @@ from backends.common.session.ray_session import (
 )
 from backends.common.stack import CPU_STACK, Wire
 from backends.common.training.hf_checkpoint import write_random_checkpoint
-from backends.common.world.transport import RayRouter
+from backends.common.world.router import RayRouter
 from miles_core.cells import CellState
 from miles_core.conformance import decisions, rollout
 from miles_core.engines import EngineState
@@ -624,15 +624,15 @@ def test_a_dead_rank_refuses_its_cells_heartbeat(ray_cluster) -> None:
 
     import ray
 
-    from backends.common.world.cluster import RayCell
+    from backends.common.world.cell import RayCell
     from miles_core.backend import CellFailure
 
     class Answering:
         def heartbeat(self) -> bool:
             return True
 
-    world = SimpleNamespace(impaired=lambda key: False)
-    cell = RayCell(world, 3)  # type: ignore[arg-type]  # a heartbeat reads only impaired()
+    cluster = SimpleNamespace(impaired=lambda key: False)
+    cell = RayCell(cluster, 3)  # type: ignore[arg-type]  # a heartbeat reads only impaired()
     cell.ranks = [ray.remote(num_cpus=0)(Answering).remote() for _ in range(2)]
     asyncio.run(asyncio.wait_for(cell.heartbeat(), 60))  # both alive: answered
     ray.kill(cell.ranks[1])  # asynchronous: calls sent soon after may still be answered

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import operator
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -14,8 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from backends.gpu import devcheck, devcheck_checks
-from backends.gpu.devcheck import CHECKS, CheckFailed, Context, run_children, run_devcheck
+from backends.gpu import devcheck, devcheck_checks, devcheck_children, devcheck_run
+from backends.gpu.devcheck import CHECKS, run_devcheck
+from backends.gpu.devcheck_children import CheckFailed, Context, run_children
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="asserts the no-CUDA path")
 
@@ -75,7 +77,7 @@ def test_a_check_that_raises_is_recorded_as_failed_and_the_next_one_runs(
     assert "boom" in failed["traceback"] and "the copy went wrong" in failed["traceback"]
     passed = report["checks"]["cuda_ipc"]
     assert passed["status"] == "passed" and passed["figures"]["gbps"] == 1.0
-    assert 0 < passed["figures"]["t"] <= devcheck.PLAN["cuda_ipc"][1]
+    assert 0 < passed["figures"]["t"] <= devcheck.PLAN["cuda_ipc"].limit_s
     kept = report["checks"]["nccl_two_hosts"]
     assert kept["status"] == "failed" and kept["figures"] == {"bitwise": False}
     assert _read(tmp_path)["checks"]["copy_ceiling"]["status"] == "failed"
@@ -119,8 +121,22 @@ def test_children_report_values_errors_deaths_and_timeouts(tmp_path, monkeypatch
     assert "DEVCHECK_PROBE" not in os.environ and os.environ["DEVCHECK_GONE"] == "parent's"
     assert "ZeroDivisionError" in (tmp_path / "logs" / "probe.2.log").read_text()
     with pytest.raises(CheckFailed) as failure:
-        devcheck.all_ok("probe", outcomes)
+        devcheck_children.all_ok("probe", outcomes)
     assert set(failure.value.figures) == {"child_2", "child_3", "child_4"}
+
+
+def test_every_planned_check_is_a_function_the_runner_finds_by_name() -> None:
+    for name in CHECKS:
+        check = devcheck._check(name)
+        assert callable(check) and check.__name__ == name, name
+    assert devcheck._check("gpu_run") is devcheck_run.gpu_run
+
+
+def test_the_runner_starts_without_torch() -> None:
+    """It asks whether torch imports (cuda_status): its own imports must not need torch."""
+    code = "import sys, backends.gpu.devcheck\nprint('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["False"], done.stderr
 
 
 SUMMARY = {
@@ -144,7 +160,7 @@ def _fake(summary: dict, code: int = 0, stderr: str = "") -> list[str]:
 
 
 def test_gpu_run_reports_the_last_json_line_of_a_fake_run(tmp_path, with_cuda):
-    figures = devcheck_checks.gpu_run(Context(out=tmp_path, run_command=_fake(SUMMARY)))
+    figures = devcheck_run.gpu_run(Context(out=tmp_path, run_command=_fake(SUMMARY)))
     assert figures["returncode"] == 0
     assert figures["oracles"] == SUMMARY["oracles"]
     assert (figures["mean_reward_first"], figures["mean_reward_last"]) == (0.41, 0.93)
@@ -154,28 +170,28 @@ def test_gpu_run_reports_the_last_json_line_of_a_fake_run(tmp_path, with_cuda):
 
 
 def test_the_checkpoint_run_reports_its_rewards_and_fails_on_a_failed_oracle(tmp_path, with_cuda):
-    figures = devcheck_checks.gpu_run_checkpoint(Context(out=tmp_path, run_command=_fake(SUMMARY)))
+    figures = devcheck_run.gpu_run_checkpoint(Context(out=tmp_path, run_command=_fake(SUMMARY)))
     assert (figures["mean_reward_first"], figures["mean_reward_last"]) == (0.41, 0.93)
     failing = {**SUMMARY, "oracles": {**SUMMARY["oracles"], "resume": "fail"}}
     with pytest.raises(CheckFailed, match="resume"):
-        devcheck_checks.gpu_run_checkpoint(Context(out=tmp_path, run_command=_fake(failing)))
+        devcheck_run.gpu_run_checkpoint(Context(out=tmp_path, run_command=_fake(failing)))
 
 
 def test_gpu_run_fails_on_a_failed_oracle_an_exit_code_or_a_timeout(tmp_path):
     failing = {**SUMMARY, "oracles": {"bounded_staleness": "fail", "reward_rises": "pass"}}
     with pytest.raises(CheckFailed, match="exit code 1") as failure:
-        devcheck_checks.gpu_run(
+        devcheck_run.gpu_run(
             Context(out=tmp_path, run_command=_fake(failing, 1, "Traceback: engine died"))
         )
     assert failure.value.figures["returncode"] == 1
     assert "engine died" in failure.value.figures["stderr_tail"]
     with pytest.raises(CheckFailed, match=r"oracles failed: \['bounded_staleness'\]"):
-        devcheck_checks.gpu_run(Context(out=tmp_path, run_command=_fake(failing, 0)))
+        devcheck_run.gpu_run(Context(out=tmp_path, run_command=_fake(failing, 0)))
     with pytest.raises(CheckFailed, match="no JSON line"):
-        devcheck_checks.gpu_run(Context(out=tmp_path, run_command=[sys.executable, "-c", "1"]))
+        devcheck_run.gpu_run(Context(out=tmp_path, run_command=[sys.executable, "-c", "1"]))
     sleeper = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"]
     with pytest.raises(CheckFailed, match="did not end") as failure:
-        devcheck_checks.gpu_run(Context(out=tmp_path, timeout_s=1.0, run_command=sleeper))
+        devcheck_run.gpu_run(Context(out=tmp_path, timeout_s=1.0, run_command=sleeper))
     assert "started" in failure.value.figures["stdout_tail"]
 
 

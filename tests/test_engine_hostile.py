@@ -49,8 +49,9 @@ from hypothesis import strategies as st
 from backends.common.engine.requests import SPECS, BadRequest, bucket_payload, parse
 from backends.common.engine.server import MAX_BODY_BYTES, EngineServer
 from backends.common.training.policy import BOS, CONTEXT_LENGTH, SEP, VOCAB, PolicyConfig
+from backends.common.wire.buckets import wire_spans
 from backends.common.wire.devices import use_file_system_sharing
-from backends.common.wire.groups import broadcast, broadcast_each, wire_spans
+from backends.common.wire.groups import broadcast, broadcast_each
 from backends.common.wire.tensor_bucket import FlattenedTensorMetadata, serialize
 
 NORM = "model.norm.weight"

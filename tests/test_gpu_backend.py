@@ -20,7 +20,7 @@ pytest.importorskip("megatron.core", reason="the Megatron trainer needs megatron
 
 from backends.common.run.ray_run import TRAIN, RealResult, run_in_ray
 from backends.common.session.ray_session import ray_session
-from backends.gpu.stack import gpu_stack
+from backends.gpu.stack import GPU_FLAGS, gpu_stack
 from miles_core.conformance import decisions, rollout
 from miles_core.errors import ConfigError
 from miles_core.events import HealEnded, VersionPublished, WeightsChecked
@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def flags(**given: object) -> argparse.Namespace:
-    values = {"trainer": "megatron", "tp": 2, "engine": None, "transport": "nccl"}
+    """The GPU backend's flags at their defaults, but on CPU, and those ``given``."""
+    values = {flag.dest: flag.default for flag in GPU_FLAGS}
     return argparse.Namespace(**(values | {"device": "cpu"} | given))
 
 

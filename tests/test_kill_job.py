@@ -28,11 +28,11 @@ from miles_core.events import (
 )
 from miles_core.kinds import FaultKind
 from miles_core.oracles import ORACLES, resume
-from miles_core.oracles.segments import segments, timeline
 from miles_core.report.story import step_stories, story_lines
 from miles_core.saves import Resume, SaveState, StoredSave, choose_save, save_due
 from miles_core.scenario import Scenario, make_fault, scenario_from_toml
 from miles_core.scenario.schedule import FaultSchedule
+from miles_core.segments import segments, timeline
 from sim.run import SimResult, run_scenario
 from sim.search.plants import planted
 from sim.search.swarm import swarm_scenario

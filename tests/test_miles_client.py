@@ -12,7 +12,7 @@ this project's ``--flattened-bucket``), and tensor handles (miles' colocated pat
 After it the engine's weights are bitwise the trainer's, the version reads back the
 way miles reads it (``get_weight_version``: /model_info), /weights_checker's
 checksums are the trainer tensors' own, and every response field miles reads is there
-(sglang_api.MILES_READS).
+(backends/common/sglang/api.py, MILES_READS).
 
 The engines: the CPU engine (the GPU backend's ``--engine local`` is the same server
 on another device). The real SGLang server needs CUDA and the ``gpu`` extra; its

@@ -68,9 +68,9 @@ from miles_core.oracles import (
     update_order,
     whole_groups,
 )
-from miles_core.oracles.idle_windows import idle_faults
-from miles_core.oracles.witnesses import awaited
+from miles_core.stopping import awaited
 from miles_core.weight_update import UpdateKind
+from miles_core.witness.idle import idle_faults
 
 Spec = tuple[type[Event], dict[str, Any]]
 

@@ -12,14 +12,14 @@ import pytest
 from miles_core.errors import ConfigError
 from miles_core.events import BucketReceived, FaultInjected, UpdateAborted
 from miles_core.kinds import AbortCause, FaultKind
-from miles_core.oracles.idle_windows import idle_faults
 from miles_core.probes import probes_hit
 from miles_core.scenario import load_scenario_file, make_fault
 from miles_core.scenario.library import SCENARIOS
 from miles_core.scenario.liveness import Liveness
+from miles_core.witness.idle import idle_faults
 from sim.run import run_scenario
 from sim.search.swarm import swarm_scenario
-from sim.world.cluster import SimTransport
+from sim.world.transport import SimTransport
 
 FILE = Path(__file__).resolve().parents[1] / "scenarios" / "files" / "partition_mid_update.toml"
 

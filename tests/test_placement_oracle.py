@@ -18,7 +18,7 @@ from miles_core.scenario.library import SCENARIOS
 from miles_core.scenario.world import NODE_ADDRESSES, TimeModel, WorldShape
 from sim.run import run_scenario
 from sim.search.plants import planted
-from sim.world.cluster import node_names
+from sim.world.placement import node_names
 
 
 def _made(**changes: object) -> PlacementMade:

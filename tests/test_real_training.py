@@ -37,7 +37,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
     """The CLI in this process (a refusal exits 2 before Ray is imported to start)."""
-    from backends.common.run.command import main
+    from backends.cpu.__main__ import main
 
     with pytest.raises(SystemExit) as done:
         main(["run", *argv])

@@ -16,6 +16,8 @@ import pytest
 
 from backends.common.run import command as cli
 from backends.common.run import preflight
+from backends.common.session import address as join
+from backends.cpu.__main__ import main as cpu_main
 from miles_core.errors import ConfigError
 
 
@@ -27,7 +29,7 @@ def no_ray(monkeypatch: pytest.MonkeyPatch) -> None:
 def run_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     """Exit 2, one error line and no traceback; the stderr text."""
     with pytest.raises(SystemExit) as caught:
-        cli.main(["run", "--steps", "1", *argv])
+        cpu_main(["run", "--steps", "1", *argv])
     assert caught.value.code == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.count("error:") == 1, err
@@ -101,13 +103,13 @@ def test_an_address_nobody_answers_at_is_one_line_before_ray(
 
 def test_auto_and_local_are_left_to_ray() -> None:
     for word in ("auto", "local", None):
-        assert preflight.check_address(word) is None
+        assert join.check_address(word) is None
 
 
 def _probe(monkeypatch: pytest.MonkeyPatch, script: str) -> str | None:
     """``_not_a_gcs`` with the child's script replaced (Ray's GcsClient stands apart)."""
-    monkeypatch.setattr(preflight, "_GCS_PROBE", script)
-    return preflight._not_a_gcs("127.0.0.1:1", seconds=5.0)
+    monkeypatch.setattr(join, "_GCS_PROBE", script)
+    return join._not_a_gcs("127.0.0.1:1", seconds=5.0)
 
 
 def test_what_the_gcs_probe_answers(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -119,16 +121,16 @@ def test_what_the_gcs_probe_answers(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _probe(monkeypatch, "print('ok')") is None
     assert _probe(monkeypatch, "print('unknown')") is None
     assert _probe(monkeypatch, "import sys; sys.exit(1)") is None
-    monkeypatch.setattr(preflight, "_GCS_PROBE", "import time; time.sleep(30)")
-    said = preflight._not_a_gcs("127.0.0.1:1", seconds=0.5)
+    monkeypatch.setattr(join, "_GCS_PROBE", "import time; time.sleep(30)")
+    said = join._not_a_gcs("127.0.0.1:1", seconds=0.5)
     assert said == "no answer as a Ray GCS in 0.5 s"
 
 
 def test_a_probe_refusal_names_the_address(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(preflight, "_unreachable", lambda *a: None)
-    monkeypatch.setattr(preflight, "_not_a_gcs", lambda *a: "something answers there, but...")
+    monkeypatch.setattr(join, "_unreachable", lambda *a: None)
+    monkeypatch.setattr(join, "_not_a_gcs", lambda *a: "something answers there, but...")
     with pytest.raises(ConfigError) as caught:
-        preflight.check_address("10.1.2.3:6379")
+        join.check_address("10.1.2.3:6379")
     assert caught.value.field == "--address" and "'10.1.2.3:6379'" in str(caught.value)
 
 

@@ -229,10 +229,11 @@ def test_a_wire_the_run_cannot_use_exits_2_before_ray(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv, words
 ) -> None:
     from backends.common.run import command as cli
+    from backends.cpu.__main__ import main
 
     monkeypatch.setattr(cli, "run_real", lambda *a, **k: pytest.fail("the run started"))
     with pytest.raises(SystemExit) as caught:
-        cli.main(["run", "--steps", "1", *argv])
+        main(["run", "--steps", "1", *argv])
     assert caught.value.code == 2
     err = capsys.readouterr().err
     for word in words:
@@ -240,20 +241,15 @@ def test_a_wire_the_run_cannot_use_exits_2_before_ray(
 
 
 def test_the_replay_line_keeps_the_wire() -> None:
-    import argparse
+    from backends.common.run.flags import build_parser, replay_line
+    from backends.cpu.stack import CPU
 
-    from backends.common.run.command import _replay, add_cpu_flags, cpu_stack_flags
-
-    parser = argparse.ArgumentParser()
-    add_cpu_flags(parser)
-    for name in ("scenario", "load"):
-        parser.add_argument(f"--{name}")
-    parser.add_argument("--seed", type=int, default=3)
-    parser.add_argument("--engine-token-seconds", type=float, default=0.0)
-    args = parser.parse_args(["--wire", "shm"])
-    line = _replay(args, 4, "backends.cpu", cpu_stack_flags(args))
+    parser, _ = build_parser(CPU)
+    args = parser.parse_args(["run", "--wire", "shm", "--seed", "3"])
+    line = replay_line(CPU, args, 4)
     assert line.startswith("python -m backends.cpu run --wire shm --seed 3 --steps 4")
-    assert cpu_stack_flags(parser.parse_args([])) == []  # gloo, the default, is not spelt
+    default = replay_line(CPU, parser.parse_args(["run"]), 4)
+    assert default == "python -m backends.cpu run --seed 0 --steps 4"  # gloo is not spelt
 
 
 def test_a_receiver_joining_a_dead_source_is_told_it_died() -> None:

@@ -17,7 +17,7 @@ from backends.bench.methods import BUCKETED, P2P_ONLY, WRITES_WEIGHTS  # noqa: E
 from backends.bench.report import TIE, markdown, summarize, table  # noqa: E402
 from backends.bench.state import bench_units, moe_specs, uniform_specs  # noqa: E402
 from backends.bench.worker import BenchConfig, module_of  # noqa: E402
-from backends.common.wire.groups import BucketViews, payload_of  # noqa: E402
+from backends.common.wire.buckets import BucketViews, payload_of  # noqa: E402
 from miles_core.errors import ConfigError  # noqa: E402
 from miles_core.transfer import plan_buckets  # noqa: E402
 
@@ -243,3 +243,18 @@ def test_bad_flags_are_errors_that_name_the_flag(argv: list[str], field: str) ->
     with pytest.raises(ConfigError) as error:
         config_from_args(args, cuda=False)
     assert error.value.field == field
+
+
+def test_the_methods_rank_has_all_a_ceiling_reads() -> None:
+    """The ceiling knows the rank only as ``CeilingRank`` (it imports nothing of the
+    methods): every member it names is one of ``Rank``'s, so a rename on either side fails
+    here, not in a bench run."""
+    import dataclasses
+
+    from backends.bench.ceiling import CeilingRank
+    from backends.bench.methods import Rank
+
+    fields = {f.name: f.type for f in dataclasses.fields(Rank)}
+    for name, hint in CeilingRank.__annotations__.items():
+        assert fields.get(name) == hint, (name, fields.get(name), hint)
+    assert isinstance(Rank.is_source, property) and isinstance(CeilingRank.is_source, property)

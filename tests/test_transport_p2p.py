@@ -52,10 +52,10 @@ def _world(failing: str = "") -> tuple[SimpleNamespace, list[tuple[Any, ...]]]:
         cells={0: _Cell(log)},
         engines={e: _Engine(log, e, e == failing) for e in ("e0", "e1", "e2")},
         store_addr=("127.0.0.1", 1234),
-        stack=SimpleNamespace(collective_backend="gloo", packed=False),
-        collective_timeout=60.0,
-        trainer_checksums={},
-        current_update=None,
+        settings=SimpleNamespace(
+            stack=SimpleNamespace(collective_backend="gloo", packed=False),
+            collective_timeout=60.0,
+        ),
         rt=SimpleNamespace(now=lambda: 0.0),
         impaired=lambda what: False,
         transfers=SimpleNamespace(add=lambda *a: log.append(("transfer", *a))),
@@ -94,7 +94,7 @@ def test_send_bucket_each_sends_once_on_every_pair_group_and_delivers_each_engin
     transport = CollectiveTransport(world)  # type: ignore[arg-type]
     engines = {"e1": 3, "e0": 2}
     delivered = _connected(transport, "send_bucket_each", 7, engines)
-    assert delivered == (Delivery(("e0",), 0.0), Delivery(("e1",), 0.0))
+    assert delivered == (Delivery(("e0",), 0.0, "c0"), Delivery(("e1",), 0.0, "c0"))
     groups = {
         e: c[3]["group_name"]
         for c in log
@@ -140,7 +140,7 @@ def test_each_bucket_body_is_what_miles_sends(packed: bool) -> None:
     string with every bucket, flush_cache false; --flattened-bucket asks for the packed one,
     and the trainer is told which it sends."""
     world, log = _world()
-    world.stack.packed = packed
+    world.settings.stack.packed = packed
     transport = CollectiveTransport(world)  # type: ignore[arg-type]
     _connected(transport, "send_bucket", 4, {"e0": 1}, version=12)
     (body,) = [c[3] for c in _routed(log, BUCKET_ROUTE)]

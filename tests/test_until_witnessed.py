@@ -15,11 +15,11 @@ import pytest
 from miles_core.engines import EngineState
 from miles_core.errors import ConfigError
 from miles_core.events import EngineRecoveryAsked, EngineStateChanged, RunEnded
-from miles_core.oracles.witnesses import recovering
 from miles_core.report.summary import summary, text_lines
 from miles_core.scenario import scenario_from_toml
 from miles_core.scenario.dump import scenario_to_toml
 from miles_core.scenario.library import SCENARIOS
+from miles_core.stopping import recovering
 from sim.run import Scenario, run_scenario
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from miles_core.loop.engine_calls import EngineCall
 from miles_core.loop.update import Updater, _CallNames
 from miles_core.runtime import Cancelled
 from sim.world.runtime import SimRuntime
@@ -25,6 +26,10 @@ class _Engine:
     async def pause(self) -> None:
         await self.rt.sleep(1.0)
         self.paused_at = self.rt.now()
+
+
+PAUSE = EngineCall("pause", lambda engine: engine.pause())  # type: ignore[attr-defined]
+"""A pause as the updater makes it, to this test's engine (which takes no mode)."""
 
 
 def _updater(rt: SimRuntime, engine: _Engine) -> Updater:
@@ -44,7 +49,7 @@ def test_a_cancelled_update_cancels_its_call_to_the_engine() -> None:
     updater = _updater(rt, engine)
 
     async def main() -> str:
-        call = rt.spawn(updater._call("engine-0", 0, "pause", (), lambda e: None), "call")
+        call = rt.spawn(updater._call("engine-0", 0, PAUSE, lambda e, answer: None), "call")
         await rt.sleep(0.5)
         call.cancel("the update was cancelled")
         try:
@@ -64,7 +69,9 @@ def test_a_call_that_answers_in_time_acts_and_is_answered() -> None:
     answered: list[str] = []
 
     async def main() -> object:
-        return await _updater(rt, engine)._call("engine-0", 0, "pause", (), answered.append)
+        return await _updater(rt, engine)._call(
+            "engine-0", 0, PAUSE, lambda e, answer: answered.append(e)
+        )
 
     assert rt.run(main()) is None
     assert engine.paused_at == 1.0 and answered == ["engine-0"]

@@ -13,9 +13,9 @@ import pytest
 from miles_core.errors import ConfigError
 from miles_core.scenario import PRESETS, TimeModel
 from miles_core.scenario.anchor_presets import ANCHOR_PRESETS, SYSTEM_MODES, SYSTEMS
-from sim.cli.calibrate import predict_update_seconds
 from sim.timing.anchor_report import predict_all
 from sim.timing.anchors import ANCHORS, FIT_GROUPS, fit_group, group_of, update_terms
+from sim.timing.calibration import predict_update_seconds
 from sim.world.update_cost import BucketCost, Route, bucket_cost, bucket_seconds, wire_seconds
 
 MB = 10**6

@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from backends.common.wire.groups import (  # noqa: E402
+from backends.common.wire.buckets import (  # noqa: E402
     BucketViews,
     UnalignedTensor,
     pack_bucket,

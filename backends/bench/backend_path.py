@@ -7,7 +7,7 @@ cell's actor holds (its parameters as ``BucketViews``, its update groups made
 by ``gloo_group`` as ``init_update_group`` makes them). Receivers: an
 ``EngineWeights`` (backends/common/engine/weights.py) that joins its groups with
 ``join`` and takes each bucket with ``receive``, from the bodies SGLang's routes
-take (sglang_api), on an event loop as the engine serves them. Left out: the Ray
+take (backends/common/sglang/api.py), on an event loop as the engine serves them. Left out: the Ray
 call and the HTTP request around each, which are not the transfer.
 
 The bench calls the code rather than copying it, so a change to the backend's
@@ -29,7 +29,8 @@ import torch
 from backends.common.engine.requests import parse
 from backends.common.engine.weights import EngineWeights
 from backends.common.sglang import api
-from backends.common.wire.groups import BucketViews, payload_of, update_group
+from backends.common.wire.buckets import BucketViews, payload_of
+from backends.common.wire.groups import update_group
 from backends.common.wire.shm_group import ShmArena
 from backends.common.world.trainer import TrainerRank
 from miles_core.transfer import Bucket

@@ -30,13 +30,10 @@ nothing between processes: it is shown as a bound, not taken into the ceiling.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-
-if TYPE_CHECKING:
-    from backends.bench.methods import Rank
 
 WIRE_CEILINGS = ("flat-bcast", "flat-pairs", "flat-sendrecv", "flat-chunks")
 SHM_CEILINGS = ("shm", "shm-pipe", "shm-flags")
@@ -49,19 +46,37 @@ def ceilings_for(backend: str) -> tuple[str, ...]:
     return CEILINGS if backend == "gloo" else WIRE_CEILINGS
 
 
-def _bcast(group: Any, tensor: torch.Tensor) -> Any:
+class CeilingRank(Protocol):
+    """What a ceiling's trial reads of a process's side of the bench (methods.Rank): its
+    groups and buffers, not the methods that share them."""
+
+    rank: int
+    receivers: int
+    everyone: Any
+    pairs: dict[int, Any]
+    flat: torch.Tensor
+    shared: torch.Tensor | None
+    shm_everyone: Any
+    token: torch.Tensor
+
+    @property
+    def is_source(self) -> bool: ...
+
+
+def start_broadcast(group: Any, tensor: torch.Tensor) -> Any:
+    """A broadcast from rank 0 of ``group``, started: the caller waits on the work."""
     options = dist.BroadcastOptions()
     options.rootRank = 0
     return group.broadcast([tensor], options)
 
 
-def run_ceiling(rank: Rank, method: str) -> None:
+def run_ceiling(rank: CeilingRank, method: str) -> None:
     """One trial of one way; a receiver's trial ends with the bytes in its flat tensor."""
     if method == "flat-bcast":
-        _bcast(rank.everyone, rank.flat).wait()
+        start_broadcast(rank.everyone, rank.flat).wait()
     elif method == "flat-pairs":
         groups = rank.pairs.values() if rank.is_source else [rank.pairs[rank.rank]]
-        for work in [_bcast(g, rank.flat) for g in groups]:
+        for work in [start_broadcast(g, rank.flat) for g in groups]:
             work.wait()
     elif method == "flat-sendrecv":
         if rank.is_source:
@@ -73,7 +88,7 @@ def run_ceiling(rank: Rank, method: str) -> None:
     elif method == "flat-chunks":
         groups = list(rank.pairs.values()) if rank.is_source else [rank.pairs[rank.rank]]
         pieces = _chunks(rank.flat.numel(), CHUNKS)
-        works = [_bcast(g, rank.flat[a:b]) for a, b in pieces for g in groups]
+        works = [start_broadcast(g, rank.flat[a:b]) for a, b in pieces for g in groups]
         for work in works:
             work.wait()
     elif method == "shm-flags":
@@ -86,7 +101,7 @@ def run_ceiling(rank: Rank, method: str) -> None:
         raise ValueError(f"unknown ceiling {method!r}")
 
 
-def _shared_copy(rank: Rank, chunks: int) -> None:
+def _shared_copy(rank: CeilingRank, chunks: int) -> None:
     """Source: flat -> segment, chunk by chunk, each followed by a token broadcast that
     tells the receivers it is there; receivers: segment -> flat after each token."""
     shared = rank.shared
@@ -96,7 +111,7 @@ def _shared_copy(rank: Rank, chunks: int) -> None:
     for start, end in _chunks(shared.numel(), chunks):
         if rank.is_source:
             shared[start:end].copy_(rank.flat[start:end])
-        _bcast(rank.everyone, token).wait()
+        start_broadcast(rank.everyone, token).wait()
         if not rank.is_source:
             rank.flat[start:end].copy_(shared[start:end])
 

@@ -50,11 +50,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from backends.bench.backend_path import EngineSide, TrainerSide, engine_group, group_names
-from backends.bench.ceiling import CEILINGS, run_ceiling
-from backends.common.wire.groups import (
+from backends.bench.ceiling import CEILINGS, run_ceiling, start_broadcast
+from backends.common.wire.buckets import (
     BucketViews,
     pack_bucket,
     pack_into,
@@ -83,12 +82,6 @@ REFERENCES = ("naive", "memcpy")
 METHODS = BUCKETED + CEILINGS + REFERENCES
 WRITES_WEIGHTS = frozenset((*BUCKETED, "naive"))
 """Methods whose receivers end with the weights in their model: checked bitwise."""
-
-
-def _bcast(group: Any, tensor: torch.Tensor) -> Any:
-    options = dist.BroadcastOptions()
-    options.rootRank = 0
-    return group.broadcast([tensor], options)
 
 
 @dataclass
@@ -135,14 +128,14 @@ class Rank:
         groups = [self.everyone] if mode == "broadcast" else list(self.pairs.values())
         works = []
         for group in groups:
-            works.append(_bcast(group, tensor))
+            works.append(start_broadcast(group, tensor))
             if not concurrent:
                 works.pop().wait()
         return works
 
     def recv(self, mode: str, tensor: torch.Tensor) -> Any:
         group = self.everyone if mode == "broadcast" else self.pairs[self.rank]
-        return _bcast(group, tensor)
+        return start_broadcast(group, tensor)
 
     # -- preparing for a bucket plan (outside the timed region) -----------------------
 
@@ -179,7 +172,7 @@ class Rank:
                     self.send(mode, self._pack(bucket))
                 else:  # one send_bucket call, hence one pack, per engine
                     for group in self.pairs.values():
-                        _bcast(group, self._pack(bucket)).wait()
+                        start_broadcast(group, self._pack(bucket)).wait()
             return
         for bucket in self.buckets:
             spans, nbytes = wire_spans(*_payload(bucket))

@@ -26,7 +26,8 @@ from backends.bench.backend_path import EngineSide, TrainerSide, join_groups
 from backends.bench.ceiling import ceilings_for, map_shared
 from backends.bench.methods import BUCKETED, CPU_ONLY, P2P_ONLY, WRITES_WEIGHTS, Rank
 from backends.bench.state import bench_units
-from backends.common.wire.groups import GLOO_TIMEOUT, BucketViews, gloo_group, update_group
+from backends.common.wire.buckets import BucketViews
+from backends.common.wire.groups import GLOO_TIMEOUT, gloo_group, update_group
 from backends.common.wire.shm_group import ShmArena
 from miles_core.transfer import ParamSpec, plan_buckets
 

@@ -12,10 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from backends.common.world.cluster import RayWorld
+from typing import Any
 
 
 class Wire(StrEnum):
@@ -54,8 +51,9 @@ class Stack:
     """The Ray actor class of a trainer rank (None: backends.common.world.trainer's)."""
     engine_actor: Any = None
     """The Ray actor class of an engine (None: backends.common.engine.server's local engine)."""
-    transport: Callable[[RayWorld], Any] | None = None
-    """Makes the world's WeightTransport (None: the collective transport)."""
+    transport: Callable[[Any], Any] | None = None
+    """Makes the world's WeightTransport from its cluster (None: the collective transport,
+    backends.common.world.transport; the stack sits below the world and names none of it)."""
 
     @property
     def collective_backend(self) -> str:

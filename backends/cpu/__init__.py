@@ -1,1 +1,2 @@
-"""The CPU backend: torch trainer cells and HTTP engines on Ray, weights over gloo."""
+"""The CPU backend (python -m backends.cpu): its Stack (torch trainer cells, HTTP engines on
+Ray, weights over gloo or shared memory) and its run command."""

@@ -4,14 +4,30 @@
 
 The loop for real on a local Ray with virtual GPUs, on CPU: torch FSDP2 trainer
 cells, SGLang-shaped HTTP engines, gloo weight transfer. Everything it runs lives
-in backends/common (the GPU backend runs the same code with its own Stack); see
-backends/common/run/command.py for the output and exit codes.
+in backends/common (the GPU backend runs the same code with its own Stack); this
+backend's own flag and Stack are in stack.py. See backends/common/run/command.py for
+the output and exit codes.
 """
 
 from __future__ import annotations
 
-from backends.common.run.command import main
+from backends.common.run.command import run_command
+from backends.common.run.flags import build_parser
+from backends.cpu.stack import CPU
+from miles_core.errors import ConfigError
 from miles_core.report import exit_cli
+
+
+def main(argv: list[str] | None = None) -> int:
+    """torch FSDP2 trainer cells, local HTTP engines, gloo (or shared memory), on CPU."""
+    parser, _ = build_parser(CPU)
+    args = parser.parse_args(argv)
+    try:
+        return run_command(args, CPU)
+    except ConfigError as error:
+        parser.error(str(error))
+    return 2  # unreachable: parser.error exits
+
 
 if __name__ == "__main__":
     exit_cli(main)

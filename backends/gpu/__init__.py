@@ -1,1 +1,2 @@
-"""The GPU backend: Megatron-core trainers and SGLang engines (runs on CPU for tests)."""
+"""The GPU backend (python -m backends.gpu): Megatron-core or FSDP2 trainers, SGLang or local
+engines, NCCL or CUDA IPC (its own code runs on CPU for tests), and the device check."""

@@ -1,13 +1,15 @@
 """python -m backends.gpu run [--trainer megatron|fsdp] [--tp N] [--engine sglang|local]
-[--transport nccl|ipc] [--device cuda|cpu] [the CPU backend's run flags and miles' loop flags]
+[--transport nccl|ipc] [--device cuda|cpu] [the run flags both backends share, the
+training flags and miles' loop flags]
 
 python -m backends.gpu devcheck --out DIR
 
 ``run``: the same loop, summary, trace and oracles as ``python -m backends.cpu run``
 (backends/common), with Megatron-core or FSDP2 trainers, SGLang or local engines,
-and NCCL or CUDA-IPC weight transfer. ``--device cpu`` runs this backend's own code
-end to end on CPU: Megatron over gloo, local engines, gloo standing in for NCCL and
-shared files for CUDA IPC. ``devcheck``: what a GPU host can do, as one JSON report.
+and NCCL or CUDA-IPC weight transfer (this backend's own flags and Stack: stack.py).
+``--device cpu`` runs this backend's own code end to end on CPU: Megatron over gloo,
+local engines, gloo standing in for NCCL and shared files for CUDA IPC. ``devcheck``:
+what a GPU host can do, as one JSON report.
 """
 
 from __future__ import annotations
@@ -15,21 +17,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from backends.common.run.flags import build_parser
-from backends.gpu.stack import add_gpu_flags, check_device
+from backends.gpu.stack import GPU, check_device
 from miles_core.errors import ConfigError
 from miles_core.report import exit_cli
 
 
-def _stack_flags(args) -> list[str]:  # type: ignore[no-untyped-def]
-    flags = ["--trainer", args.trainer, "--tp", str(args.tp), "--transport", args.transport]
-    flags += ["--device", args.device]
-    return flags + (["--engine", args.engine] if args.engine else [])
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser, sub = build_parser(
-        "backends.gpu", "the loop for real, on Ray, on GPUs (or on CPU)", add_gpu_flags
-    )
+    parser, sub = build_parser(GPU)
     check = sub.add_parser("devcheck", help="the device check: one JSON report of a GPU host")
     check.add_argument("--out", required=True, help="the report's folder (devcheck.json)")
     check.add_argument("--budget", type=float, default=450.0, help="seconds in all (default 450)")
@@ -42,9 +36,8 @@ def main(argv: list[str] | None = None) -> int:
             return code
         check_device(args.device)  # before Ray, torch.distributed and Megatron are imported
         from backends.common.run.command import run_command
-        from backends.gpu.stack import gpu_stack
 
-        return run_command(args, "backends.gpu", gpu_stack, _stack_flags(args))
+        return run_command(args, GPU)
     except ConfigError as error:
         parser.error(str(error))
     return 2  # unreachable: parser.error exits

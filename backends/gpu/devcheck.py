@@ -19,181 +19,45 @@ output goes to ``DIR/logs/CHECK.RANK.log``. Progress goes to stderr, a line a ch
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
 import json
 import os
-import queue
 import shlex
-import socket
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from backends.gpu.devcheck_children import CheckFailed, Context
 from miles_core.errors import ConfigError
 
-# name -> (needs a CUDA device, the most seconds it may take)
-PLAN: dict[str, tuple[bool, float]] = {
-    "environment": (False, 90.0),
-    "copy_ceiling": (True, 60.0),
-    "cuda_ipc": (True, 120.0),
-    "nccl_two_hosts": (True, 120.0),
-    "nccl_duplicate_gpu_refused": (True, 70.0),
-    "megatron_tp1": (True, 150.0),
-    "fsdp2_step": (True, 120.0),
-    "gpu_run": (True, 240.0),
-    "gpu_run_checkpoint": (True, 300.0),
+
+@dataclass(frozen=True)
+class Planned:
+    """A check as the runner plans it (its function is ``devcheck_checks.<name>``)."""
+
+    needs_cuda: bool
+    limit_s: float
+    """The most seconds it may take (less when less of the budget is left)."""
+
+
+PLAN: dict[str, Planned] = {
+    "environment": Planned(False, 90.0),
+    "copy_ceiling": Planned(True, 60.0),
+    "cuda_ipc": Planned(True, 120.0),
+    "nccl_two_hosts": Planned(True, 120.0),
+    "nccl_duplicate_gpu_refused": Planned(True, 70.0),
+    "megatron_tp1": Planned(True, 150.0),
+    "fsdp2_step": Planned(True, 120.0),
+    "gpu_run": Planned(True, 240.0),
+    "gpu_run_checkpoint": Planned(True, 300.0),
 }
 CHECKS: tuple[str, ...] = tuple(PLAN)
 MIN_SECONDS = 10.0  # no check starts with less time than this left
 NOTHING_CHECKED = 3  # the exit code when every check that needs a GPU was skipped
-GRACE_S = 20.0  # once a child fails, how long its siblings get to report
-
-
-class CheckFailed(Exception):
-    """A check that ran and found something wrong; its figures go into the report."""
-
-    def __init__(self, message: str, figures: dict[str, Any]) -> None:
-        super().__init__(message)
-        self.figures = figures
-
-
-@dataclass
-class Context:
-    out: Path
-    timeout_s: float = 60.0
-    results: dict[str, Any] = field(default_factory=dict)  # the report's entries so far
-    run_command: Sequence[str] | None = None
-
-
-# ---------------------------------------------------------------- child processes
-
-
-def tail(text: str, lines: int = 15, chars: int = 3000) -> str:
-    return "\n".join(text.rstrip().splitlines()[-lines:])[-chars:]
-
-
-def log_tail(path: Path, lines: int = 15) -> str:
-    try:
-        return tail(path.read_text(errors="replace"), lines)
-    except OSError:
-        return ""
-
-
-def _apply(env: dict[str, str | None]) -> None:
-    for key, value in env.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-
-
-@contextlib.contextmanager
-def environ(env: dict[str, str | None]) -> Iterator[None]:
-    """os.environ with ``env`` applied (None deletes), so that a spawned child starts with it."""
-    saved = {k: os.environ.get(k) for k in env}
-    try:
-        _apply(env)
-        yield
-    finally:
-        _apply(saved)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def spawn_context() -> Any:
-    import torch.multiprocessing
-
-    return torch.multiprocessing.get_context("spawn")
-
-
-def _child_main(fn: Callable, rank: int, results: Any, log: str, env: dict, args: tuple) -> None:
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    _apply(env)  # again, before anything in the child reads it
-    try:
-        results.put((rank, "ok", fn(*args)))
-    except BaseException:
-        traceback.print_exc()
-        results.put((rank, "error", traceback.format_exc()))
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-
-
-def run_children(
-    name: str, ctx: Context, entries: Sequence[tuple[Callable, tuple, dict]], timeout_s: float
-) -> list[tuple[str, Any]]:
-    """One spawned child per (fn, args, env); waits at most ``timeout_s`` for them all.
-
-    Per child: ("ok", its return value), ("error", its traceback), ("exited", why: it
-    died without a word) or ("timeout", why: it was killed).
-    """
-    mp = spawn_context()
-    results = mp.Queue()
-    (ctx.out / "logs").mkdir(parents=True, exist_ok=True)
-    procs = []
-    for rank, (fn, args, env) in enumerate(entries):
-        log = ctx.out / "logs" / f"{name}.{rank}.log"
-        with environ(env):
-            proc = mp.Process(target=_child_main, args=(fn, rank, results, str(log), env, args))
-            proc.start()
-        procs.append((proc, log))
-    got: dict[int, tuple[str, Any]] = {}
-    deadline, why_killed = time.monotonic() + timeout_s, f"no report in {timeout_s:.0f} s"
-
-    def note(rank: int, kind: str, value: Any) -> None:
-        nonlocal deadline, why_killed
-        got[rank] = (kind, value)
-        if kind != "ok" and deadline > time.monotonic() + GRACE_S:
-            deadline = time.monotonic() + GRACE_S  # the others may wait on it forever
-            why_killed = f"no report {GRACE_S:.0f} s after child {rank} failed"
-
-    def receive(wait: float) -> None:
-        with contextlib.suppress(queue.Empty, ValueError):
-            while True:  # one wait, then all that is there
-                note(*results.get(timeout=wait))
-                wait = 0.05
-
-    try:
-        while len(got) < len(procs) and time.monotonic() < deadline:
-            receive(max(0.0, min(1.0, deadline - time.monotonic())))
-            for rank, (proc, log) in enumerate(procs):
-                if rank not in got and not proc.is_alive():
-                    receive(0.5)  # its report may still be in the pipe
-                    if rank not in got:
-                        why = f"exit code {proc.exitcode} before reporting\n{log_tail(log)}"
-                        note(rank, "exited", why)
-    finally:
-        for rank, (proc, log) in enumerate(procs):
-            proc.join(timeout=10 if rank in got else 0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(timeout=5)
-            if rank not in got:
-                got[rank] = ("timeout", f"{why_killed}; killed\n{log_tail(log)}")
-    return [got[rank] for rank in range(len(procs))]
-
-
-def all_ok(name: str, outcomes: list[tuple[str, Any]], figures: dict | None = None) -> list:
-    """The children's return values, or CheckFailed naming those that did not return."""
-    bad = {f"child_{r}": f"{k}: {tail(str(v))}" for r, (k, v) in enumerate(outcomes) if k != "ok"}
-    if bad:
-        raise CheckFailed(f"{name}: {', '.join(bad)} failed", {**(figures or {}), **bad})
-    return [value for _, value in outcomes]
-
-
-# ---------------------------------------------------------------- the runner
 
 
 def cuda_status() -> tuple[bool, str]:
@@ -214,8 +78,12 @@ def cuda_status() -> tuple[bool, str]:
 
 
 def _check(name: str) -> Callable[[Context], dict[str, Any]]:
-    # Looked up per run, so that a test can replace one.
-    return getattr(importlib.import_module("backends.gpu.devcheck_checks"), name)
+    """The check's function, looked up by name when it runs (so that a test can replace one),
+    imported here: the checks import torch, which the runner must start without (its first
+    question is whether torch imports at all)."""
+    from backends.gpu import devcheck_checks
+
+    return getattr(devcheck_checks, name)
 
 
 def _now() -> str:
@@ -261,7 +129,7 @@ def _first_write(out: Path, path: Path, report: dict[str, Any]) -> None:
 def _nothing_checked(entries: dict[str, Any]) -> int | None:
     """NOTHING_CHECKED when checks that need a GPU were asked for and every one was skipped
     (the line saying so goes to stderr); None otherwise."""
-    gpu = {name: entries[name] for name in entries if PLAN[name][0]}
+    gpu = {name: entries[name] for name in entries if PLAN[name].needs_cuda}
     if not gpu or any(e["status"] != "skipped" for e in gpu.values()):
         return None
     why = next(iter(gpu.values()))["reason"]
@@ -292,7 +160,7 @@ def run_devcheck(
     cuda: tuple[bool, str] | None = None
     _first_write(out, path, report)
     for name in names:
-        needs_cuda, limit = PLAN[name]
+        needs_cuda, limit = PLAN[name].needs_cuda, PLAN[name].limit_s
         if needs_cuda and cuda is None:
             cuda = cuda_status()
             report["cuda"] = {"available": cuda[0], "detail": cuda[1]}

@@ -1,4 +1,6 @@
-"""The device check's checks, in ``devcheck.CHECKS`` order, one function each.
+"""The device check's checks, in ``devcheck.PLAN`` order, one function each (the two that
+run the GPU backend's command are in devcheck_run.py, and named here too: the runner looks
+every check up in this module by its name).
 
 A check takes a ``Context`` and returns a dict of figures (seconds; GB/s as 1e9 bytes a
 second); it raises ``CheckFailed`` to fail while keeping its figures. Every CUDA check
@@ -10,43 +12,40 @@ CPU over gloo, which is how it was tried without a GPU; the checks pass ``cuda``
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
 import os
 import platform
 import random
 import re
-import shlex
-import signal
 import subprocess
 import sys
 import time
 from datetime import timedelta
-from pathlib import Path
-from subprocess import PIPE
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from backends.gpu import devcheck
-from backends.gpu.devcheck import CheckFailed, Context, all_ok, free_port, run_children
+from backends.gpu.devcheck_children import (
+    CheckFailed,
+    Context,
+    all_ok,
+    free_port,
+    log_tail,
+    popen,
+    run_children,
+    spawn_context,
+)
+from backends.gpu.devcheck_run import gpu_run as gpu_run
+from backends.gpu.devcheck_run import gpu_run_checkpoint as gpu_run_checkpoint
 
 MIB, GIB = 1 << 20, 1 << 30
 SEED = 20240601
 MODULES = ("ray", "simpy", "megatron.core", "transformers", "aiohttp", "transformer_engine")
-REPO = Path(__file__).resolve().parents[2]
-RUN_ARGS = ("-m", "backends.gpu", "run", "--engine", "local", "--transport", "ipc", "--steps")
-RUN_ARGS += ("10", "--device", "cuda", "--json")
 # Both NCCL checks: sockets over loopback only, no shortcut through P2P/SHM/NVLS/MNNVL.
 NCCL_ENV = {"NCCL_SOCKET_IFNAME": "lo", "NCCL_IB_DISABLE": "1", "NCCL_P2P_DISABLE": "1"}
 NCCL_ENV |= {"NCCL_SHM_DISABLE": "1", "NCCL_NVLS_ENABLE": "0", "NCCL_MNNVL_ENABLE": "0"}
 NCCL_ENV |= {"NCCL_NET": "Socket", "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV"}
-
-
-def _popen(command: list[str], **kwargs: Any) -> subprocess.Popen:
-    return subprocess.Popen(command, stdout=PIPE, stderr=PIPE, text=True, **kwargs)
 
 
 def _nccl_version() -> str:
@@ -149,7 +148,7 @@ def environment(ctx: Context) -> dict[str, Any]:
         figures["nccl"] = _nccl_version()
     figures["env"] = {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "CUDA_"))}
     code = "import importlib, sys; print(importlib.import_module(sys.argv[1]).__version__)"
-    procs = {name: _popen([sys.executable, "-W", "ignore", "-c", code, name]) for name in MODULES}
+    procs = {name: popen([sys.executable, "-W", "ignore", "-c", code, name]) for name in MODULES}
     deadline, versions, errors = time.monotonic() + min(90.0, ctx.timeout_s), {}, {}
     for name, proc in procs.items():
         try:
@@ -252,7 +251,7 @@ def ipc_consumer(handles: Any, done: Any, shape: tuple[int, int], wait_s: float,
 
 
 def cuda_ipc(ctx: Context, buckets: int = 8, nbytes: int = 256 * MIB, device: str = "cuda"):
-    mp = devcheck.spawn_context()
+    mp = spawn_context()
     args = (mp.Queue(), mp.Event(), (buckets, nbytes), max(5.0, ctx.timeout_s - 15), device)
     entries = [(ipc_producer, args, {}), (ipc_consumer, args, {})]
     producer, consumer = all_ok("cuda_ipc", run_children("cuda_ipc", ctx, entries, ctx.timeout_s))
@@ -339,7 +338,7 @@ def nccl_duplicate_gpu_refused(ctx: Context, device: str = "cuda") -> dict[str, 
     entries = [(nccl_rank, (rank, port, MIB, 1, False, device), env) for rank in range(2)]
     outcomes = run_children(name, ctx, entries, min(60.0, ctx.timeout_s))
     texts = [str(v) for k, v in outcomes if k != "ok"]
-    texts += [devcheck.log_tail(p, 40) for p in sorted((ctx.out / "logs").glob(f"{name}.*.log"))]
+    texts += [log_tail(p, 40) for p in sorted((ctx.out / "logs").glob(f"{name}.*.log"))]
     duplicate = [ln.strip() for t in texts for ln in t.splitlines() if "Duplicate GPU" in ln]
     refused = any(kind != "ok" for kind, _ in outcomes)
     figures = {"refused": refused, "outcomes": [kind for kind, _ in outcomes]}
@@ -431,82 +430,4 @@ def fsdp2_step(ctx: Context, device: str = "cuda") -> dict[str, Any]:
     (figures,) = all_ok("fsdp2_step", run_children("fsdp2_step", ctx, entries, ctx.timeout_s))
     if not (math.isfinite(figures["loss"]) and math.isfinite(figures["loss_after"])):
         raise CheckFailed("the loss is not finite", figures)
-    return figures
-
-
-# ---------------------------------------------------------------- 7. the GPU backend's run
-
-
-def last_json(stdout: str) -> dict | None:
-    """The last line of ``stdout`` that is a JSON object."""
-    for line in reversed(stdout.splitlines()):
-        if line.strip().startswith("{"):
-            try:
-                value = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(value, dict):
-                return value
-    return None
-
-
-SUMMARY_KEYS = ("status", "reason", "error", "steps", "final_version", "oracles", "verdicts")
-SUMMARY_KEYS += ("violations", "mean_reward_first", "mean_reward_last", "transfer")
-SUMMARY_KEYS += ("seconds_per_step",)
-
-
-def gpu_run(ctx: Context) -> dict[str, Any]:
-    """``python -m backends.gpu run ... --json`` (or ``ctx.run_command``): its summary."""
-    command = list(ctx.run_command) if ctx.run_command else [sys.executable, *RUN_ARGS]
-    return _run_summary(ctx, command)
-
-
-def gpu_run_checkpoint(ctx: Context) -> dict[str, Any]:
-    """The same run on a checkpoint and data set written here (``python -m backends.tasks
-    make``: a small Llama, sums scored by miles' ``math`` reward), GRPO with a KL term, 20
-    steps: its summary, whose first and last mean reward show whether it learns on CUDA,
-    and the curve (``--plot``) beside the report (``ctx.run_command`` replaces the run)."""
-    if ctx.run_command:
-        return _run_summary(ctx, list(ctx.run_command))
-    task = ctx.out / "task"
-    made = subprocess.run(
-        [sys.executable, "-m", "backends.tasks", "make", "--out", str(task)],
-        cwd=REPO, capture_output=True, text=True, timeout=min(120.0, ctx.timeout_s),
-    )  # fmt: skip
-    if made.returncode:
-        raise CheckFailed("backends.tasks make failed", {"stderr_tail": devcheck.tail(made.stderr)})
-    command = [sys.executable, *RUN_ARGS[:-3], "20", "--device", "cuda", "--json"]
-    command += ["--hf-checkpoint", str(task / "checkpoint"), "--prompt-data"]
-    command += [str(task / "train.jsonl"), "--label-key", "label", "--rm-type", "math"]
-    command += ["--rollout-batch-size", "32", "--n-samples-per-prompt", "8", "--use-kl-loss"]
-    command += ["--kl-loss-coef", "0.05", "--kl-loss-type", "low_var_kl"]
-    command += ["--plot", str(ctx.out / "checkpoint-curve.png")]
-    return _run_summary(ctx, command)
-
-
-def _run_summary(ctx: Context, command: list[str]) -> dict[str, Any]:
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    timeout, figures = min(240.0, ctx.timeout_s), {"command": shlex.join(command)}
-    t0 = time.perf_counter()
-    env = {**os.environ, "PYTHONPATH": path}
-    proc = _popen(command, cwd=REPO, env=env, start_new_session=True)  # a group to kill
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        figures |= {"stdout_tail": devcheck.tail(out), "stderr_tail": devcheck.tail(err, 30)}
-        raise CheckFailed(f"the run did not end in {timeout:.0f} s; killed", figures) from None
-    figures |= {"returncode": proc.returncode, "seconds": time.perf_counter() - t0}
-    summary = last_json(out) or {}
-    figures |= {k: summary[k] for k in SUMMARY_KEYS if k in summary}
-    oracles = summary.get("oracles", summary.get("verdicts"))
-    oracles = oracles if isinstance(oracles, dict) else {}
-    failed = sorted(k for k, v in oracles.items() if v not in ("pass", None))
-    if proc.returncode != 0 or not summary or failed:
-        figures |= {"stdout_tail": devcheck.tail(out), "stderr_tail": devcheck.tail(err, 30)}
-        why = f"oracles failed: {failed}" if failed else "no JSON line on stdout"
-        why = f"exit code {proc.returncode}" if proc.returncode else why
-        raise CheckFailed(f"the GPU run failed: {why}", figures)
     return figures

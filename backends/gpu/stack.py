@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import importlib.util
 
+from backends.common.run.flags import Flag, RealBackend, Spelt
 from backends.common.stack import Stack, Wire
 from miles_core.errors import ConfigError
 from miles_core.scenario import Scenario
@@ -22,40 +23,47 @@ TRANSPORTS = ("nccl", "ipc")
 DEVICES = ("cuda", "cpu")
 
 
-def add_gpu_flags(run: argparse.ArgumentParser) -> None:
-    run.add_argument(
+GPU_FLAGS: tuple[Flag, ...] = (
+    Flag(
         "--trainer",
+        "Megatron-core GPTModel with TP per cell (default), or torch FSDP2",
         choices=TRAINERS,
         default="megatron",
-        help="Megatron-core GPTModel with TP per cell (default), or torch FSDP2",
-    )
-    run.add_argument(
+        replay=Spelt.ALWAYS,
+    ),
+    Flag(
         "--tp",
+        "Megatron's tensor-parallel size (default 2); a cell gets at least this many "
+        "ranks, and TP must divide the scenario's ranks per cell",
         type=int,
         default=2,
-        help="Megatron's tensor-parallel size (default 2); a cell gets at least this many "
-        "ranks, and TP must divide the scenario's ranks per cell",
-    )
-    run.add_argument(
+        replay=Spelt.ALWAYS,
+    ),
+    Flag(
         "--engine",
-        choices=ENGINES,
-        default=None,
-        help="real SGLang (the default on CUDA) or the SGLang-shaped local engine holding a "
+        "real SGLang (the default on CUDA) or the SGLang-shaped local engine holding a "
         "transformers model on the device (the default on CPU)",
-    )
-    run.add_argument(
+        choices=ENGINES,
+        replay=Spelt.GIVEN,
+    ),
+    Flag(
         "--transport",
+        "nccl: a group per update through the engines' API (gloo stands in on CPU); "
+        "ipc: tensor handles to engines on the trainer's device (shared files on CPU)",
         choices=TRANSPORTS,
         default="nccl",
-        help="nccl: a group per update through the engines' API (gloo stands in on CPU); "
-        "ipc: tensor handles to engines on the trainer's device (shared files on CPU)",
-    )
-    run.add_argument(
+        replay=Spelt.ALWAYS,
+    ),
+    Flag(
         "--device",
+        "cuda (default), or cpu: this backend's own code end to end on CPU",
         choices=DEVICES,
         default="cuda",
-        help="cuda (default), or cpu: this backend's own code end to end on CPU",
-    )
+        replay=Spelt.ALWAYS,
+    ),
+)
+"""The replay line names the stack the run had (trainer, TP, transport, device) whole, and
+``--engine`` when given (left out, it follows ``--device``)."""
 
 
 def check_device(device: str) -> None:
@@ -122,7 +130,8 @@ def gpu_stack(args: argparse.Namespace, scenario: Scenario) -> tuple[Stack, Scen
 
 def _parts(trainer: str, engine: str, wire: Wire) -> tuple[object, object, object]:
     """The actor classes and transport (imported here: Megatron and Ray are heavy)."""
-    from backends.common.world.transport import CollectiveTransport, HandleTransport
+    from backends.common.world.handle_transport import HandleTransport
+    from backends.common.world.transport import CollectiveTransport
 
     trainer_actor = None
     if trainer == "megatron":
@@ -136,3 +145,8 @@ def _parts(trainer: str, engine: str, wire: Wire) -> tuple[object, object, objec
         engine_actor = SGLangEngineActor
     transport = HandleTransport if wire is Wire.IPC else CollectiveTransport
     return trainer_actor, engine_actor, transport
+
+
+GPU = RealBackend(
+    "backends.gpu", "the loop for real, on Ray, on GPUs (or on CPU)", GPU_FLAGS, gpu_stack
+)

@@ -20,6 +20,10 @@ from typing import Any
 from miles_core.errors import ConfigError
 from miles_core.loop.config import FLAGS, LoopConfig
 
+RUN_OWN_FLAGS = ("steps",)
+"""Loop fields every run command (the simulator's and the real backends') spells its own way:
+``--steps`` overrides the scenario's steps, and is no loop flag of theirs."""
+
 NONE_WORDS = ("none", "off")
 """What turns off a flag whose value may be None (``--max-weight-staleness none``)."""
 

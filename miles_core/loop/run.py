@@ -32,6 +32,7 @@ from typing import Any
 from miles_core.backend import Cluster
 from miles_core.buffer import METRIC_PREFIX
 from miles_core.errors import ConfigError, MilesCoreError, format_traceback
+from miles_core.event_index import select
 from miles_core.events import (
     Event,
     FaultsHealed,
@@ -45,7 +46,6 @@ from miles_core.events import (
     StepCommitted,
     StepMetrics,
     TasksWaiting,
-    WeightsChecked,
 )
 from miles_core.kinds import RunStatus
 from miles_core.loop.cell_controller import CellController
@@ -58,12 +58,10 @@ from miles_core.loop.save import Saver
 from miles_core.loop.supervision import EngineSupervisor
 from miles_core.loop.train import Trainer
 from miles_core.loop.update import Updater
-from miles_core.oracles.base import select
-from miles_core.oracles.liveness import LivenessPlan, liveness_missing
-from miles_core.oracles.witnesses import awaited
 from miles_core.placement import Placement
 from miles_core.runtime import Runtime, Task
 from miles_core.saves import Resume
+from miles_core.stopping import LivenessPlan, awaited, liveness_missing
 from miles_core.versions import VersionLedger
 
 
@@ -193,19 +191,6 @@ class Orchestrator:
         if not self.ctx.stopping:
             self.controller.started(cell)
             self.trainer.cell_started(cell, incarnation, how)
-
-    def weights_checked(
-        self, engine: str, version: int, checksum: str, trainer_checksum: str
-    ) -> None:
-        if self.ctx.stopping:
-            return
-        self.ctx.emit(
-            WeightsChecked,
-            engine=engine,
-            version=version,
-            checksum=checksum,
-            trainer_checksum=trainer_checksum,
-        )
 
     def _sync_soon(self, engine: str) -> None:
         self.ctx.spawn(self.updater.sync(engine), f"sync-{engine}")

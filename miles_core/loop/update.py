@@ -56,9 +56,12 @@ from miles_core.events import (
     UpdateSessionClosed,
     UpdateSessionOpened,
     VersionPublished,
+    WeightsChecked,
 )
 from miles_core.kinds import AbortCause, PauseMode
+from miles_core.loop import engine_calls
 from miles_core.loop.context import RunContext
+from miles_core.loop.engine_calls import EngineCall
 from miles_core.loop.supervision import EngineSupervisor
 from miles_core.loop.train import Trainer
 from miles_core.runtime import Task
@@ -81,6 +84,15 @@ from miles_core.weight_update import (
 P2P_TRANSFER_TIMEOUT = 30.0
 """miles' --p2p-transfer-timeout default: how long ``wait_transfers`` waits for each p2p
 send (only with --miles-bug-p2p-failures-logged; otherwise every send is waited for)."""
+
+
+Answered = Callable[[str, "str | None"], None]
+"""Told each engine that answered a call, and what it answered (engine_calls.EngineCall)."""
+
+
+def _names(engines: list[str]) -> Answered:
+    """An ``Answered`` that keeps the names of the engines that answered, in ``engines``."""
+    return lambda engine, _answer: engines.append(engine)
 
 
 class _CallNames(Sequence[str]):
@@ -128,6 +140,9 @@ class Updater:
         it is unloaded; only those are unloaded from (``plan_update_actions``)."""
         self._writes: list[Task[None]] = []
         """--miles-bug-p2p-failures-logged: this update's bucket sends, not yet waited for."""
+        self._checksums: dict[int, str] = {}
+        """Update -> the trainer's checksum of what it sent, as its deliveries reported it
+        (a world that can read weights: the engines' stamps are checked against it)."""
         self._left_paused = 0
         """--miles-bug-health-monitor-left-paused: pauses of the health monitor that updates
         which raised left behind, until the next rollout begins (``resume_left_paused``)."""
@@ -135,26 +150,22 @@ class Updater:
     # -- calls to engines ---------------------------------------------------------------
 
     async def _call(
-        self,
-        engine: str,
-        incarnation: int,
-        method: str,
-        args: tuple[Any, ...],
-        answered: Callable[[str], None],
+        self, engine: str, incarnation: int, call: EngineCall, answered: Answered
     ) -> EngineFailure | None:
-        """One call to an engine process; ``answered(engine)`` if it succeeded, else its
-        failure. With fault tolerance, a process that does not answer within the health
-        check's timeout has failed (a hung engine must not hold the update); without it,
+        """One call to an engine process; ``answered(engine, its answer)`` if it succeeded,
+        else its failure. With fault tolerance, a process that does not answer within the
+        health check's timeout has failed (a hung engine must not hold the update); without it,
         the call waits, as miles' would."""
         ctx = self.ctx
         if not ctx.engines.current(engine, incarnation):
             return EngineFailure(engine, "its process was replaced during the update")
+        method = call.name
         try:
-            call = getattr(ctx.cluster.engine(engine, incarnation), method)(*args)
+            made = call.make(ctx.cluster.engine(engine, incarnation))
             if not ctx.config.use_fault_tolerance:
-                await call
+                answer = await made
             else:
-                task = ctx.rt.spawn(call, f"{method}-{engine}.{incarnation}")
+                task = ctx.rt.spawn(made, f"{method}-{engine}.{incarnation}")
                 timeout = ctx.config.rollout_health_check_timeout
                 try:
                     if await ctx.rt.wait_any([task, ctx.rt.timer(timeout)]) == 1:
@@ -170,27 +181,29 @@ class Updater:
                 except BaseException:  # the update was cancelled: its call must not go on
                     task.cancel(f"the update's {method} was cancelled")  # to act for it
                     raise
-                await task
+                answer = await task
         except EngineFailure as failure:
             return failure
-        except SessionAlreadyOpen:  # an aborted attempt of this update left it open: this
-            pass  # attempt loads into it (miles' retry fails here; SGLang allows no 2nd begin)
-        answered(engine)
+        except SessionAlreadyOpen:
+            # an aborted attempt of this update left it open: this attempt loads into it
+            # (miles' retry fails here; SGLang allows no second begin)
+            answer = None
+        answered(engine, answer)
         return None
 
     async def _each(
         self,
         targets: dict[str, int],
-        method: str,
-        *args: Any,
-        answered: Callable[[str], None] = lambda engine: None,
+        call: EngineCall,
+        answered: Answered = lambda engine, answer: None,
     ) -> list[EngineFailure]:
-        """Call every engine at once; ``answered(engine)`` as each succeeds; the failures,
-        in engine order, once all ended (``rt.gather``: an engine's answer to a control call
-        usually needs no wait at all, and the simulator then makes no task of it)."""
-        call = self._call
-        calls = [call(e, i, method, args, answered) for e, i in targets.items()]
-        names = _CallNames(method, tuple(targets))
+        """Call every engine at once; ``answered(engine, answer)`` as each succeeds; the
+        failures, in engine order, once all ended (``rt.gather``: an engine's answer to a
+        control call usually needs no wait at all, and the simulator then makes no task of
+        it)."""
+        one = self._call
+        calls = [one(e, i, call, answered) for e, i in targets.items()]
+        names = _CallNames(call.name, tuple(targets))
         results = await self.ctx.rt.gather(calls, names, "the update was cancelled")
         return [f for f in results if f is not None]
 
@@ -205,15 +218,17 @@ class Updater:
         # as each action's always was), made in one C call
         mine = dict(targets) if engines == tuple(targets) else {e: targets[e] for e in engines}
         if isinstance(action, PauseEngines):
-            await self._all_answer(update_id, mine, EnginesPaused, "pause", action.mode)
+            await self._all_answer(update_id, mine, EnginesPaused, engine_calls.pause(action.mode))
         elif isinstance(action, FlushCache):
             await self._flush(update_id, mine)
         elif isinstance(action, BeginUpdate):
-            await self._all_answer(update_id, mine, UpdateSessionOpened, "begin_update")
+            await self._all_answer(update_id, mine, UpdateSessionOpened, engine_calls.BEGIN_UPDATE)
         elif isinstance(action, EndUpdate):
-            await self._all_answer(update_id, mine, UpdateSessionClosed, "end_update")
+            await self._all_answer(update_id, mine, UpdateSessionClosed, engine_calls.END_UPDATE)
         elif isinstance(action, UnloadAdapter):
-            unloaded, failures = await self._answered(mine, "unload_adapter", action.adapter)
+            unloaded, failures = await self._answered(
+                mine, engine_calls.unload_adapter(action.adapter)
+            )
             for engine in unloaded:
                 self._holding.pop(engine, None)
             ctx.emit(AdapterUnloaded, update_id=update_id, adapter=action.adapter, engines=unloaded)
@@ -249,7 +264,9 @@ class Updater:
             reason = ""
             for attempt in range(1, config.flush_cache_max_retries + 1):
                 try:
-                    return await self._call(engine, incarnation, "flush_cache", (), answered.append)
+                    return await self._call(
+                        engine, incarnation, engine_calls.FLUSH_CACHE, _names(answered)
+                    )
                 except RequestRefused as refusal:
                     reason = refusal.reason
                     ctx.emit(
@@ -279,11 +296,11 @@ class Updater:
                 raise failure
 
     async def _answered(
-        self, targets: dict[str, int], method: str, *args: Any
+        self, targets: dict[str, int], call: EngineCall
     ) -> tuple[tuple[str, ...], list[EngineFailure]]:
         """The engines that answered (sorted), and the failures."""
         answered: list[str] = []
-        failures = await self._each(targets, method, *args, answered=answered.append)
+        failures = await self._each(targets, call, _names(answered))
         return tuple(sorted(answered)), failures
 
     async def _all_answer(
@@ -291,11 +308,10 @@ class Updater:
         update_id: int,
         targets: dict[str, int],
         event: type[Event],
-        method: str,
-        *args: Any,
+        call: EngineCall,
     ) -> None:
         """Call every engine; record the processes that answered; raise the first failure."""
-        answered, failures = await self._answered(targets, method, *args)
+        answered, failures = await self._answered(targets, call)
         self.ctx.emit(
             event,
             update_id=update_id,
@@ -311,9 +327,19 @@ class Updater:
         ctx = self.ctx
         await ctx.cluster.cell(cell).ping()  # the updater's rank 0 stamps: it must be alive
 
-        def stamped(engine: str) -> None:  # recorded as each engine answers (built here, not
-            ctx.history.append(  # through emit's keyword dict: once per engine and update)
-                EngineStamped(
+        trainer = self._checksums.get(update_id)
+
+        def stamped(engine: str, checksum: str | None) -> None:  # as each engine answers
+            if checksum is not None and trainer is not None:  # a world that reads weights
+                ctx.emit(
+                    WeightsChecked,
+                    engine=engine,
+                    version=version,
+                    checksum=checksum,
+                    trainer_checksum=trainer,
+                )
+            ctx.history.append(  # built here, not through emit's keyword dict: once per
+                EngineStamped(  # engine and update
                     t=ctx.rt.now(),
                     update_id=update_id,
                     engine=engine,
@@ -322,13 +348,12 @@ class Updater:
                 )
             )
 
-        # SGLang aborts every request in flight unless told not to (miles #2589, #2296)
-        failures = await self._each(targets, "stamp", version, False, answered=stamped)
+        failures = await self._each(targets, engine_calls.stamp(version, False), stamped)
         if failures:
             raise failures[0]
 
     async def _resume(self, update_id: int, targets: dict[str, int]) -> None:
-        resumed, failures = await self._answered(targets, "resume")
+        resumed, failures = await self._answered(targets, engine_calls.RESUME)
         self.ctx.emit(
             EnginesResumed,
             update_id=update_id,
@@ -361,6 +386,8 @@ class Updater:
         else:
             deliveries = (await transport.send_bucket(update_id, cell, bucket, to, version),)
         for delivery in deliveries:
+            if delivery.trainer_checksum is not None:  # what the engines' stamps compare with
+                self._checksums[update_id] = delivery.trainer_checksum
             if ctx.config.lora_adapter is not None:  # the adapter's one unit is this bucket
                 self._holding.update((e, targets[e]) for e in delivery.engines)
             ctx.emit(

@@ -38,10 +38,11 @@ first violation with the events that prove it, or None.
     fault_witness         every fault that fired took effect (one witness per fault kind)
 
 A job killed whole (kill_job) leaves one history joined from its controllers' segments
-(miles_core.oracles.segments): an oracle of one controller's doing judges each segment as a
-run of its own; exactly_once and recycled_regenerated judge the committed timeline (what
-the job kept: each segment up to the save its successor resumed from); resume judges the
-joining; end_state, progress and fault_witness the whole, knowing where the segments meet.
+(miles_core.segments; miles_core.oracles.joined): an oracle of one controller's doing
+judges each segment as a run of its own; exactly_once and recycled_regenerated judge the
+committed timeline (what the job kept: each segment up to the save its successor resumed
+from); resume judges the joining; end_state, progress and fault_witness the whole, knowing
+where the segments meet.
 A history without a kill is judged exactly as it always was.
 """
 
@@ -51,25 +52,27 @@ import gc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from miles_core.event_index import Indexed, forget
 from miles_core.events import History
-from miles_core.oracles.base import Indexed, Violation, forget
+from miles_core.oracles.base import Violation
 from miles_core.oracles.cached_kv import cached_kv_fresh
 from miles_core.oracles.delivery import exactly_once, recycled_regenerated
 from miles_core.oracles.end_state import end_state
 from miles_core.oracles.groups import whole_groups
-from miles_core.oracles.idle_windows import idle_faults
+from miles_core.oracles.joined import on_timeline, per_segment
 from miles_core.oracles.liveness import liveness
 from miles_core.oracles.placement import placement
 from miles_core.oracles.progress import progress
 from miles_core.oracles.requests import requests_kept
 from miles_core.oracles.resume import resume
-from miles_core.oracles.segments import forget_segments, on_timeline, per_segment
 from miles_core.oracles.staleness import bounded_staleness
 from miles_core.oracles.training import step_attempts
 from miles_core.oracles.updates import update_order
 from miles_core.oracles.versions import monotonic_versions
 from miles_core.oracles.weights import published_weights
 from miles_core.oracles.witnesses import fault_witness, unfired_reason
+from miles_core.segments import forget_segments
+from miles_core.witness.idle import idle_faults
 
 SAFETY: dict[str, Callable[[History], Violation | None]] = {
     "monotonic_versions": per_segment(monotonic_versions),

@@ -1,19 +1,19 @@
-"""What every oracle returns, and the small helpers they share."""
+"""What every oracle returns, and the small helpers they share.
+
+The history's index by event class is miles_core.event_index's (the control side reads it
+too); ``forget`` is named here as well, for the drivers that drop it once they have judged.
+"""
 
 from __future__ import annotations
 
 import functools
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from itertools import chain, islice
 from typing import Generic, TypeVar
-from weakref import WeakKeyDictionary
 
+from miles_core.event_index import Indexed, forget, select
 from miles_core.events import Event, History, RunEnded, RunStarted
 from miles_core.versions import INITIAL_WEIGHTS_VERSION
-
-Indexed = tuple[int, Event]
 
 V = TypeVar("V")
 
@@ -80,74 +80,15 @@ def evidence(*items: Indexed | None) -> tuple[Indexed, ...]:
     return tuple(sorted((x for x in items if x is not None), key=lambda x: x[0]))
 
 
-class _KindIndex:
-    """A history's events by class (the positions of each class's events, in history order),
-    grown as the history grows.
-
-    It keeps a position per event, not a (seq, event) pair: a million-event history
-    indexed as pairs allocates a million tuples, and the collector walks them all.
-    """
-
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-        self.by_kind: defaultdict[type, list[int]] = defaultdict(list)
-
-    def update(self, history: History) -> None:
-        events = self.events
-        if len(history) < len(events) or (events and history[len(events) - 1] is not events[-1]):
-            events = self.events = []  # not what it indexed: start over
-            self.by_kind.clear()
-        start = len(events)
-        events.extend(islice(history, start, None))
-        by_kind = self.by_kind
-        for seq, kind in enumerate(map(type, islice(events, start, None)), start):
-            by_kind[kind].append(seq)
-
-
-class Selection(Sequence[Indexed]):
-    """The (seq, event) pairs at some positions of a history, in history order.
-
-    Iterating makes no pair that the loop does not keep (zip reuses its tuple).
-    """
-
-    __slots__ = ("_events", "_seqs")
-
-    def __init__(self, seqs: list[int], events: list[Event]) -> None:
-        self._seqs, self._events = seqs, events
-
-    def __len__(self) -> int:
-        return len(self._seqs)
-
-    def __iter__(self) -> Iterator[Indexed]:
-        return zip(self._seqs, map(self._events.__getitem__, self._seqs), strict=True)
-
-    def __getitem__(self, i: int) -> Indexed:  # type: ignore[override]
-        seq = self._seqs[i]
-        return seq, self._events[seq]
-
-
-_INDEXES: WeakKeyDictionary[History, _KindIndex] = WeakKeyDictionary()
-
-
-def select(history: History, *kinds: type[Event]) -> Sequence[Indexed]:
-    """The (seq, event) pairs of the events that are instances of ``kinds``, in history order.
-
-    Every oracle reads the whole history, most of it samples and stamps that
-    only some oracles care about; indexing it by class once lets each oracle
-    walk only the events it reads, with the same loop it would run over all of
-    them. The index is kept per history and extended as the history grows (the
-    live checks judge it every few steps).
-    """
-    index = _INDEXES.get(history)
-    if index is None:
-        index = _INDEXES[history] = _KindIndex()
-    index.update(history)
-    runs = [seqs for kind, seqs in index.by_kind.items() if issubclass(kind, kinds)]
-    if len(runs) == 1:
-        return Selection(runs[0], index.events)
-    return Selection(sorted(chain.from_iterable(runs)), index.events)
-
-
-def forget(history: History) -> None:
-    """Drop the history's index (it holds a pair per event): judging is over."""
-    _INDEXES.pop(history, None)
+__all__ = [
+    "ByType",
+    "Process",
+    "Violation",
+    "evidence",
+    "first",
+    "forget",
+    "process_set",
+    "run_ended",
+    "run_started",
+    "version_number",
+]

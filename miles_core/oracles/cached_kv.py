@@ -15,8 +15,9 @@ in_place pauses, and prompts generated again (the ``retry`` handler).
 
 from __future__ import annotations
 
+from miles_core.event_index import Indexed, select
 from miles_core.events import GroupGot, GroupTrained, History, SampleGenerated
-from miles_core.oracles.base import Indexed, Violation, run_started, select, version_number
+from miles_core.oracles.base import Violation, run_started, version_number
 
 NAME = "cached_kv_fresh"
 

@@ -23,6 +23,7 @@ waiting.
 from __future__ import annotations
 
 from miles_core.buffer import Reason, UnusedHandler
+from miles_core.event_index import Indexed, select
 from miles_core.events import (
     GroupDropped,
     GroupRecycled,
@@ -36,7 +37,7 @@ from miles_core.events import (
     SampleGenerated,
 )
 from miles_core.kinds import SampleOutcome
-from miles_core.oracles.base import Indexed, Violation, select
+from miles_core.oracles.base import Violation
 
 NAME = "exactly_once"
 RECYCLED = "recycled_regenerated"

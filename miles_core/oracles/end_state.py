@@ -13,9 +13,10 @@ to judge: only those two checks apply to it.
 
 from __future__ import annotations
 
+from miles_core.event_index import Indexed, select
 from miles_core.events import History, RunEnded, RunStarted
 from miles_core.kinds import RunStatus
-from miles_core.oracles.base import Indexed, Violation, select
+from miles_core.oracles.base import Violation
 
 NAME = "end_state"
 

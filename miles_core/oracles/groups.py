@@ -17,9 +17,10 @@ none that did not.
 
 from __future__ import annotations
 
+from miles_core.event_index import Indexed, select
 from miles_core.events import GroupTrained, History, SampleGenerated
 from miles_core.kinds import SampleOutcome
-from miles_core.oracles.base import Indexed, Violation, select
+from miles_core.oracles.base import Violation
 
 NAME = "whole_groups"
 

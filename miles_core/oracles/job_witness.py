@@ -1,6 +1,6 @@
 """fault_witness in a job killed whole: each fault judged within the segment it fired in.
 
-A segment is one controller's run (miles_core.oracles.segments): its processes, numbered
+A segment is one controller's run (miles_core.segments): its processes, numbered
 afresh, are not those of the segment before. So a fault's witness reads the segment the
 fault fired in, except kill_job's, which reads the joined history (the death ends one
 segment, the resume begins the next). Two faults a kill overtakes pass:
@@ -14,39 +14,52 @@ segment, the resume begins the next). Two faults a kill overtakes pass:
 In a job killed whole, a scheduled fault at a heal or a recovery, or after an event or
 another fault, may never come: the restart undid what would have led to it
 (``excused_unfired``); every other one must still fire.
+
+It finds what is missed; the fault_witness oracle (miles_core.oracles.witnesses), which
+imports it, words the verdict.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from miles_core.event_index import select
 from miles_core.events import FaultInjected, FaultScheduled, History
-from miles_core.kinds import TAKES_A_CELL_DOWN, FaultKind, FaultPoint
-from miles_core.oracles.base import Violation, select
-from miles_core.oracles.segments import Segment, part, segment_at
-from miles_core.oracles.witness_index import WitnessIndex
+from miles_core.fault_kinds import TAKES_A_CELL_DOWN
+from miles_core.kinds import FaultKind, FaultPoint
+from miles_core.segments import Segment, part, segment_at
+from miles_core.witness.effects import unwitnessed
+from miles_core.witness.index import WitnessIndex
 
 
-def segmented_witness(history: History, joined: WitnessIndex) -> Violation | None:
-    """Every fault that fired took effect, each judged in its segment (or overtaken)."""
-    from miles_core.oracles.witnesses import NAME, _unwitnessed
+@dataclass(frozen=True)
+class Missed:
+    """A fault that fired, where, and what its witness missed."""
 
+    seq: int
+    fault: FaultInjected
+    missing: str
+
+
+def segmented_miss(history: History, joined: WitnessIndex) -> Missed | None:
+    """The first fault that fired without its effect, each judged in its segment (None:
+    every one took effect, or was overtaken)."""
     indexes: dict[int, WitnessIndex] = {}
     for seq, e in joined.fired:
         assert isinstance(e, FaultInjected)
         if e.fault is FaultKind.KILL_JOB:
-            missing = _unwitnessed(e, seq, joined)
+            missing = unwitnessed(e, seq, joined)
         else:
             segment = segment_at(history, seq)
             own = part(history, segment)
             index = indexes.get(segment.index)
             if index is None:
                 index = indexes[segment.index] = WitnessIndex.of(own)
-            missing = _unwitnessed(e, seq - segment.first, index)
+            missing = unwitnessed(e, seq - segment.first, index)
             if missing is not None and _overtaken(e, segment, own):
                 missing = None
         if missing is not None:
-            return Violation(
-                NAME, f"fault {e.fault.value} ({e.detail}) had no effect: {missing}", ((seq, e),)
-            )
+            return Missed(seq, e, missing)
     return None
 
 
@@ -73,4 +86,4 @@ def excused_unfired(scheduled: FaultScheduled) -> bool:
 _UNDONE = frozenset({FaultPoint.DURING_HEAL, FaultPoint.DURING_RECOVERY})
 
 
-__all__ = ["segmented_witness"]
+__all__ = ["Missed", "excused_unfired", "segmented_miss"]

@@ -23,8 +23,9 @@ from __future__ import annotations
 import ipaddress
 import itertools
 
+from miles_core.event_index import select
 from miles_core.events import History, PlacementMade
-from miles_core.oracles.base import Violation, select
+from miles_core.oracles.base import Violation
 
 NAME = "placement"
 

@@ -13,6 +13,7 @@ import itertools
 
 from miles_core.engines import EngineState
 from miles_core.errors import ConfigError
+from miles_core.event_index import Indexed, select
 from miles_core.events import (
     EngineStamped,
     EngineStateChanged,
@@ -25,8 +26,8 @@ from miles_core.events import (
     VersionPublished,
 )
 from miles_core.kinds import RunStatus
-from miles_core.oracles.base import Indexed, Violation, select
-from miles_core.oracles.segments import killed, last_segment
+from miles_core.oracles.base import Violation
+from miles_core.segments import killed, last_segment
 
 NAME = "progress"
 

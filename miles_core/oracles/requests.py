@@ -15,9 +15,10 @@ the fault's consequence, not by an update.
 
 from __future__ import annotations
 
+from miles_core.event_index import Indexed, select
 from miles_core.events import EnginesPaused, History, OrphanRemoved, RunStarted, SampleGenerated
 from miles_core.kinds import PauseMode, SampleOutcome
-from miles_core.oracles.base import Indexed, Violation, select
+from miles_core.oracles.base import Violation
 
 NAME = "requests_kept"
 

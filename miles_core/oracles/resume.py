@@ -1,7 +1,7 @@
 """resume: a job killed whole goes on from its newest committed save, versions and prompts
 exactly once across the kill.
 
-Judged on the joined history of every controller of the job (miles_core.oracles.segments):
+Judged on the joined history of every controller of the job (miles_core.segments):
 
 - the save: each restart after a kill loads the newest save committed by then (SaveBegan,
   then SaveCommitted, replayed as the storage held them: a save begun again is torn until
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from miles_core.event_index import Indexed, select
 from miles_core.events import (
     GroupDropped,
     GroupTrained,
@@ -38,8 +39,8 @@ from miles_core.events import (
     StepCommitted,
     VersionPublished,
 )
-from miles_core.oracles.base import Indexed, Violation, select
-from miles_core.oracles.segments import timeline
+from miles_core.oracles.base import Violation
+from miles_core.segments import timeline
 
 NAME = "resume"
 

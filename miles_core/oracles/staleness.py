@@ -9,8 +9,9 @@ there is no current version and the filter is off: nothing is judged.
 
 from __future__ import annotations
 
+from miles_core.event_index import Indexed, select
 from miles_core.events import GroupGot, GroupTrained, History, SampleGenerated
-from miles_core.oracles.base import Indexed, Violation, run_started, select, version_number
+from miles_core.oracles.base import Violation, run_started, version_number
 
 NAME = "bounded_staleness"
 

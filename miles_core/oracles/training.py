@@ -23,6 +23,7 @@ control plane recorded:
 from __future__ import annotations
 
 from miles_core.cells import Decision, Outcome
+from miles_core.event_index import Indexed, select
 from miles_core.events import (
     AttemptBegan,
     AttemptEnded,
@@ -36,7 +37,7 @@ from miles_core.events import (
     RunStarted,
     StepCommitted,
 )
-from miles_core.oracles.base import Indexed, Violation, select
+from miles_core.oracles.base import Violation
 
 NAME = "step_attempts"
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from miles_core.event_index import Indexed, select
 from miles_core.events import (
     BucketReceived,
     EnginesFlushed,
@@ -39,7 +40,7 @@ from miles_core.events import (
     VersionPublished,
 )
 from miles_core.kinds import PauseMode
-from miles_core.oracles.base import ByType, Indexed, Process, Violation, process_set, select
+from miles_core.oracles.base import ByType, Process, Violation, process_set
 
 NAME = "update_order"
 

@@ -16,6 +16,7 @@ A new process synced to a version older than the published one is still caught.
 
 from __future__ import annotations
 
+from miles_core.event_index import Indexed, select
 from miles_core.events import (
     EngineStamped,
     GroupGot,
@@ -24,7 +25,7 @@ from miles_core.events import (
     SampleGenerated,
     VersionPublished,
 )
-from miles_core.oracles.base import Indexed, Violation, select, version_number
+from miles_core.oracles.base import Violation, version_number
 
 NAME = "monotonic_versions"
 

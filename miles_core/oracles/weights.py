@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from miles_core.event_index import Indexed, select
 from miles_core.events import (
     BucketReceived,
     EnginesPaused,
@@ -40,12 +41,10 @@ from miles_core.events import (
 )
 from miles_core.oracles.base import (
     ByType,
-    Indexed,
     Process,
     Violation,
     evidence,
     process_set,
-    select,
     version_number,
 )
 

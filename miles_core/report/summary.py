@@ -27,9 +27,9 @@ from miles_core.events import (
 from miles_core.loop import RunReport
 from miles_core.loop.config import FLAGS, MILES_BUGS
 from miles_core.oracles import Violation, idle_faults, unfired_reason, verdict_lines
-from miles_core.oracles.segments import timeline
 from miles_core.report.story import step_stories, story_lines
 from miles_core.scenario import Scenario
+from miles_core.segments import timeline
 
 Clock = Literal["simulated", "wall"]
 """What a run's seconds are: the simulator's virtual time, or a real run's wall time."""

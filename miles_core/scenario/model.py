@@ -17,7 +17,6 @@ from miles_core import errors
 from miles_core.errors import ConfigError, MilesCoreError
 from miles_core.kinds import FaultKind, FaultPoint, RunStatus
 from miles_core.loop.config import LoopConfig, check_until_witnessed
-from miles_core.oracles.liveness import LivenessPlan
 from miles_core.scenario.faults import (
     After,
     AfterBucket,
@@ -30,6 +29,7 @@ from miles_core.scenario.faults import (
 from miles_core.scenario.limits import Limits, check_steps, check_world, over
 from miles_core.scenario.liveness import Liveness, liveness_bound
 from miles_core.scenario.world import TimeModel, WorldShape
+from miles_core.stopping import LivenessPlan
 from miles_core.transfer import lora_unit, plan_buckets
 
 

@@ -31,20 +31,15 @@ from miles_core.events import (
     StepBegan,
     StepCommitted,
 )
-from miles_core.kinds import TAKES_A_CELL_DOWN, FaultKind, FaultPoint
+from miles_core.fault_kinds import BY_KIND, TAKES_A_CELL_DOWN
+from miles_core.kinds import FaultKind, FaultPoint
 from miles_core.loop import LoopConfig, Orchestrator
 from miles_core.runtime import Runtime
+from miles_core.scenario.actions import FaultActions
 from miles_core.scenario.faults import (
     After,
     AnyFault,
     AtTime,
-    DelayRouter,
-    DropHeartbeat,
-    FailRouter,
-    Partition,
-    SlowCell,
-    SlowLink,
-    SlowStart,
     target_cell,
     target_engine,
 )
@@ -54,89 +49,6 @@ if TYPE_CHECKING:
     from miles_core.saves import Resume
     from miles_core.scenario.model import Scenario
     from miles_core.versions import VersionLedger
-
-Impairment = SlowCell | SlowStart | SlowLink | Partition | DelayRouter | FailRouter | DropHeartbeat
-"""A fault that changes how the world behaves for ``duration`` seconds."""
-
-
-def impaired_part(fault: Impairment) -> tuple[str, float]:
-    """What part of a world an impairment acts on, and its factor, in the one spelling both
-    worlds use: ``cell-N`` and ``link`` (slower by the factor), ``router-delay`` and
-    ``start-ENGINE`` (seconds added: factor - 1), ``partition`` (the weight link cut),
-    ``router-fail``, ``heartbeat-N`` (muted)."""
-    if isinstance(fault, SlowCell):
-        return f"cell-{fault.cell}", fault.factor
-    if isinstance(fault, SlowStart):
-        return f"start-{fault.engine}", 1.0 + fault.seconds
-    if isinstance(fault, SlowLink):
-        return "link", fault.factor
-    if isinstance(fault, Partition):
-        return "partition", 1.0
-    if isinstance(fault, DelayRouter):
-        return "router-delay", 1.0 + fault.seconds
-    if isinstance(fault, FailRouter):
-        return "router-fail", 1.0
-    return f"heartbeat-{fault.cell}", 1.0
-
-
-class FaultActions(Protocol):
-    """What a world does when a fault fires: it acts on itself and records nothing."""
-
-    def kill_cell(self, cell: int, point: FaultPoint | None) -> None:
-        """Kill every process of the cell; at a point, inside the call about to be made."""
-        ...
-
-    def start_cell(self, cell: int) -> None:
-        """Start new processes for a stopped cell (the world reports them when they answer)."""
-        ...
-
-    def kill_rank(self, cell: int, rank: int, point: FaultPoint | None) -> None:
-        """Kill one rank's process of the cell (at a point, inside the call about to be made);
-        the others live on until the cell is stopped."""
-        ...
-
-    def fail_rank(self, cell: int, rank: int) -> None:
-        """Make that rank raise in the cell's step about to exchange, its process alive."""
-        ...
-
-    def kill_engine(self, engine: str, point: FaultPoint | None) -> None: ...
-
-    def restart_engine(self, engine: str) -> None:
-        """Replace the engine's process by a new one (reported when it answers)."""
-        ...
-
-    def hang_engine(self, engine: str) -> None:
-        """Make the engine's process stop answering, alive (until something kills it)."""
-        ...
-
-    def hang_call(self, engine: str, call: str) -> None:
-        """Make the engine's process leave every ``call`` (an SGLang route name) unanswered
-        from now on, answering everything else, until the process is replaced."""
-        ...
-
-    def orphan_engine(self, engine: str) -> None:
-        """Lose the engine's actor, its server left running and in the router (reported as
-        the actor's exit)."""
-        ...
-
-    def poison_prompt(self) -> None:
-        """Make the next prompt the engines are asked for longer than their context."""
-        ...
-
-    def impair(self, fault: Impairment) -> None:
-        """Slow or fail part of the world from now for ``fault.duration`` seconds."""
-        ...
-
-    def kill_job(self, point: FaultPoint | None) -> None:
-        """Kill every process of the run at once, the controller's included (kill_job); the
-        world reports the death (JobKilled) and restarts the job from its last save."""
-        ...
-
-    def heal(self, engines: bool) -> tuple[int, ...]:
-        """Liveness mode's heal: end every impairment and (``engines``) restart every engine
-        process that is dead or hung; give the cells whose processes are dead (the schedule
-        starts them once the control plane has stopped them, as it starts any cell)."""
-        ...
 
 
 class FaultPoints(Protocol):
@@ -402,21 +314,13 @@ class FaultSchedule:
             self._set_off(injected)
 
     def _act(self, fault: AnyFault) -> None:
+        """The world acts (its FaultActions, as the kind's act says: fault_kinds.BY_KIND); a
+        start_cell waits until the control plane has stopped the cell."""
         assert self._actions is not None
-        actions, cell, engine = self._actions, target_cell(fault), target_engine(fault)
-        kind = fault.kind
+        cell, kind = target_cell(fault), fault.kind
         if self._struck is not None and cell is not None and kind in TAKES_A_CELL_DOWN:
             self._struck.add(cell)
-        if kind in (FaultKind.KILL_CELL, FaultKind.STOP_CELL):
-            assert cell is not None
-            actions.kill_cell(cell, fault.point)
-        elif kind is FaultKind.KILL_RANK:
-            assert cell is not None
-            actions.kill_rank(cell, fault.rank, fault.point)  # type: ignore[union-attr]
-        elif kind is FaultKind.FAIL_RANK:
-            assert cell is not None
-            actions.fail_rank(cell, fault.rank)  # type: ignore[union-attr]
-        elif kind is FaultKind.START_CELL:
+        if kind is FaultKind.START_CELL:
             assert cell is not None
             if self._struck is not None and cell not in self._struck:
                 return  # the job's restart gave the cell new processes: nothing to start
@@ -424,28 +328,8 @@ class FaultSchedule:
                 self._start(cell)
             else:  # the control plane has not given up on the cell yet
                 self._pending_starts.append(cell)
-        elif kind is FaultKind.KILL_ENGINE:
-            assert engine is not None
-            actions.kill_engine(engine, fault.point)
-        elif kind is FaultKind.RESTART_ENGINE:
-            assert engine is not None
-            actions.restart_engine(engine)
-        elif kind is FaultKind.HANG_ENGINE:
-            assert engine is not None
-            actions.hang_engine(engine)
-        elif kind is FaultKind.HANG_CALL:
-            assert engine is not None
-            actions.hang_call(engine, fault.call)  # type: ignore[union-attr]
-        elif kind is FaultKind.ORPHAN_ENGINE:
-            assert engine is not None
-            actions.orphan_engine(engine)
-        elif kind is FaultKind.POISON_PROMPT:
-            actions.poison_prompt()
-        elif kind is FaultKind.KILL_JOB:
-            actions.kill_job(fault.point)
-        else:
-            assert isinstance(fault, Impairment)
-            actions.impair(fault)
+            return
+        BY_KIND[kind].act(self._actions, fault)
 
     def _start(self, cell: int) -> None:
         assert self._actions is not None

@@ -23,6 +23,8 @@ from miles_core.errors import ConfigError
 from miles_core.outputs import check_distinct_paths
 from miles_core.report import check_writable
 from miles_core.scenario import save_scenario_file, scenario_from_toml, scenario_to_toml
+from sim.cli.run import parser as run_parser
+from sim.cli.run import scenario_file, scenario_of
 from sim.run import replay_command, run_scenario
 from sim.search.aim import parse_aim
 from sim.search.plants import check_plant, planted
@@ -48,21 +50,19 @@ def _run_argv(rest: list[str]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    from sim.__main__ import _parser, _run_scenario, _scenario_file  # the run command's parsing
-
     own, rest = _own_flags().parse_known_args(argv)
     if own.help:
         print(__doc__)
         return 0
-    parser = _parser()
+    parser = run_parser()  # the run command's parsing, under python -m sim's usage
     try:
         args = parser.parse_args(["run", *_run_argv(rest)])
         if args.plant is not None:
             check_plant(args.plant)
         args.aim = parse_aim(args.aim) if args.aim is not None else None
-        scenario = _run_scenario(args)
+        scenario = scenario_of(args)
         out = check_writable(own.out or f"shrunk-seed{args.seed}.toml", "--out")
-        check_distinct_paths({"--out": out}, {"the scenario file": _scenario_file(args.scenario)})
+        check_distinct_paths({"--out": out}, {"the scenario file": scenario_file(args.scenario)})
     except ConfigError as error:
         parser.error(str(error))
     with planted(args.plant):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from backends.common.run.preflight import check_address
+from backends.common.session.address import check_address
 from miles_core.errors import ConfigError
 from miles_core.scenario.limits import Limits, check_steps
 from sim.scenarios import find_scenario

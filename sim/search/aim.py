@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from miles_core.coverage import AT_TIME, PHASES, CoverageCell, coverage_cells, phase_windows
 from miles_core.errors import ConfigError
@@ -29,9 +29,7 @@ from miles_core.kinds import FaultKind
 from miles_core.loop import LoopConfig
 from miles_core.scenario import Scenario, WorldShape
 from miles_core.scenario.faults import AnyFault, make_fault
-
-if TYPE_CHECKING:
-    from sim.search.swarm import _Draw
+from sim.search.draw import Draw
 
 CELL, ENGINE, IMPAIRMENT = "cell", "engine", "impairment"
 AIMABLE: dict[tuple[str, str], str] = {
@@ -104,7 +102,7 @@ def adjust(aim: CoverageCell, world: WorldShape, loop: LoopConfig) -> tuple[Worl
     return world, loop
 
 
-def _bucket(d: _Draw, phase: str) -> int:
+def _bucket(d: Draw, phase: str) -> int:
     last = d.n_buckets - 1
     if phase == "stamping" or last == 0:
         return last
@@ -113,13 +111,13 @@ def _bucket(d: _Draw, phase: str) -> int:
     return 0
 
 
-def _slot(d: _Draw, spacing: int) -> int:
+def _slot(d: Draw, spacing: int) -> int:
     slots = d.slots(1, spacing=spacing)
     return slots[0] if slots else 1
 
 
 def _at_time(
-    d: _Draw,
+    d: Draw,
     aim: CoverageCell,
     probe: Probe,
     extra: list[AnyFault] | None = None,
@@ -140,14 +138,14 @@ def _at_time(
     return d.rng.uniform(start, end)
 
 
-def _spans(d: _Draw, history: Any, phase: str, in_fault_phase: bool) -> list[tuple[float, float]]:
+def _spans(d: Draw, history: Any, phase: str, in_fault_phase: bool) -> list[tuple[float, float]]:
     """The spans of ``phase`` in ``history``, cut at the end of the fault phase unless a
     setup made them on purpose (``in_fault_phase`` False)."""
     until = d.fault_phase if in_fault_phase else math.inf
     return [(a, min(b, until)) for a, b in phase_windows(history, phase)]
 
 
-def _unslow(d: _Draw, cells: set[int]) -> None:
+def _unslow(d: Draw, cells: set[int]) -> None:
     """A slow window on a cell that dies would have nothing to slow: the kill wins."""
     d.faults[:] = [f for f in d.faults if not (f.kind is FaultKind.SLOW_CELL and f.cell in cells)]  # type: ignore[attr-defined]
 
@@ -161,7 +159,7 @@ def _healed(cell: int, s: int) -> list[AnyFault]:
     ]
 
 
-def _heal_then(d: _Draw, aim: CoverageCell, probe: Probe, s: int) -> list[AnyFault]:
+def _heal_then(d: Draw, aim: CoverageCell, probe: Probe, s: int) -> list[AnyFault]:
     """A time in ``healing``: a cell (not 0, the heal's source) dies before an allreduce
     and is started at the next step, which heals it; the aimed kill or start strikes
     during that heal, even one past the fault phase (steps slower than the swarm's
@@ -184,7 +182,7 @@ def _heal_then(d: _Draw, aim: CoverageCell, probe: Probe, s: int) -> list[AnyFau
     return [*setup, F("kill_cell", cell=killed, at=t), restart]
 
 
-def _cell_faults(d: _Draw, aim: CoverageCell, probe: Probe) -> list[AnyFault]:
+def _cell_faults(d: Draw, aim: CoverageCell, probe: Probe) -> list[AnyFault]:
     F, s = make_fault, _slot(d, 4)
     slowed = {f.cell for f in d.faults if f.kind is FaultKind.SLOW_CELL}  # type: ignore[attr-defined]
     spared = [c for c in range(d.world.num_cells) if c not in slowed]
@@ -220,7 +218,7 @@ def _cell_faults(d: _Draw, aim: CoverageCell, probe: Probe) -> list[AnyFault]:
     return [kill, F("start_cell", cell=cell, point="step_begin", step=s + 2)]
 
 
-def _engine_faults(d: _Draw, aim: CoverageCell, probe: Probe) -> list[AnyFault]:
+def _engine_faults(d: Draw, aim: CoverageCell, probe: Probe) -> list[AnyFault]:
     F, s = make_fault, _slot(d, 3)
     engine = f"engine-{d.rng.randrange(d.world.num_engines)}"
     if aim.how == AT_TIME:
@@ -252,7 +250,7 @@ def _engine_faults(d: _Draw, aim: CoverageCell, probe: Probe) -> list[AnyFault]:
     return faults
 
 
-def _mid_generation_in(d: _Draw, aim: CoverageCell, probe: Probe, s: int) -> list[AnyFault]:
+def _mid_generation_in(d: Draw, aim: CoverageCell, probe: Probe, s: int) -> list[AnyFault]:
     """A mid-generation kill armed at the start of a span of the phase (``after_time``),
     on an engine the probe saw decoding across it: it strikes the first of that engine's
     requests to get halfway after it, in the phase if one gets there before it ends.
@@ -298,7 +296,7 @@ def _mid_generation_in(d: _Draw, aim: CoverageCell, probe: Probe, s: int) -> lis
 
 
 def _decoding_at_starts(
-    d: _Draw, aim: CoverageCell, history: Any, in_fault_phase: bool
+    d: Draw, aim: CoverageCell, history: Any, in_fault_phase: bool
 ) -> list[tuple[float, str]]:
     """Each span start of the phase (``_spans``), with each engine that had a request
     decoding across it."""
@@ -311,7 +309,7 @@ HEAL_SLOTS = 4
 """Steps at which ``_mid_generation_in`` tries a heal at the most (a probe each)."""
 
 
-def _heal_slots(d: _Draw, s: int) -> list[int]:
+def _heal_slots(d: Draw, s: int) -> list[int]:
     """``s``, then other steps the swarm could strike at, in a drawn order."""
     last = max(1, min(int(0.6 * d.steps), d.steps - 4))
     others = [x for x in range(1, last + 1) if x != s]
@@ -323,7 +321,7 @@ PHASE_TRIES = 8
 
 
 def _first_in_phase(
-    d: _Draw, aim: CoverageCell, probe: Probe, faults: list[AnyFault], inside: list[Any]
+    d: Draw, aim: CoverageCell, probe: Probe, faults: list[AnyFault], inside: list[Any]
 ) -> tuple[float, str, bool]:
     """The first of up to PHASE_TRIES (span start, engine) candidates, drawn in turn, at
     which the mid-generation kill lands in the aim's phase (True); else the first drawn
@@ -336,7 +334,7 @@ def _first_in_phase(
     return *tries[0], False
 
 
-def aimed_faults(d: _Draw, aim: CoverageCell, probe: Probe) -> list[AnyFault]:
+def aimed_faults(d: Draw, aim: CoverageCell, probe: Probe) -> list[AnyFault]:
     """The faults that put ``aim`` in its cell (impairments are forced in the swarm's own
     impairment draw instead)."""
     if family(aim) == CELL:

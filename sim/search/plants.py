@@ -22,7 +22,9 @@ from miles_core.buffer import DataBuffer, Fate, Group, Reason, SampleStatus, Unu
 from miles_core.cells import CellGroup, Decision, Outcome
 from miles_core.errors import ConfigError
 from miles_core.events import PromptDrawn
+from miles_core.loop import engine_calls
 from miles_core.loop import update as update_module
+from miles_core.loop.engine_calls import EngineCall
 from miles_core.loop.producer import Producer
 from miles_core.loop.supervision import EngineSupervisor
 from miles_core.loop.train import Trainer
@@ -127,10 +129,10 @@ def stamp_by_engine_id(mp: Patcher) -> None:
     updater's own round trip before the stamp: a restart inside that window is the bug's."""
     each = Updater._each
 
-    async def by_id(self: Updater, targets: Any, method: str, *args: Any, **kw: Any) -> Any:
-        if method in ("stamp", "resume"):  # in place: the caller records what it stamped
+    async def by_id(self: Updater, targets: Any, call: EngineCall, *args: Any) -> Any:
+        if call.name in ("stamp", "resume"):  # in place: the caller records what it stamped
             targets.update({e: self.ctx.engines.incarnation(e) for e in targets})
-        return await each(self, targets, method, *args, **kw)
+        return await each(self, targets, call, *args)
 
     mp.setattr(Updater, "_each", by_id)
 
@@ -138,14 +140,12 @@ def stamp_by_engine_id(mp: Patcher) -> None:
 def version_update_aborts_all(mp: Patcher) -> None:
     """The client posts only {"new_version": ...}: SGLang's default abort_all_requests=true
     aborts every request in flight at each update (miles #2589, #2296)."""
-    each = Updater._each
 
-    async def default_body(self: Updater, targets: Any, method: str, *args: Any, **kw: Any) -> Any:
-        if method == "stamp":
-            args = args[:1]  # the version only: the engine's default applies
-        return await each(self, targets, method, *args, **kw)
+    def version_only(version: int, abort_all_requests: bool) -> EngineCall:
+        del abort_all_requests  # the version only: the engine's default applies
+        return EngineCall("stamp", lambda engine: engine.stamp(version))
 
-    mp.setattr(Updater, "_each", default_body)
+    mp.setattr(engine_calls, "stamp", version_only)
 
 
 def flush_under_in_place(mp: Patcher) -> None:
@@ -311,18 +311,19 @@ def update_call_without_deadline(mp: Patcher) -> None:
     health monitor is paused through the update, so a hung engine holds it for ever."""
 
     async def patient(
-        self: Updater, engine: str, incarnation: int, method: str, args: Any, answered: Any
+        self: Updater, engine: str, incarnation: int, call: EngineCall, answered: Any
     ) -> Any:
         ctx = self.ctx
         if not ctx.engines.current(engine, incarnation):
             return EngineFailure(engine, "its process was replaced during the update")
+        answer = None
         try:
-            await getattr(ctx.cluster.engine(engine, incarnation), method)(*args)
+            answer = await call.make(ctx.cluster.engine(engine, incarnation))
         except EngineFailure as failure:
             return failure
         except SessionAlreadyOpen:
             pass
-        answered(engine)
+        answered(engine, answer)
         return None
 
     mp.setattr(Updater, "_call", patient)

@@ -37,7 +37,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-from dataclasses import dataclass
 
 from miles_core.buffer import UnusedHandler
 from miles_core.coverage import CoverageCell
@@ -58,45 +57,12 @@ from miles_core.scenario.faults import (
 from miles_core.scenario.liveness import Liveness, step_parts
 from miles_core.transfer import TransferMode
 from sim.search.aim import CELL, ENGINE, IMPAIRMENT, adjust, aimed_faults, family, probe_with
+from sim.search.draw import Draw
 from sim.search.swarm_controller import ft_controller
 from sim.search.swarm_kill import kill_job
 
 SWARM = "swarm"
 SWARM_TOTAL_LOSS = "swarm_total_loss"
-
-
-@dataclass
-class _Draw:
-    """One seed's drawing state: its stream, the run's shape, what it drew so far."""
-
-    rng: random.Random
-    world: WorldShape
-    steps: int
-    n_buckets: int
-    step_seconds: float
-    fault_phase: float
-    faults: list[AnyFault]
-    killed_cells: set[int]
-    fault_tolerance: bool = False
-    samples_per_step: int = 1
-    health_interval: float = 0.0
-    """--rollout-health-check-interval of the seed (with fault tolerance)."""
-    calls: tuple[str, ...] = HUNG_CALLS
-    """The control calls an update makes to each engine (no flush under in_place)."""
-    relative: random.Random = dataclasses.field(default_factory=lambda: random.Random(0))
-    """Whether a restart or start follows its kill by time or by event, and whether a hang is
-    the process's or one call's (its own stream, so the rest of the drawing is the same)."""
-    health_timeout: float = 0.0
-    """--rollout-health-check-timeout of the seed (with fault tolerance)."""
-    slow_updates: bool = False
-    """The seed's weight updates outlast the health check's timeout (``_slow_updates``)."""
-
-    def slots(self, count: int, spacing: int = 4) -> list[int]:
-        """Steps at which to strike, ``spacing`` apart, inside the fault phase."""
-        last = min(int(0.6 * self.steps), self.steps - 4)  # room for the restarts after
-        free = list(range(1, last + 1, spacing))
-        self.rng.shuffle(free)
-        return sorted(free[:count])
 
 
 HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, HEARTBEAT_THRESHOLD = 2.0, 1.0, 3
@@ -138,7 +104,7 @@ def _world_and_loop(rng: random.Random, steps: int) -> tuple[WorldShape, LoopCon
     return world, loop
 
 
-def _cells_at_points(d: _Draw, rate: float) -> None:
+def _cells_at_points(d: Draw, rate: float) -> None:
     for s in d.slots(d.rng.randint(0, round(2 * rate))):
         what = d.rng.choice(["before_allreduce", "after_bucket", "during_heal"])
         F = make_fault
@@ -166,7 +132,7 @@ def _cells_at_points(d: _Draw, rate: float) -> None:
         d.killed_cells.add(cell)
 
 
-def _cell_or_rank_fault(d: _Draw, cell: int, step: int) -> AnyFault:
+def _cell_or_rank_fault(d: Draw, cell: int, step: int) -> AnyFault:
     """A cell of several ranks loses one of them half the time: a rank that dies, or one
     that raises with its process alive (miles #1443), before the exchange of ``step``."""
     ranks = d.world.gpus_per_cell
@@ -177,7 +143,7 @@ def _cell_or_rank_fault(d: _Draw, cell: int, step: int) -> AnyFault:
     return make_fault("kill_cell", cell=cell, point="before_allreduce", step=step)
 
 
-def _recovered_by_fault_tolerance(d: _Draw, engine: str, step: int) -> None:
+def _recovered_by_fault_tolerance(d: Draw, engine: str, step: int) -> None:
     """A death or a hang that only the health monitor undoes; a recovery may die starting."""
     kind = d.rng.choice(["kill_engine", "hang_engine"])
     patience = d.health_interval + d.health_timeout
@@ -207,7 +173,7 @@ def _recovered_by_fault_tolerance(d: _Draw, engine: str, step: int) -> None:
         )
 
 
-def _engines_at_points(d: _Draw, rate: float) -> None:
+def _engines_at_points(d: Draw, rate: float) -> None:
     """A mid-generation kill strikes at the first request of its engine that gets halfway
     after its step, which may be steps later, after the restart drawn with it: without
     fault tolerance that engine may then stay down, so only one such kill is drawn (two
@@ -244,7 +210,7 @@ def _engines_at_points(d: _Draw, rate: float) -> None:
             )
 
 
-def _times(d: _Draw, kind_rate: float, rate: float, spacing: float = 0.0) -> list[float]:
+def _times(d: Draw, kind_rate: float, rate: float, spacing: float = 0.0) -> list[float]:
     chosen: list[float] = []
     for _ in range(d.rng.randint(0, round(2 * kind_rate * rate))):
         t = d.rng.uniform(0.0, d.fault_phase)
@@ -253,7 +219,7 @@ def _times(d: _Draw, kind_rate: float, rate: float, spacing: float = 0.0) -> lis
     return sorted(chosen)
 
 
-def _cells_at_times(d: _Draw, rate: float) -> None:
+def _cells_at_times(d: Draw, rate: float) -> None:
     for t in _times(d, 1.0, rate, spacing=4 * d.step_seconds):
         cell = d.rng.randrange(d.world.num_cells)
         kind = "stop_cell" if d.rng.random() < 0.25 else "kill_cell"
@@ -269,7 +235,7 @@ def _cells_at_times(d: _Draw, rate: float) -> None:
         d.killed_cells.add(cell)
 
 
-def _engines_at_times(d: _Draw, rate: float) -> None:
+def _engines_at_times(d: Draw, rate: float) -> None:
     for t in _times(d, 1.0, rate, spacing=4 * d.step_seconds):
         engine = f"engine-{d.rng.randrange(d.world.num_engines)}"
         lone = d.world.num_engines == 1 and not d.fault_tolerance  # a kill would end the run
@@ -295,7 +261,7 @@ def _engines_at_times(d: _Draw, rate: float) -> None:
             d.faults += [make_fault("kill_engine", engine=engine, at=t), restart]
 
 
-def _unstruck_engines(d: _Draw) -> list[str]:
+def _unstruck_engines(d: Draw) -> list[str]:
     """The engines no fault drawn so far strikes."""
     struck = {getattr(f, "engine", None) for f in d.faults}
     return [e for e in d.world.engine_ids if e not in struck]
@@ -306,7 +272,7 @@ ORPHAN_SHARE = 0.25
 left running in the router (orphan_engine, miles #100)."""
 
 
-def _orphan(seed: int, d: _Draw) -> None:
+def _orphan(seed: int, d: Draw) -> None:
     """An orphan, from a stream of its own, as a step begins in the fault phase: only with
     fault tolerance, which brings the engine back with a new process (without it the
     engine stays down, and with one engine the run would end), and only on an engine no
@@ -332,7 +298,7 @@ HUNG_COLLECTIVE_TIMEOUT = 15.0
 """Seconds a broadcast waits for a member that takes no part (miles' default is 30 min)."""
 
 
-def _hung_mid_update(seed: int, d: _Draw, loop: LoopConfig) -> LoopConfig:
+def _hung_mid_update(seed: int, d: Draw, loop: LoopConfig) -> LoopConfig:
     """An engine that hangs right after bucket 0 of an update, from a stream of its own:
     bucket 1's broadcast stalls every member until the collective timeout, then fails as a
     whole and names the member that took no part (ft_engine_hangs_mid_update's story, the
@@ -362,7 +328,7 @@ POISON_SHARE = 0.15
 """The share of seeds with faults whose data set has one over-long prompt (poison_prompt)."""
 
 
-def _poison(seed: int, d: _Draw) -> None:
+def _poison(seed: int, d: Draw) -> None:
     """One prompt longer than the engines' context, asked for after a step in the fault
     phase begins, from a stream of its own (NeMo-RL #3938)."""
     stream = random.Random(derive_seed(seed, "swarm.poison"))
@@ -371,7 +337,7 @@ def _poison(seed: int, d: _Draw) -> None:
         d.faults.append(make_fault("poison_prompt", point="step_begin", step=step))
 
 
-def _impairments(d: _Draw, rate: float, forced: str | None = None) -> None:
+def _impairments(d: Draw, rate: float, forced: str | None = None) -> None:
     """At most one window of each kind, each opening as a step begins (so that it has a
     step, an update or requests to act on) on a step of its own, long enough for them."""
     rng, step = d.rng, d.step_seconds
@@ -413,7 +379,7 @@ ROUND_TRIP_SHARE = 0.5
 """The share of seeds with no other cell fault whose updater goes away and comes back twice."""
 
 
-def _updater_round_trip(seed: int, d: _Draw) -> None:
+def _updater_round_trip(seed: int, d: Draw) -> None:
     """The updater (cell 0) dies, comes back, an engine restarts, and it dies again: the
     update moves to another cell and back, then to that cell again with an engine process
     new since its group was made (the sequence miles #1444 is about). From a stream of its
@@ -437,7 +403,7 @@ def _updater_round_trip(seed: int, d: _Draw) -> None:
     d.killed_cells.add(0)
 
 
-def _lost_heartbeats(d: _Draw, rate: float) -> None:
+def _lost_heartbeats(d: Draw, rate: float) -> None:
     """A healthy cell whose heartbeats are lost for longer than detection takes (misses x
     interval + timeout): declared dead and stopped, a false positive, then started again.
     Only in a seed with no other cell fault (two cells gone at once is a total loss) and on
@@ -619,7 +585,7 @@ PARTITION_SHARE = 0.15
 """The share of seeds with faults whose trainers and engines are cut apart once."""
 
 
-def _partition(seed: int, d: _Draw) -> None:
+def _partition(seed: int, d: Draw) -> None:
     """A cut between the trainers and the engines, from a stream of its own (the rest of the
     drawing stays as it was): opening as a step begins, for one to three steps, shorter
     than the collective timeout (miles' 30 min), so an update under it waits, then goes on."""
@@ -765,7 +731,7 @@ def swarm_scenario(
     step_seconds = timing.train_step_seconds + timing.allreduce_seconds + 1.0
     shape = Scenario(SWARM, world=world, loop=loop)
     phase = 0.6 * steps * step_seconds
-    d = _Draw(
+    d = Draw(
         rng,
         world,
         steps,

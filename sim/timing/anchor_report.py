@@ -16,7 +16,6 @@ from typing import Any
 
 from miles_core.scenario import PRESETS
 from miles_core.scenario.anchor_presets import SYSTEM_MODES
-from sim.cli.calibrate import predict_update_seconds
 from sim.timing.anchors import (
     ANCHORS,
     FIT_GROUPS,
@@ -29,6 +28,7 @@ from sim.timing.anchors import (
     system_of,
     update_terms,
 )
+from sim.timing.calibration import predict_update_seconds
 from sim.timing.recovery_anchors import (
     RECOVERY_UNPREDICTED,
     predict_recovery,

@@ -127,7 +127,7 @@ def _bucket_fit(histories: Sequence[History]) -> tuple[float, float, int]:
     seconds of each size a run sent (a median: a send the collector or the scheduler held
     up is one of many) against its bytes when the sizes differ, else all of it as
     bandwidth."""
-    from sim.cli.calibrate import least_squares
+    from sim.timing.calibration import least_squares
 
     by_size: dict[tuple[int, int], list[float]] = defaultdict(list)
     for i, history in enumerate(histories):

@@ -1,2 +1,3 @@
-"""The simulated world behind miles_core/backend.py: SimPy runtime, cluster, cells, engines,
-saves, a job killed whole, fault actions and the update path's cost."""
+"""The simulated world behind miles_core/backend.py, each part named as its Ray twin: SimPy
+runtime, cluster, cells, engines, router, transport, placement, saves, a job killed whole,
+fault actions and the update path's cost."""

@@ -1,15 +1,15 @@
 """Simulated trainer cells (engines are in sim/world/engine.py): they do what they are asked, for
 as long as the time models say, and fail when they are dead.
 
-A component's processes die with ``kill`` (work in progress raises its
-CellFailure or EngineFailure at once) and a new set starts with ``start``
-(a new incarnation).
+A cell's processes die with ``kill`` (work in progress raises its CellFailure at once) and
+a new set starts with ``start`` (a new incarnation: sim/world/process.py). A cell sees its
+cluster through ``CellCluster``, the few parts of it a cell uses.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from miles_core.backend import (
     CellFailure,
@@ -18,57 +18,32 @@ from miles_core.backend import (
 from miles_core.buffer import Group
 from miles_core.cells import Heal, Outcome
 from miles_core.kinds import FaultPoint
+from miles_core.scenario import TimeModel, WorldShape
 from miles_core.scenario.faults import RANK_FAILED
-from sim.world.runtime import SimRuntime, SimSignal
-
-if TYPE_CHECKING:
-    from sim.world.cluster import SimCluster
-
-
-class _Mortal:
-    """Shared by cells and engines: processes that a kill interrupts and a start replaces."""
-
-    def __init__(self, rt: SimRuntime, name: str) -> None:
-        self.rt = rt
-        self.name = name
-        self.dead = False
-        self.incarnation = 0
-        self._death: SimSignal = rt.signal()
-
-    def wait_party(self) -> str:
-        """How the wait-for graph names this component when a task waits on it."""
-        state = "dead" if self.dead else "hung" if getattr(self, "hung", False) else "alive"
-        unanswered = sorted(getattr(self, "unanswered", ()))
-        if unanswered and not self.dead:
-            state += f", {', '.join(unanswered)} unanswered"
-        return f"{self.name} process {self.incarnation} ({state})"
-
-    def kill(self) -> None:
-        if not self.dead:
-            self.dead = True
-            self._death.set()
-
-    def start(self) -> int:
-        """New processes (killing the old ones first): the new incarnation."""
-        self.kill()
-        self.incarnation += 1
-        self.dead = False
-        self._death = self.rt.signal()
-        return self.incarnation
-
-    def work(
-        self, seconds: float, *interrupts: SimSignal, death: SimSignal | None = None
-    ) -> Awaitable[int]:
-        """Take ``seconds``; 0 when done, 1 when killed, 2+i when interrupts[i] fired.
-
-        ``death``: the death of the process the work belongs to (default: the current one),
-        so that work of a replaced process ends with it. The wait itself is returned (no
-        coroutine around it: every request and every send makes one)."""
-        return self.rt.timer_or(seconds, (self._death if death is None else death, *interrupts))
+from miles_core.scenario.schedule import FaultPoints
+from sim.world.process import Mortal
+from sim.world.runtime import SimRuntime
 
 
-class SimCell(_Mortal):
-    def __init__(self, cluster: SimCluster, index: int) -> None:
+class CellCluster(Protocol):
+    """What a simulated cell sees of its cluster (sim/world/cluster.py's SimCluster)."""
+
+    rt: SimRuntime
+    world: WorldShape
+    timing: TimeModel
+    faults: FaultPoints
+    cells: Sequence[SimCell]
+
+    def exchange(self, step: int, attempt: int, members: tuple[int, ...]) -> Exchange: ...
+    def slowdown(self, what: str) -> float: ...
+    def impaired(self, what: str) -> bool: ...
+    def kill_cell(self, index: int) -> None: ...
+    def heartbeat_reply(self) -> Awaitable[None]: ...
+    def control_reply(self) -> Awaitable[None]: ...
+
+
+class SimCell(Mortal):
+    def __init__(self, cluster: CellCluster, index: int) -> None:
         super().__init__(cluster.rt, f"cell-{index}")
         self.cluster = cluster
         self.index = index
@@ -169,7 +144,7 @@ class SimCell(_Mortal):
 class Exchange:
     """One cross-cell gradient all-reduce of a step attempt."""
 
-    def __init__(self, cluster: SimCluster, members: tuple[int, ...]) -> None:
+    def __init__(self, cluster: CellCluster, members: tuple[int, ...]) -> None:
         self.members = set(members)
         self.arrived: set[int] = set()
         self.failed = False

@@ -23,267 +23,20 @@ Time models (miles_core.scenario.TimeModel):
 
 from __future__ import annotations
 
-import dataclasses
-import random
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 
-from miles_core.backend import (
-    Delivery,
-    GenerateRequest,
-    GenerateResult,
-    RouterFailure,
-    WorldObserver,
-    link_cut,
-)
+from miles_core.backend import WorldObserver
+from miles_core.impairments import Impairments
 from miles_core.kinds import FaultPoint
-from miles_core.placement import Bundle, LayoutConfig, Placement, compute_layout, place
 from miles_core.scenario import TimeModel, WorldShape
 from miles_core.scenario.schedule import FaultPoints, NoFaults
-from miles_core.transfer import LORA_UNIT_PREFIX, Bucket
 from sim.world.cells import Exchange, SimCell
 from sim.world.engine import EngineHandle, SimEngine
+from sim.world.placement import place_world
+from sim.world.router import SimRouter
 from sim.world.runtime import SimRuntime, SimTask
 from sim.world.saves import SimCheckpoints, SimDisk
-from sim.world.update_cost import Route, bucket_seconds, update_fixed_seconds
-
-
-class SimRouter:
-    def __init__(self, cluster: SimCluster) -> None:
-        self.cluster = cluster
-        self.orphans: dict[tuple[str, int], SimEngine] = {}
-        """Servers still listed whose actor is gone (the orphan_engine fault), by process."""
-
-    def generate(
-        self, engine: str, incarnation: int, request: GenerateRequest
-    ) -> Awaitable[GenerateResult]:
-        """The engine's own call when nothing was ever impaired and no orphan is listed (no
-        coroutine of the router's around every request); the router's delays, failures and
-        choice otherwise."""
-        cluster = self.cluster
-        if cluster._impairments or self.orphans or cluster.poison_armed:
-            return self._impaired(engine, incarnation, request)
-        return cluster.engines[engine].generate(incarnation, request)
-
-    def remove_worker(self, engine: str, incarnation: int) -> bool:
-        orphan = self.orphans.pop((engine, incarnation), None)
-        if orphan is None:
-            return False
-        orphan.abort_all()
-        return True
-
-    def _orphan_for(self, engine: str) -> SimEngine | None:
-        """The router's least-requests choice: an orphan with fewer requests in flight than
-        the process asked for takes the request (the first such, by process; ties stay)."""
-        load = len(self.cluster.engines[engine].jobs)
-        for key in sorted(self.orphans):
-            if len(self.orphans[key].jobs) < load:
-                return self.orphans[key]
-        return None
-
-    async def _impaired(
-        self, engine: str, incarnation: int, request: GenerateRequest
-    ) -> GenerateResult:
-        cluster = self.cluster
-        if cluster.poison_armed:  # the first request sent since: its prompt is over-long
-            cluster.poison_armed = False
-            cluster.poisoned.add(request.prompt_id)
-        delay = cluster.slowdown("router-delay") - 1.0
-        if delay > 0:
-            await cluster.rt.sleep(delay)
-        if cluster.impaired("router-fail"):
-            await cluster.rt.sleep(cluster.timing.router_failure_seconds)
-            raise RouterFailure(f"request for group {request.group_id} to {engine} failed")
-        orphan = self._orphan_for(engine) if self.orphans else None
-        if orphan is not None:
-            result = await orphan.generate(orphan.incarnation, request)
-            return dataclasses.replace(result, incarnation=orphan.incarnation)
-        return await cluster.engines[engine].generate(incarnation, request)
-
-
-class SimTransport:
-    def __init__(self, cluster: SimCluster) -> None:
-        self.cluster = cluster
-        self._groups: dict[int, tuple[int, dict[str, int]]] = {}
-        """Each cell's weight-update group: the cell process that made it, and the engine
-        processes it was made for."""
-
-    async def connect(self, update_id: int, source_cell: int, engines: Mapping[str, int]) -> None:
-        """The cell's new group, in place of its old one; made as its first bucket goes (a
-        dead or hung member fails that collective, as a real group's first use does), so
-        it takes no time of its own here."""
-        self._groups[source_cell] = (self.cluster.cells[source_cell].incarnation, dict(engines))
-
-    async def send_bucket(
-        self,
-        update_id: int,
-        source_cell: int,
-        bucket: Bucket,
-        engines: Mapping[str, int],
-        version: int | None = None,
-    ) -> Delivery:
-        """One collective to every engine: as slow as its slowest link."""
-        seconds = self._bucket_seconds(source_cell, bucket, engines, p2p=False)
-        setup = self._setup_seconds(bucket)
-        stalled = await self._send(source_cell, bucket, engines, seconds + setup)
-        return Delivery(tuple(engines), stalled + seconds)
-
-    async def send_bucket_each(
-        self,
-        update_id: int,
-        source_cell: int,
-        bucket: Bucket,
-        engines: Mapping[str, int],
-        version: int | None = None,
-    ) -> tuple[Delivery, ...]:
-        """p2p: each engine on its own link, all at once; the source is busy until the
-        slowest arrives (its own bandwidth is shared between the links only under
-        many-source p2p, sim/world/update_cost.py)."""
-        together = len(engines)
-        links = {
-            e: self._bucket_seconds(source_cell, bucket, {e: i}, p2p=True, together=together)
-            for e, i in engines.items()
-        }
-        setup = self._setup_seconds(bucket)
-        stalled = await self._send(source_cell, bucket, engines, max(links.values()) + setup)
-        return tuple(Delivery((e,), stalled + seconds) for e, seconds in links.items())
-
-    def _setup_seconds(self, bucket: Bucket) -> float:
-        """The update's fixed cost, which its source pays before the first bucket goes (the
-        bucket's own send, which the delivery reports, does not include it)."""
-        return update_fixed_seconds(self.cluster.timing) if bucket.index == 0 else 0.0
-
-    def _bucket_seconds(
-        self,
-        source_cell: int,
-        bucket: Bucket,
-        engines: Mapping[str, int],
-        p2p: bool,
-        together: int = 1,
-    ) -> float:
-        """The bucket's cost by sim/world/update_cost.py; ``together``: engines sent to at once."""
-        cluster = self.cluster
-        local = (
-            all(cluster.engine_nodes[e] <= cluster.cell_nodes[source_cell] for e in engines)
-            and len(cluster.cell_nodes[source_cell]) == 1
-        )
-        world = cluster.world
-        route = Route(
-            local, world.gpus_per_cell, max(together, len(engines)), world.gpus_per_engine
-        )
-        # a slow link is slower in every way: its latency and its bandwidth
-        slowdown = cluster.slowdown("link")
-        return bucket_seconds(cluster.timing, bucket.nbytes, route, p2p, bucket.index, slowdown)
-
-    async def _send(
-        self,
-        source_cell: int,
-        bucket: Bucket,
-        engines: Mapping[str, int],
-        seconds: float,
-    ) -> float:
-        """A collective completes for nobody until every member takes part: a dead member
-        fails it at once (its connections close), a hung one (alive, answering nothing)
-        stalls it until the group's timeout, and is then the one named. The seconds it
-        stalled first while the link was cut (a partition)."""
-        cluster = self.cluster
-        source = cluster.cells[source_cell]
-        self._check_group(source_cell, engines)
-        _check_receivers(cluster, engines)  # one not in the update's group fails the collective
-        stalled = await self._cut(source_cell, bucket) if cluster.impaired("partition") else 0.0
-        absent = [e for e in engines if cluster.engines[e].hung]
-        if absent:
-            seconds = cluster.collective_timeout
-        if await source.work(seconds):
-            raise source.failure(f"killed sending bucket {bucket.index}")
-        _check_receivers(cluster, engines)  # one that died meanwhile fails the collective too
-        if absent:
-            raise cluster.engines[absent[0]].failure(
-                f"took no part in the broadcast of bucket {bucket.index}: the group waited "
-                f"{seconds:g}s for it"
-            )
-        for unit in bucket.units:  # a LoRA adapter is loaded as its one unit arrives
-            if unit.startswith(LORA_UNIT_PREFIX):
-                for engine in engines:
-                    cluster.engines[engine].load_adapter(unit.removeprefix(LORA_UNIT_PREFIX))
-        # the bucket arrived; a fault here strikes before the updater's next step
-        cluster.faults.fire(FaultPoint.AFTER_BUCKET, cell=source_cell, bucket=bucket.index)
-        return stalled
-
-    async def _cut(self, source_cell: int, bucket: Bucket) -> float:
-        """The link to the engines is cut: no member hears from another until the cut ends
-        (or liveness mode's heal ends it), and a collective that waited the group's whole
-        timeout fails as a whole, its source raising (torch's broadcast does). The seconds
-        it waited."""
-        cluster = self.cluster
-        source = cluster.cells[source_cell]
-        began, timeout = cluster.rt.now(), cluster.collective_timeout
-        waited = source.work(min(cluster.impairment_left("partition"), timeout), cluster.healed)
-        if await waited == 1:
-            raise source.failure(f"killed sending bucket {bucket.index}")
-        if cluster.impaired("partition"):
-            raise link_cut(source_cell, bucket.index, timeout)
-        return cluster.rt.now() - began
-
-    def _check_group(self, source_cell: int, engines: Mapping[str, int]) -> None:
-        """A bucket travels over the group its cell connected: a process the group was not
-        made for takes no part, and the collective fails naming it."""
-        made_by, members = self._groups.get(source_cell, (-1, {}))
-        if made_by != self.cluster.cells[source_cell].incarnation:
-            members = {}  # the group died with the processes that made it
-        for engine, incarnation in engines.items():
-            if members.get(engine) != incarnation:
-                raise self.cluster.engines[engine].failure(
-                    f"process {incarnation} is not in cell {source_cell}'s weight-update group"
-                )
-
-
-def _check_receivers(cluster: SimCluster, engines: Mapping[str, int]) -> None:
-    """Raise as the first receiver whose named process is gone would (``SimEngine.check``),
-    with the test inlined for the live ones: a bucket goes to every engine, twice a send."""
-    processes = cluster.engines
-    for engine, incarnation in engines.items():
-        process = processes[engine]
-        if process.dead or process.incarnation != incarnation:
-            process.check(incarnation)
-
-
-def _place(world: WorldShape, rng: random.Random, style: str = "ipv4") -> Placement:
-    """The cluster's GPUs as Ray would hand them out, placed by miles_core.placement."""
-    layout = compute_layout(
-        LayoutConfig(
-            actor_num_nodes=1,
-            actor_num_gpus_per_node=world.num_cells * world.gpus_per_cell,
-            rollout_num_gpus=world.num_engines * world.gpus_per_engine,
-            rollout_num_gpus_per_engine=world.gpus_per_engine,
-            indep_dp=True,
-            gpus_per_cell=world.gpus_per_cell,
-        )
-    )
-    per_node = world.gpus_per_node
-    nodes = node_names(-(-layout.total_gpus // per_node), style, rng)
-    bundles = [
-        Bundle(index=i, node=nodes[i // per_node], gpu_id=i % per_node)
-        for i in range(layout.total_gpus)
-    ]
-    rng.shuffle(bundles)  # Ray's bundle order carries no meaning; the ordering restores one
-    return place(layout, bundles)
-
-
-def node_names(count: int, style: str, rng: random.Random) -> list[str]:
-    """``count`` distinct node names drawn in ``style`` (TimeModel.node_addresses), random so
-    that their text order and their numeric order differ (10.2.x.x before 10.10.x.x)."""
-    names: list[str] = []
-    while len(names) < count:
-        way = style if style != "mixed" else ("ipv4", "ipv6", "hostnames")[len(names) % 3]
-        if way == "ipv4":
-            name = f"10.{rng.randrange(256)}.{rng.randrange(256)}.{rng.randrange(1, 255)}"
-        elif way == "ipv6":
-            name = f"fd00::{rng.randrange(1, 2 ** rng.choice([4, 8, 12, 16])):x}"
-        else:
-            name = f"node-{rng.randrange(1, 1000)}"
-        if name not in names:
-            names.append(name)
-    return names
+from sim.world.transport import SimTransport
 
 
 class SimCluster:
@@ -310,7 +63,7 @@ class SimCluster:
         self.engine_ids = world.engine_ids
         self.units = world.units()
         self.lora_params = world.lora_params()
-        self.placement = _place(world, rt.rng("placement"), self.timing.node_addresses)
+        self.placement = place_world(world, rt.rng("placement"), self.timing.node_addresses)
         self.cell_nodes = [
             {b.node for b in self.placement.cell_bundles(i)} for i in range(world.num_cells)
         ]
@@ -328,8 +81,8 @@ class SimCluster:
         self.transport = SimTransport(self)
         self.observer: WorldObserver | None = None
         self._exchanges: dict[tuple[int, int], Exchange] = {}
-        self._impairments: dict[str, tuple[float, float]] = {}
-        """what -> (factor, until): slow cells and links, router delays and failures."""
+        self.impairments = Impairments()
+        """Slow cells and links, router delays and failures, muted heartbeats, cut links."""
         self.healed = rt.signal()
         """Set when liveness mode's heal ends every impairment (then replaced)."""
         self._replies: dict[str, tuple[float, Awaitable[None]]] = {}
@@ -349,7 +102,7 @@ class SimCluster:
         """What the job does when a kill_job strikes (sim.world.job.SimJob); set where one may."""
         self.resumed = False
         """The processes of a killed job's restart: what befell them before its controller
-        attached is reported when it does (sim.world.job.report_processes)."""
+        attached is reported when it does (``_report_restarted``)."""
 
     # -- the Cluster protocol ---------------------------------------------------------
 
@@ -368,9 +121,42 @@ class SimCluster:
     def attach(self, observer: WorldObserver) -> None:
         self.observer = observer
         if self.resumed:
-            from sim.world.job import report_processes
+            self._report_restarted(observer)
 
-            report_processes(self, observer)
+    def _report_restarted(self, observer: WorldObserver) -> None:
+        """A restarted job's controller attaches: what befell its processes since they
+        started (faults that struck while it was starting) is reported now, as a real
+        controller finds its actors: a first process of an engine gone, the process that
+        replaced it; a cell's new processes (a dead cell is found by its calls, as ever)."""
+        how = "while the job restarted"
+        for index, cell in enumerate(self.cells):
+            if cell.incarnation and not cell.dead:
+                observer.cell_started(index, cell.incarnation, f"processes started {how}")
+        for engine_id, engine in self.engines.items():
+            if engine.dead or engine.incarnation:
+                observer.engine_exited(engine_id, 0, f"died {how}")
+            if engine.incarnation and not engine.dead:
+                observer.engine_started(engine_id, engine.incarnation, f"process restarted {how}")
+
+    def end_processes(self) -> None:
+        """Every process of the cluster dies now (its job was killed), reported to nobody
+        (its controller is dead), and nothing it still runs fires a fault."""
+        self.observer = None
+        self.faults = NoFaults()
+        for index, cell in enumerate(self.cells):
+            cell.kill()
+            self._fail_exchanges(index)
+        for engine in self.engines.values():
+            engine.kill()
+        for orphan in self.router.orphans.values():
+            orphan.kill()
+
+    def restarted_from(self, old: SimCluster) -> None:
+        """This cluster holds a killed job's new processes: the network's and the data set's
+        troubles (impairment windows, over-long prompts) go on as they were in ``old``."""
+        self.impairments = old.impairments.copy()
+        self.poisoned, self.poison_armed = set(old.poisoned), old.poison_armed
+        self.resumed = True
 
     def exchange(self, step: int, attempt: int, members: tuple[int, ...]) -> Exchange:
         key = (step, attempt)
@@ -382,11 +168,10 @@ class SimCluster:
 
     def impair(self, what: str, factor: float, seconds: float) -> None:
         """Slow ``what`` by ``factor`` for ``seconds`` (router-delay: add factor - 1 seconds)."""
-        self._impairments[what] = (factor, self.rt.now() + seconds)
+        self.impairments.impair(what, factor, seconds, self.rt.now())
 
     def slowdown(self, what: str) -> float:
-        factor, until = self._impairments.get(what, (1.0, 0.0))
-        return factor if self.rt.now() < until else 1.0
+        return self.impairments.slowdown(what, self.rt.now())
 
     def heartbeat_reply(self) -> Awaitable[None]:
         """The wait for a healthy cell's heartbeat reply: one wait for every cell pinged at
@@ -411,21 +196,19 @@ class SimCluster:
 
     def impairment_left(self, what: str) -> float:
         """Seconds until ``what``'s impairment ends (0 when it is not impaired)."""
-        _, until = self._impairments.get(what, (1.0, 0.0))
-        return max(0.0, until - self.rt.now())
+        return self.impairments.left(what, self.rt.now())
 
     def impaired(self, what: str) -> bool:
         """Whether ``what`` is impaired now (asked by every heartbeat: nothing to look up
         when nothing was ever impaired)."""
-        impairments = self._impairments
-        return bool(impairments) and self.rt.env._now < impairments.get(what, (1.0, 0.0))[1]
+        return self.impairments.impaired(what, self.rt.env._now)
 
     def heal(self, engines: bool) -> tuple[int, ...]:
         """Liveness mode's heal: every impairment ends now and (``engines``) every engine
         process dead or hung is restarted (one already starting is left to start); the
         dead cells are given back for the fault schedule to start."""
         now = self.rt.now()
-        self._impairments = {what: (1.0, now) for what in self._impairments}
+        self.impairments.end_all(now)
         self.healed.set()  # a stall on a cut link ends with the cut
         self.healed = self.rt.signal()
         for engine_id, engine in self.engines.items() if engines else ():

@@ -26,8 +26,8 @@ plane.
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from miles_core.backend import (
     EngineFailure,
@@ -37,11 +37,26 @@ from miles_core.backend import (
     SessionAlreadyOpen,
 )
 from miles_core.kinds import FaultPoint, PauseMode
-from sim.world.cells import _Mortal
-from sim.world.runtime import SimSignal
+from miles_core.scenario import TimeModel, WorldShape
+from miles_core.scenario.schedule import FaultPoints
+from sim.world.process import Mortal
+from sim.world.runtime import SimRuntime, SimSignal
 
-if TYPE_CHECKING:
-    from sim.world.cluster import SimCluster
+
+class EngineCluster(Protocol):
+    """What a simulated engine sees of its cluster (sim/world/cluster.py's SimCluster)."""
+
+    rt: SimRuntime
+    world: WorldShape
+    timing: TimeModel
+    faults: FaultPoints
+    poisoned: set[int]
+    """Prompts longer than the engines' context (the poison_prompt fault)."""
+    spans: dict[tuple[int | None, ...], tuple[int | None, ...]]
+    """Each distinct list of a response's span versions, shared (SimCluster.spans)."""
+
+    def control_reply(self) -> Awaitable[None]: ...
+
 
 OVER_LONG = "the input is longer than the model's context length"
 """SGLang's refusal of an over-long prompt (the poison_prompt fault), answered at once."""
@@ -95,10 +110,10 @@ class _Request:
             self.spans.append(version)
 
 
-class SimEngine(_Mortal):
+class SimEngine(Mortal):
     """One engine slot; its process is replaced on restart."""
 
-    def __init__(self, cluster: SimCluster, engine_id: str) -> None:
+    def __init__(self, cluster: EngineCluster, engine_id: str) -> None:
         super().__init__(cluster.rt, engine_id)
         self.cluster = cluster
         self.id = engine_id
@@ -389,15 +404,6 @@ class SimEngine(_Mortal):
             raise self.failure("dead")
 
 
-ROUTES = {
-    "pause": "pause_generation",
-    "flush_cache": "flush_cache",
-    "stamp": "update_weight_version",
-    "resume": "continue_generation",
-}
-"""The SGLang route each control call goes to (the names a hang_call fault takes)."""
-
-
 class EngineHandle:
     """Calls to one process of an engine; they fail once that process is gone.
 
@@ -417,40 +423,47 @@ class EngineHandle:
         self.engine.check(self.incarnation)
         return self.engine
 
-    def _control(self, method: str, *args: object) -> Awaitable[None]:
+    def _control(
+        self, route: str | None, call: Callable[[SimEngine], Awaitable[None]]
+    ) -> Awaitable[None]:
+        """``call`` made on the process, unless it is gone (EngineFailure) or leaves
+        ``route`` (the SGLang route, the name a hang_call fault takes) unanswered."""
         engine = self.engine
         if engine.incarnation != self.incarnation or engine.dead:  # _check's test, inline:
             engine.check(self.incarnation)  # every update makes six calls to each engine
-        if engine.unanswered and ROUTES.get(method) in engine.unanswered:
-            return engine.never_answers(ROUTES[method])
+        if route is not None and engine.unanswered and route in engine.unanswered:
+            return engine.never_answers(route)
         if not engine.cluster.timing.control_reply_seconds:
-            return getattr(engine, method)(*args)
-        return self._after_reply(method, args)
+            return call(engine)
+        return self._after_reply(call)
 
-    async def _after_reply(self, method: str, args: tuple[object, ...]) -> None:
+    async def _after_reply(self, call: Callable[[SimEngine], Awaitable[None]]) -> None:
         await self.engine.cluster.control_reply()
-        await getattr(self._check(), method)(*args)
+        await call(self._check())
 
     def pause(self, mode: PauseMode) -> Awaitable[None]:
-        return self._control("pause", mode)
+        return self._control("pause_generation", lambda engine: engine.pause(mode))
 
     def resume(self) -> Awaitable[None]:
-        return self._control("resume")
+        return self._control("continue_generation", SimEngine.resume)
 
     def flush_cache(self) -> Awaitable[None]:
-        return self._control("flush_cache")
+        return self._control("flush_cache", SimEngine.flush_cache)
 
     def begin_update(self) -> Awaitable[None]:
-        return self._control("begin_update")
+        return self._control(None, SimEngine.begin_update)
 
     def end_update(self) -> Awaitable[None]:
-        return self._control("end_update")
+        return self._control(None, SimEngine.end_update)
 
     def stamp(self, version: int, abort_all_requests: bool = True) -> Awaitable[None]:
-        return self._control("stamp", version, abort_all_requests)
+        """The engine answers no checksum (the simulator holds no weights): None."""
+        return self._control(
+            "update_weight_version", lambda engine: engine.stamp(version, abort_all_requests)
+        )
 
     def unload_adapter(self, adapter: str) -> Awaitable[None]:
-        return self._control("unload_adapter", adapter)
+        return self._control(None, lambda engine: engine.unload_adapter(adapter))
 
     def token_seconds(self) -> float:
         """One token's decode time alone: the time model's, or the world's pace if slower."""

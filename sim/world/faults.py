@@ -12,8 +12,9 @@ at once: in virtual time the point is now.
 from __future__ import annotations
 
 from miles_core.kinds import FaultPoint
+from miles_core.scenario.actions import Impairment, impaired_part
 from miles_core.scenario.faults import make_fault
-from miles_core.scenario.schedule import FaultSchedule, Impairment, impaired_part
+from miles_core.scenario.schedule import FaultSchedule
 from sim.world.cluster import SimCluster
 
 Fault = make_fault

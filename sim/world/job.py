@@ -8,7 +8,7 @@ scheduler would, the job starts again: new processes (a new cluster, placed anew
 same disk, under the same seed tree: the runtime's streams go on), and after
 ``job_restart_seconds`` plus the time to read the save back, a new controller resumed from
 the newest committed save (miles_core.saves.choose_save; a fresh start when none). The
-history is one: the segments of every controller, joined (miles_core.oracles.segments).
+history is one: the segments of every controller, joined (miles_core.segments).
 Faults keep their schedule: those that fired stay fired, the rest act on the new processes.
 """
 
@@ -17,14 +17,13 @@ from __future__ import annotations
 from typing import Any
 
 from miles_core import saves
-from miles_core.backend import WorldObserver
 from miles_core.events import History, JobKilled, RunEnded
 from miles_core.kinds import FaultKind, FaultPoint, RunStatus
 from miles_core.loop import Orchestrator, RunReport
-from miles_core.oracles.segments import committed_versions
 from miles_core.saves import Resume
 from miles_core.scenario import Scenario
-from miles_core.scenario.schedule import FaultSchedule, NoFaults, orchestrator_for
+from miles_core.scenario.schedule import FaultSchedule, orchestrator_for
+from miles_core.segments import committed_versions
 from sim.world.cluster import SimCluster
 from sim.world.runtime import SimRuntime
 from sim.world.saves import save_seconds
@@ -33,36 +32,6 @@ from sim.world.saves import save_seconds
 def kills_jobs(scenario: Scenario) -> bool:
     """Whether a run of ``scenario`` may be killed whole (it needs a SimJob)."""
     return any(f.kind is FaultKind.KILL_JOB for f in scenario.faults)
-
-
-def end_processes(cluster: SimCluster) -> None:
-    """Every process of the cluster dies now, reported to nobody (its controller is dead),
-    and nothing it still runs fires a fault."""
-    cluster.observer = None
-    cluster.faults = NoFaults()
-    for index, cell in enumerate(cluster.cells):
-        cell.kill()
-        cluster._fail_exchanges(index)
-    for engine in cluster.engines.values():
-        engine.kill()
-    for orphan in cluster.router.orphans.values():
-        orphan.kill()
-
-
-def report_processes(cluster: SimCluster, observer: WorldObserver) -> None:
-    """A restarted job's controller attaches: what befell its processes since they started
-    (faults that struck while it was starting) is reported now, as a real controller finds
-    its actors: a first process of an engine gone, the process that replaced it; a cell's
-    new processes (a dead cell is found by its calls, as ever)."""
-    how = "while the job restarted"
-    for index, cell in enumerate(cluster.cells):
-        if cell.incarnation and not cell.dead:
-            observer.cell_started(index, cell.incarnation, f"processes started {how}")
-    for engine_id, engine in cluster.engines.items():
-        if engine.dead or engine.incarnation:
-            observer.engine_exited(engine_id, 0, f"died {how}")
-        if engine.incarnation and not engine.dead:
-            observer.engine_started(engine_id, engine.incarnation, f"process restarted {how}")
 
 
 class SimJob:
@@ -98,7 +67,7 @@ class SimJob:
         if control is not None and not self._dead:
             control.killed(reason)
         self._dead = True
-        end_processes(self.cluster)
+        self.cluster.end_processes()
         self.history.append(JobKilled(t=self.rt.now(), reason=reason))
         self._kill = reason
         self._killed.set()
@@ -148,9 +117,7 @@ class SimJob:
         new = SimCluster(
             self.rt, scenario.world, scenario.timing, self.schedule, timeout, old.checkpoints.disk
         )
-        new._impairments = dict(old._impairments)
-        new.poisoned, new.poison_armed = set(old.poisoned), old.poison_armed
-        new.resumed = True
+        new.restarted_from(old)
         new.on_job_killed = self._on_kill
         self.actions.cluster = new
         return new
@@ -177,4 +144,4 @@ class SimJob:
             self.control.record_waits(reason)
 
 
-__all__ = ["SimJob", "end_processes", "kills_jobs", "report_processes"]
+__all__ = ["SimJob", "kills_jobs"]

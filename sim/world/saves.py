@@ -10,14 +10,14 @@ save of the same step, is never read back (miles_core.saves.choose_save).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
 from miles_core.kinds import FaultPoint
 from miles_core.saves import SaveState, StoredSave
 from miles_core.scenario import TimeModel, WorldShape
-
-if TYPE_CHECKING:
-    from sim.world.cluster import SimCluster
+from miles_core.scenario.schedule import FaultPoints
+from sim.world.cells import SimCell
 
 
 def save_seconds(world: WorldShape, timing: TimeModel) -> float:
@@ -36,10 +36,19 @@ class SimDisk:
         return tuple(self.entries[step] for step in sorted(self.entries))
 
 
+class SaveCluster(Protocol):
+    """What a save sees of its cluster: the cell that writes it, the clock, the faults."""
+
+    world: WorldShape
+    timing: TimeModel
+    faults: FaultPoints
+    cells: Sequence[SimCell]
+
+
 class SimCheckpoints:
     """The CheckpointStore of one simulated cluster, over the job's disk."""
 
-    def __init__(self, cluster: SimCluster, disk: SimDisk) -> None:
+    def __init__(self, cluster: SaveCluster, disk: SimDisk) -> None:
         self.cluster = cluster
         self.disk = disk
 

@@ -56,7 +56,7 @@ SAMPLING_EPS: Final = 1e-6
 
 @dataclass(frozen=True)
 class Sampling:
-    """The sampling parameters a request was checked into (engine_generate.sampling_of)."""
+    """The sampling parameters a request was checked into (generate.py, sampling_of)."""
 
     max_new_tokens: int = 128
     temperature: float = 1.0

@@ -2,7 +2,7 @@
 no client can exceed.
 
 Middlewares, in order: a hung engine answers nothing; SGLang's api_key; the engine's
-state admits the route (engine_state: a 409 naming the state, 503 while stopping);
+state admits the route (state.py: a 409 naming the state, 503 while stopping);
 the bytes of request bodies in flight across all requests stay under a bound (503
 before a body is read); a BadRequest is its 4xx naming the field. The server caps
 its open connections, closes a connection that sends no request within

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from backends.common.wire.groups import UPDATE_BACKENDS
 from miles_core.transfer import DTYPE_ITEMSIZE
 
 MAX_TENSORS: Final = 1 << 16
@@ -90,11 +91,6 @@ def dtype(field: str, value: Any) -> str:
 shape = list_of(count, MAX_DIMS)
 
 
-UPDATE_BACKENDS: Final = ("nccl", "gloo", "shm")
-"""The weight-update groups' backends an engine joins: torch's two, and shared memory on one
-node (backends/common/wire/shm_group.py; the CPU world's, not SGLang's)."""
-
-
 def one_of(*choices: str) -> Check:
     def checked(field: str, value: Any) -> str:
         if text(field, value) not in choices:
@@ -131,7 +127,7 @@ SGLang's custom loaders (a dotted path here) are refused."""
 
 
 def as_sent(field: str, value: Any) -> Any:
-    """Taken as sent: the route's handler judges it (engine_generate)."""
+    """Taken as sent: the route's handler judges it (generate.py)."""
     return value
 
 
@@ -145,7 +141,7 @@ UNHONOURED_GENERATE: Final = (
     "stream",
 )
 """/generate fields miles may send that this engine cannot honour: read, so that a value it
-cannot honour is refused naming them (engine_generate.UNSUPPORTED_TOP) rather than dropped."""
+cannot honour is refused naming them (generate.py, UNSUPPORTED_TOP) rather than dropped."""
 
 SPECS: Final[Mapping[str, Mapping[str, Field]]] = {
     "/generate": {

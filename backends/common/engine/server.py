@@ -3,16 +3,16 @@
 Endpoint names and payloads follow SGLang 0.5.23 (python/sglang/srt/entrypoints/
 http_server.py, managers/io_struct.py), and each body miles sends is honoured as
 SGLang honours it, or refused with a 4xx naming the field before any weight
-changes: /generate (engine_generate: SGLang's sampling parameters, length limits
+changes: /generate (generate.py: SGLang's sampling parameters, length limits
 and finish reasons), /pause_generation (mode abort, retract or in_place),
 /continue_generation, /abort_request, /flush_cache, /health, /health_generate,
 /begin_weight_update and /end_weight_update (the session every load runs in),
 /init_weights_update_group, /update_weights_from_distributed (tensor by tensor,
 or ``flattened_bucket``), /update_weights_from_tensor (tensor handles from a
-colocated trainer, loopback only; engine_handles), /destroy_weights_update_group,
+colocated trainer, loopback only; handles.py), /destroy_weights_update_group,
 /update_weight_version, /model_info (where SGLang reports weight_version; it has no
-/get_weight_version), /server_info and /get_server_info (engine_info),
-/weights_checker (engine_checker). meta_info also carries ``weight_versions``
+/get_weight_version), /server_info and /get_server_info (info.py),
+/weights_checker (checker.py). meta_info also carries ``weight_versions``
 (the version of each span of the response) and, named as the testbed's own,
 ``testbed_kept_kv`` and ``testbed_cached_versions`` (the weights that computed the
 prompt KV a request took from the prefix cache, beside SGLang's ``cached_tokens``); so
@@ -28,13 +28,13 @@ session, a second /begin_weight_update, or an /end_weight_update with none open
 is refused (managers/scheduler_components/weight_updater.py); a receive that
 fails answers 400 "Failed to receive weights" as SGLang does.
 
-Every body is checked field by field before the engine acts (engine_requests):
+Every body is checked field by field before the engine acts (requests.py):
 a bad one gets a 4xx naming the field and changes nothing. Bound to loopback by
 default; bound elsewhere, it needs SGLang's ``api_key`` (``Authorization:
 Bearer KEY``) on every request, as SGLang's server does when given one.
 
-Its control state (serving, paused, updating, receiving, stopping: engine_state)
-gates every route, and its HTTP edge (engine_http) bounds what clients can hold:
+Its control state (serving, paused, updating, receiving, stopping: state.py)
+gates every route, and its HTTP edge (http.py) bounds what clients can hold:
 bodies in flight, connections, idle and slow requests.
 
 Generation runs the tiny policy token by token in a thread of its own, so health

@@ -5,7 +5,7 @@ runs only inside a weight-update session, a second /begin_weight_update and an
 /end_weight_update with none open are refused (400, SGLang's words); a receive that
 fails answers "Failed to receive weights" (400) and loads nothing it did not
 receive whole; a load whose body asks for a flush while requests hold KV loads and
-says the cache was not flushed. Beyond SGLang (engine_state): one load at a time,
+says the cache was not flushed. Beyond SGLang (state.py): one load at a time,
 the group a load uses cannot be destroyed under it, and no version is stamped mid-load.
 """
 
@@ -26,7 +26,7 @@ from backends.common.engine.weights import EngineWeights
 from backends.common.training.policy import checksum
 
 HANDLES = "tensor handles"
-"""What a load by /update_weights_from_tensor receives on, for engine_state."""
+"""What a load by /update_weights_from_tensor receives on, for state.py."""
 
 
 class UpdateRoutes:
@@ -57,7 +57,7 @@ class UpdateRoutes:
 
     @contextmanager
     def _loading(self, group: str) -> Iterator[Callable[[], bool]]:
-        """The engine is receiving (engine_state) while this load is the newest one begun;
+        """The engine is receiving (state.py) while this load is the newest one begun;
         one load at a time on a group (a second one entering the same collective out of
         order aborted the process in gloo). Yields whether the load is still the newest: one
         left behind (its client gave up on it and sent a newer one) must not load late."""
@@ -163,12 +163,12 @@ class UpdateRoutes:
         return ok()
 
     async def model_info(self, request: web.Request) -> web.Response:
-        """SGLang's /model_info (engine_info)."""
+        """SGLang's /model_info (info.py)."""
         assert self.info is not None
         return web.json_response(self.info.model_info(self.weight_version))
 
     async def server_info(self, request: web.Request) -> web.Response:
-        """SGLang's /server_info and its deprecated alias /get_server_info (engine_info)."""
+        """SGLang's /server_info and its deprecated alias /get_server_info (info.py)."""
         assert self.info is not None
         return web.json_response(self.info.server_info(len(self._jobs), self.paused))
 

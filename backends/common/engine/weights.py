@@ -22,7 +22,7 @@ without it a list of ``(name, tensor)`` pairs (SGLang's ``load_weights`` input).
 Unpickling runs code a pickle names, so handles are taken only from loopback, and
 only the classes a tensor handle needs may be named (``_HandleUnpickler``).
 
-Every check runs before a byte of the weights changes (engine_requests): a body the
+Every check runs before a byte of the weights changes (requests.py): a body the
 engine cannot honour is a 4xx and the weights keep their checksum.
 """
 
@@ -37,15 +37,13 @@ import torch
 
 from backends.common.engine.handles import Named, dtype_name, named_tensors
 from backends.common.engine.requests import BadRequest, bucket_payload
+from backends.common.wire.buckets import BucketViews, UnalignedTensor, wire_spans
 from backends.common.wire.groups import (
     GLOO_TIMEOUT,
-    BucketViews,
-    UnalignedTensor,
     broadcast,
     broadcast_each,
     group_store,
     update_group,
-    wire_spans,
 )
 from backends.common.wire.participation import JOINED, arrive
 from backends.common.wire.shm_group import ShmUnavailable

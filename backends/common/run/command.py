@@ -10,8 +10,8 @@ timings), 2 the scenario or the command is wrong, 130 after Ctrl-C (the run ends
 interrupted, its world closed and Ray shut down within 2 s; the summary says what ran
 and what the safety oracles found, then the replay line). Every LoopConfig flag is taken
 in miles' spelling, as by the simulator's CLI, and goes into the replay line.
-A backend adds its own flags (``add_run_flags``'s ``extra``) and turns them into
-a Stack and a world shape (``StackFrom``).
+A backend declares its own flags and turns them into a Stack and a world shape
+(``RealBackend``, in flags.py, where every flag of ``run`` is declared once).
 """
 
 from __future__ import annotations
@@ -19,18 +19,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import shlex
 import sys
-from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
-from backends.common.run.flags import OWN_FLAGS, build_parser
+from backends.common.run.flags import RealBackend, replay_line
 from backends.common.run.history_stream import HistoryStream
 from backends.common.run.plot import plot_steps
-from backends.common.run.preflight import check_address, check_folders
+from backends.common.run.preflight import check_folders
 from backends.common.run.ray_run import (
     TRAIN,
     RealResult,
@@ -39,12 +38,13 @@ from backends.common.run.ray_run import (
     check_token_seconds,
     run_real,
 )
-from backends.common.stack import CPU_STACK, Stack, Wire
-from backends.common.training.flags import training_from
+from backends.common.session.address import check_address
+from backends.common.stack import CPU_STACK, Stack
+from backends.common.training.flags import Training, training_from
 from miles_core.engines import EngineState
 from miles_core.errors import ConfigError
 from miles_core.events import EngineStateChanged, Event, FaultInjected, StepCommitted
-from miles_core.loop.flags import flags_argv, given_flags, with_flags
+from miles_core.loop.flags import RUN_OWN_FLAGS, given_flags, with_flags
 from miles_core.outputs import check_distinct_paths
 from miles_core.report import (
     check_writable,
@@ -65,35 +65,6 @@ from miles_core.report.interrupt import (
 )
 from miles_core.report.progress import count_step
 from miles_core.scenario import Scenario, find_scenario
-
-StackFrom = Callable[[argparse.Namespace, Scenario], tuple[Stack, Scenario]]
-"""A backend's flags to its Stack, and the scenario's world as that stack runs it."""
-
-
-def add_cpu_flags(run: argparse.ArgumentParser) -> None:
-    run.add_argument(
-        "--wire",
-        choices=("gloo", "shm"),
-        default="gloo",
-        help="how weight buckets reach the engines: a gloo group (default), or a group over "
-        "the trainer's shared memory, as NCCL moves them within a node (one node only)",
-    )
-
-
-def cpu_stack_flags(args: argparse.Namespace) -> list[str]:
-    """The stack's flags for the replay line (the default wire needs none)."""
-    return ["--wire", args.wire] if args.wire != Wire.GLOO else []
-
-
-def _cpu_stack(args: argparse.Namespace, scenario: Scenario) -> tuple[Stack, Scenario]:
-    if args.wire == Wire.SHM and args.address is not None:
-        raise ConfigError(
-            "--wire",
-            "shm with --address: an shm group needs every engine on its trainer's node, "
-            "and a cluster places them across nodes",
-            "pass --wire gloo to join a cluster",
-        )
-    return dataclasses.replace(CPU_STACK, wire=Wire(args.wire)), scenario
 
 
 def _postfix(bar: tqdm, line: StepLine, engines_up: str) -> None:
@@ -122,18 +93,6 @@ def _print_human(result: RealResult, info: dict[str, Any]) -> None:
         print("  stack: " + ", ".join(f"{k} {v}" for k, v in result.stack.describe().items()))
 
 
-def _replay(args: argparse.Namespace, steps: int, prog: str, extra: Sequence[str]) -> str:
-    command = ["python", "-m", prog, "run", *extra, "--seed", str(args.seed)]
-    command += ["--steps", str(steps)]
-    if args.scenario is not None:
-        command += ["--scenario", args.scenario]
-    if args.load is not None:
-        command += ["--load", args.load]
-    if args.engine_token_seconds is not None:
-        command += ["--engine-token-seconds", str(args.engine_token_seconds)]
-    return shlex.join(command + flags_argv(given_flags(args, OWN_FLAGS)))
-
-
 def _preflight(args: argparse.Namespace, outputs: dict[str, Path | None]) -> None:
     """Before Ray starts: one path per output (none on the scenario file), the folders of
     --load and --save, and a cluster at --address that answers (last: it may wait)."""
@@ -143,24 +102,33 @@ def _preflight(args: argparse.Namespace, outputs: dict[str, Path | None]) -> Non
     check_address(args.address)
 
 
-def run_command(
-    args: argparse.Namespace,
-    prog: str = "backends.cpu",
-    stack_from: StackFrom = _cpu_stack,
-    extra_replay: Sequence[str] = (),
-) -> int:
-    """Check everything the user gave, then run once; the exit code."""
+OUTPUT_FLAGS = ("--trace", "--metrics", "--history", "--plot")
+"""The files a run writes (checked writable before it starts), in the order they are named."""
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What the flags resolved to, every one checked before Ray starts."""
+
+    scenario: Scenario
+    stack: Stack
+    training: Training | None
+    outputs: dict[str, Path | None]
+    """The files asked for, by flag (``OUTPUT_FLAGS``); None where not asked."""
+
+
+def check_run(args: argparse.Namespace, backend: RealBackend) -> Checked:
+    """Everything the user gave, in the order the errors name it; a ConfigError names the
+    flag."""
     if args.steps is not None and args.steps < 1:
         raise ConfigError("--steps", f"got {args.steps}", "pass an integer >= 1")
     check_token_seconds(args.engine_token_seconds)
     if args.timeout <= 0:
         raise ConfigError("--timeout", f"got {args.timeout}", "pass seconds > 0")
-    trace = check_writable(args.trace, "--trace") if args.trace else None
-    metrics = check_writable(args.metrics, "--metrics") if args.metrics else None
-    history = check_writable(args.history, "--history") if args.history else None
-    plot = check_writable(args.plot, "--plot") if args.plot else None
+    given = {flag: getattr(args, flag.removeprefix("--")) for flag in OUTPUT_FLAGS}
+    outputs = {flag: check_writable(path, flag) if path else None for flag, path in given.items()}
     scenario = TRAIN if args.scenario is None else find_scenario(args.scenario)
-    loop = with_flags(scenario.loop, given_flags(args, OWN_FLAGS))
+    loop = with_flags(scenario.loop, given_flags(args, RUN_OWN_FLAGS))
     scenario = dataclasses.replace(scenario, loop=loop)
     if loop.save_interval and args.save is None:
         raise ConfigError(
@@ -169,9 +137,17 @@ def run_command(
     training = training_from(args, loop.rollout_batch_size)
     steps_given = args.steps if training is None or training.steps is None else training.steps
     scenario = check_real(scenario.with_run(steps=steps_given, seed=args.seed))
-    stack, scenario = stack_from(args, scenario)
-    _preflight(args, {"--trace": trace, "--metrics": metrics, "--history": history, "--plot": plot})
+    stack, scenario = backend.stack_from(args, scenario)
+    _preflight(args, outputs)
     stack = dataclasses.replace(stack, packed=args.flattened_bucket)
+    return Checked(scenario, stack, training, outputs)
+
+
+def run_command(args: argparse.Namespace, backend: RealBackend) -> int:
+    """Check everything the user gave, then run once on ``backend``'s stack; the exit code."""
+    checked = check_run(args, backend)
+    scenario, stack, training = checked.scenario, checked.stack, checked.training
+    trace, metrics, history, plot = (checked.outputs[flag] for flag in OUTPUT_FLAGS)
     steps = scenario.loop.steps
     bar = tqdm(total=steps, unit="step", disable=True if args.json else None, leave=False)
     say = (lambda text: None) if args.json else bar.write
@@ -191,9 +167,7 @@ def run_command(
             say(f"fault {event.fault.value} {target} at t={event.t:.2f} ({event.detail})")
 
     stream = HistoryStream(history) if history is not None else None
-    packed = ["--flattened-bucket"] if args.flattened_bucket else []
-    trained = list(training.argv) if training is not None else []
-    replay = _replay(args, steps, prog, [*extra_replay, *packed, *trained])
+    replay = replay_line(backend, args, steps, training.argv if training is not None else ())
     try:
         result = run_real(
             scenario,
@@ -228,7 +202,7 @@ def run_command(
     if result.interrupted:
         return _interrupted(args, result, replay)
     if plot is not None and result.lines:
-        plot_steps(result.lines, plot, f"{prog} run, seed {args.seed}")
+        plot_steps(result.lines, plot, f"{backend.prog} run, seed {args.seed}")
     return _finish(args, result, (trace, metrics, history), replay)
 
 
@@ -284,14 +258,3 @@ def _interrupted(args: argparse.Namespace, result: RealResult, replay: str) -> i
             print("  --history: the events recorded until the interrupt (written as they came)")
     print(f"replay: {replay}", file=sys.stderr)
     return INTERRUPTED_EXIT
-
-
-def main(argv: list[str] | None = None) -> int:
-    """python -m backends.cpu: torch FSDP2 trainer cells, local HTTP engines, gloo, on CPU."""
-    parser, _ = build_parser("backends.cpu", "the loop for real, on Ray, on CPU", add_cpu_flags)
-    args = parser.parse_args(argv)
-    try:
-        return run_command(args, extra_replay=cpu_stack_flags(args))
-    except ConfigError as error:
-        parser.error(str(error))
-    return 2  # unreachable: parser.error exits

@@ -36,7 +36,7 @@ from backends.common.session.spinner import spinner
 from backends.common.stack import CPU_STACK, Stack
 from backends.common.training.policy import AnyPolicy, PolicyConfig
 from backends.common.training.task import Task
-from backends.common.world.cluster import RayWorld, buffer_size_for
+from backends.common.world.cluster import RayCluster, buffer_size_for
 from backends.common.world.faults import RayFaultActions
 from backends.common.world.runtime import AsyncioRuntime
 from miles_core.errors import ConfigError
@@ -157,17 +157,17 @@ class _Options:
 
 
 async def _drive(
-    control: Orchestrator, world: RayWorld, timeout: float, ctrl_c: asyncio.Future[None]
+    control: Orchestrator, cluster: RayCluster, timeout: float, ctrl_c: asyncio.Future[None]
 ) -> RunReport:
     """Run the loop until it ends, the world itself fails, the timeout passes or Ctrl-C."""
     run = asyncio.ensure_future(control.run())
     done, _ = await asyncio.wait(
-        {run, world.failed, ctrl_c}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        {run, cluster.failed, ctrl_c}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
     )
     if run in done:
         return run.result()
-    if world.failed in done:
-        return control.end_with(world.failed.result(), "raised in the Ray world")
+    if cluster.failed in done:
+        return control.end_with(cluster.failed.result(), "raised in the Ray world")
     if ctrl_c in done:
         why = f"interrupted (Ctrl-C) at t={control.rt.now():.2f}"
         control.record_waits(why)
@@ -224,16 +224,16 @@ def _world_line(scenario: Scenario) -> str:
     )
 
 
-def _world(
+def _cluster(
     rt: AsyncioRuntime,
     schedule: FaultSchedule,
     scenario: Scenario,
     pg: Any,
     placement: Any,
     options: _Options,
-) -> RayWorld:
-    """The Ray world of the scenario's shape; nothing starts until ``start``."""
-    return RayWorld(
+) -> RayCluster:
+    """The Ray cluster of the scenario's shape; nothing starts until ``start``."""
+    return RayCluster(
         rt,
         num_cells=scenario.world.num_cells,
         gpus_per_cell=scenario.world.gpus_per_cell,
@@ -272,39 +272,39 @@ async def _run(
 ) -> RealResult:
     rt = AsyncioRuntime(seed)
     schedule = schedule_for(scenario)
-    world = _world(rt, schedule, scenario, pg, placement, options)
+    cluster = _cluster(rt, schedule, scenario, pg, placement, options)
     history = History()
-    metrics = StepMetrics(world, options.on_line)
+    metrics = StepMetrics(cluster, options.on_line)
     wall, saved = 0.0, None
     try:
-        loop = real_loop(scenario, seed, world.model_bytes)
+        loop = real_loop(scenario, seed, cluster.model_bytes)
         with _ctrl_c_sets(options.interruptible) as ctrl_c:
             with spinner(_world_line(scenario), enabled=options.show_start):
-                await _unless(ctrl_c, world.start())
+                await _unless(ctrl_c, cluster.start())
             periodic = options.save_to is not None and loop.save_interval > 0
             if periodic:
-                world.checkpoints = RayCheckpoints(world, options.save_to, options.policy)
+                cluster.checkpoints = RayCheckpoints(cluster, options.save_to, options.policy)
             ledger, resume = await _unless(
-                ctrl_c, restore(world, options.load_from, options.policy)
+                ctrl_c, restore(cluster, options.load_from, options.policy)
             )
             history.observe(metrics)
             for observer in options.observers:
                 history.observe(observer)
-            control = orchestrator_for(scenario, rt, world, history, ledger, loop, resume)
-            schedule.install(rt, history, RayFaultActions(world, options.announce))
+            control = orchestrator_for(scenario, rt, cluster, history, ledger, loop, resume)
+            schedule.install(rt, history, RayFaultActions(cluster, options.announce))
             started = rt.now()
-            report = await _drive(control, world, options.timeout, ctrl_c)
+            report = await _drive(control, cluster, options.timeout, ctrl_c)
             wall = rt.now() - started
             if periodic:  # the loop saved after its last step (miles_core.saves.save_due)
                 saved = options.save_to
             elif options.save_to is not None and report.status is not RunStatus.INTERRUPTED:
-                saved = await save_at_end(world, control, options.save_to, options.policy)
+                saved = await save_at_end(cluster, control, options.save_to, options.policy)
     except _StartInterrupted:
         why = "interrupted (Ctrl-C) while the world started: no step ran"
         report = RunReport(RunStatus.INTERRUPTED, why, 0)
     finally:
         await _cancel_leftovers()  # generation still in flight must not outlive the run
-        await world.close()
+        await cluster.close()
     verdicts, not_judged = _judge(history, report, scenario.progress_window)
     scenario = dataclasses.replace(scenario, loop=loop)
     return RealResult(

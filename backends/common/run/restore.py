@@ -12,7 +12,7 @@ from typing import Any
 from backends.common.run import checkpoint
 from backends.common.run.saves import list_saves, read_ranks
 from backends.common.training.policy import AnyPolicy
-from backends.common.world.cluster import RayWorld
+from backends.common.world.cluster import RayCluster
 from miles_core.backend import CellFailure
 from miles_core.errors import ConfigError
 from miles_core.loop import Orchestrator
@@ -20,12 +20,12 @@ from miles_core.saves import Resume, choose_save
 
 
 async def save_at_end(
-    world: RayWorld, control: Orchestrator, to: Path, policy: AnyPolicy
+    cluster: RayCluster, control: Orchestrator, to: Path, policy: AnyPolicy
 ) -> Path | None:
     """Save from the first alive cell that answers; None when no cell is left to save."""
     for cell in control.cells.alive():
         try:
-            state = await world.cells[cell].call("get_state")
+            state = await cluster.cells[cell].call("get_state")
         except CellFailure:
             continue
         return checkpoint.save(to, state, control.ledger.snapshot(), policy)
@@ -33,37 +33,37 @@ async def save_at_end(
 
 
 async def restore(
-    world: RayWorld, load_from: Path | None, policy: AnyPolicy
+    cluster: RayCluster, load_from: Path | None, policy: AnyPolicy
 ) -> tuple[Any, Resume | None]:
     """(ledger, None) for an end-of-run checkpoint (--load of a --save without an interval),
     (None, resume) for a killed job's directory of periodic saves: the newest committed
     save loaded into every cell (a torn one skipped), or a fresh start when none committed."""
     if load_from is None or (load_from / checkpoint.FILE).is_file():
-        return await _resume(world, load_from, policy), None
+        return await _resume(cluster, load_from, policy), None
     resume = choose_save(list_saves(load_from))
     if resume.state is not None:
         states = read_ranks(load_from, resume.state.step, policy)
-        await _load_states(world, states)
+        await _load_states(cluster, states)
     return None, resume
 
 
-async def _resume(world: RayWorld, load_from: Path | None, policy: AnyPolicy) -> Any:
+async def _resume(cluster: RayCluster, load_from: Path | None, policy: AnyPolicy) -> Any:
     """Load a checkpoint into every cell; its ledger (or None when not resuming)."""
     if load_from is None:
         return None
     states, ledger = checkpoint.load(load_from, policy)
-    await _load_states(world, states)
+    await _load_states(cluster, states)
     return ledger
 
 
-async def _load_states(world: RayWorld, states: Sequence[Any]) -> None:
+async def _load_states(cluster: RayCluster, states: Sequence[Any]) -> None:
     """Every cell's ranks take the saved ranks' states (same cell size, checked)."""
-    if len(states) != world.gpus_per_cell:
+    if len(states) != cluster.gpus_per_cell:
         raise ConfigError(
             "--load",
             f"the checkpoint holds {len(states)} ranks per cell, this run has "
-            f"{world.gpus_per_cell}",
+            f"{cluster.gpus_per_cell}",
             "resume with the cell size the checkpoint was saved with",
         )
     args = [(state,) for state in states]
-    await asyncio.gather(*(c.call_each("set_state", args) for c in world.cells.values()))
+    await asyncio.gather(*(c.call_each("set_state", args) for c in cluster.cells.values()))

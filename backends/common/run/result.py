@@ -27,7 +27,7 @@ from miles_core.report import summary
 from miles_core.scenario import Scenario
 
 if TYPE_CHECKING:
-    from backends.common.world.cluster import RayWorld
+    from backends.common.world.cluster import RayCluster
 
 
 @dataclass(frozen=True)
@@ -112,8 +112,8 @@ class StepMetrics:
     """Turns the event stream into StepLines: the reward and staleness of the groups a
     step trained, and the transfer of the update that followed it."""
 
-    def __init__(self, world: RayWorld, on_line: Callable[[StepLine], None]) -> None:
-        self.world = world
+    def __init__(self, cluster: RayCluster, on_line: Callable[[StepLine], None]) -> None:
+        self.cluster = cluster
         self.on_line = on_line
         self.staleness: list[int] = []
         self.trained: dict[int, list[int]] = {}
@@ -128,13 +128,13 @@ class StepMetrics:
         elif isinstance(event, StepCommitted):
             self.step = event.step
         elif isinstance(event, GroupTrained):
-            scores = self.world.rewards.get(event.group_id, ())
+            scores = self.cluster.rewards.get(event.group_id, ())
             self.trained.setdefault(event.step, []).extend(scores)
             self.rewards[event.step] = statistics.fmean(self.trained[event.step] or [0.0])
         elif isinstance(event, UpdateBegan) and event.publishes:
             self.update = event.update_id
         elif isinstance(event, VersionPublished):
-            log = self.world.transfers
+            log = self.cluster.transfers
             line = StepLine(
                 step=self.step,
                 version=event.version,

@@ -33,7 +33,7 @@ from miles_core.errors import ConfigError
 from miles_core.saves import SaveState, StoredSave
 
 if TYPE_CHECKING:
-    from backends.common.world.cluster import RayWorld
+    from backends.common.world.cluster import RayCluster
 
 STATE, TRACKER = "state.json", "committed"
 _NAME = re.compile(r"^save-(\d+)$")
@@ -96,14 +96,14 @@ def read_ranks(directory: Path, step: int, policy: AnyPolicy) -> list[dict[str, 
 class RayCheckpoints:
     """The Ray world's CheckpointStore over ``directory``."""
 
-    def __init__(self, world: RayWorld, directory: Path, policy: AnyPolicy) -> None:
-        self.world = world
+    def __init__(self, cluster: RayCluster, directory: Path, policy: AnyPolicy) -> None:
+        self.cluster = cluster
         self.directory = directory
         self.policy = policy
 
     async def write(self, cell: int, state: SaveState) -> None:
         """The cell's ranks give their states (CellFailure if one dies), then the files."""
-        ranks = await self.world.cells[cell].call("get_state")
+        ranks = await self.cluster.cells[cell].call("get_state")
         await asyncio.to_thread(write_save, self.directory, state, ranks, self.policy)
 
     def saves(self) -> tuple[StoredSave, ...]:

@@ -1,7 +1,7 @@
 """SGLang's HTTP API as the pinned wheel's source states it, and checks of our code against it.
 
 SGLang cannot be installed here (CUDA wheels, hundreds of MB of dependencies), yet
-our client (sglang_api.py) and our SGLang-shaped engine (engine.py) must speak its
+our client (api.py) and our SGLang-shaped engine (backends/common/engine/) must speak its
 API exactly: a misspelt field is not refused by SGLang, it is ignored (msgspec and
 its dataclasses drop unknown keys) and the default applies, which only shows as a
 wrong result on a GPU cluster. So the pinned wheel is downloaded (``ensure_wheel``)

@@ -5,7 +5,7 @@ trains the tiny policy on its own task, as before.
 Everything is checked before Ray starts: the checkpoint is inspected (no weights loaded),
 the prompt file read and tokenized, the reward resolved (a ``--custom-rm-path`` imported),
 the loss flags validated (by LossConfig, which names each); each error names the flag as the
-user wrote it. Parsing them imports nothing heavy (run_flags.py).
+user wrote it. Parsing them imports nothing heavy (run/flags.py).
 """
 
 from __future__ import annotations

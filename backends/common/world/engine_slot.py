@@ -2,13 +2,14 @@
 
 Calls are addressed to one process (an incarnation): a call meant for a process
 that was replaced fails instead of reaching the new one. Every body is built from
-sglang_api's request types, the ones the contract test holds to SGLang's.
+sglang/api.py's request types, the ones the contract test holds to SGLang's.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any
+from collections.abc import Coroutine
+from typing import Any, Protocol
 
 import aiohttp
 import ray
@@ -17,20 +18,42 @@ from ray.exceptions import RayActorError
 from backends.common.engine.server import EngineActor
 from backends.common.session.ray_session import LOOPBACK, in_bundle
 from backends.common.sglang import api
+from backends.common.world.settings import WorldSettings
 from miles_core.backend import EngineFailure, RequestRefused, SessionAlreadyOpen
 from miles_core.kinds import FaultPoint, PauseMode
-
-if TYPE_CHECKING:
-    from backends.common.world.cluster import RayWorld
+from miles_core.placement import Placement
+from miles_core.scenario.schedule import FaultPoints
 
 ACTOR_DIED = (RayActorError,)
+
+
+class OrphanKeeper(Protocol):
+    """The router, as a slot whose actor is lost hands it the server left running."""
+
+    def keep_orphan(self, engine: str, incarnation: int, actor: Any, url: str) -> None: ...
+
+
+class SlotCluster(Protocol):
+    """What an engine slot sees of its cluster (cluster.py's RayCluster)."""
+
+    settings: WorldSettings
+    placement: Placement
+    pg: Any
+    """The run's placement group (its bundles are the placement's)."""
+    faults: FaultPoints
+    http: aiohttp.ClientSession
+    router: OrphanKeeper
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> None: ...
+    def slowdown(self, what: str) -> float: ...
+    def engine_exited(self, engine_id: str, incarnation: int, how: str) -> None: ...
 
 
 class RayEngine:
     """An engine slot: the actor of its current process and the HTTP client to it."""
 
-    def __init__(self, world: RayWorld, engine_id: str, position: int) -> None:
-        self.world = world
+    def __init__(self, cluster: SlotCluster, engine_id: str, position: int) -> None:
+        self.cluster = cluster
         self.id = engine_id
         self.position = position
         self.actor: Any = None
@@ -53,38 +76,39 @@ class RayEngine:
         self.hung = self.gone = False
         self.unanswered = frozenset()
         incarnation = self.incarnation
-        bundle = self.world.placement.engine_bundles(self.position)[0]
-        stack = self.world.stack
+        bundle = self.cluster.placement.engine_bundles(self.position)[0]
+        settings = self.cluster.settings
+        stack = settings.stack
         actor = (
             (stack.engine_actor or EngineActor)
             .options(
-                num_gpus=self.world.placement.layout.engine_actor_gpu_fraction,
-                scheduling_strategy=in_bundle(self.world.pg, bundle),
+                num_gpus=self.cluster.placement.layout.engine_actor_gpu_fraction,
+                scheduling_strategy=in_bundle(self.cluster.pg, bundle),
             )
             .remote(
                 self.id,
-                self.world.policy,
-                self.world.engine_token_seconds,
+                settings.policy,
+                settings.engine_token_seconds,
                 stack.device,
-                self.world.collective_timeout,
-                self.world.flush_refuses_while_queued,
-                self.world.prefix_cache,
+                settings.collective_timeout,
+                settings.flush_refuses_while_queued,
+                settings.prefix_cache,
             )
         )
         self.actor = actor
         if recovery:
-            self.world.faults.fire(FaultPoint.DURING_RECOVERY, engine=self.id)
-        delay = self.world.slowdown(f"start-{self.id}") - 1.0  # a slow_start fault's window
+            self.cluster.faults.fire(FaultPoint.DURING_RECOVERY, engine=self.id)
+        delay = self.cluster.slowdown(f"start-{self.id}") - 1.0  # a slow_start fault's window
         try:
             port = await actor.start.remote(delay)
         except ACTOR_DIED:
-            self.world.engine_exited(self.id, incarnation, "died while starting")
+            self.cluster.engine_exited(self.id, incarnation, "died while starting")
             return None
         if self.incarnation != incarnation:
             return None  # replaced while starting
         self.url = f"http://{LOOPBACK}:{port}"
         await self.request(incarnation, "GET", api.Health.ROUTE)
-        self.world.spawn(self._watch(actor, incarnation), f"watch-{self.id}.{incarnation}")
+        self.cluster.spawn(self._watch(actor, incarnation), f"watch-{self.id}.{incarnation}")
         return incarnation
 
     def hang(self) -> None:
@@ -113,7 +137,7 @@ class RayEngine:
         except ACTOR_DIED:
             if incarnation == self.incarnation:
                 self.gone = True
-            self.world.engine_exited(self.id, incarnation, "its actor died")
+            self.cluster.engine_exited(self.id, incarnation, "its actor died")
 
     def orphan(self) -> None:
         """The actor is lost and its server left running (the orphan_engine fault): the slot
@@ -123,9 +147,9 @@ class RayEngine:
         if self.actor is None or self.url is None:
             return  # no process serving: nothing to orphan
         incarnation = self.incarnation
-        self.world.router.keep_orphan(self.id, incarnation, self.actor, self.url)
+        self.cluster.router.keep_orphan(self.id, incarnation, self.actor, self.url)
         self.actor, self.url, self.gone = None, None, True
-        self.world.engine_exited(self.id, incarnation, "its actor was lost; its server runs on")
+        self.cluster.engine_exited(self.id, incarnation, "its actor was lost; its server runs on")
 
     def kill(self) -> None:
         if self.actor is not None:
@@ -164,7 +188,7 @@ class RayEngine:
             raise EngineFailure(self.id, "not running")
         timeout = None if seconds is None else aiohttp.ClientTimeout(total=seconds)
         try:
-            async with self.world.http.request(
+            async with self.cluster.http.request(
                 method, self.url + path, json=body, headers=headers, timeout=timeout
             ) as reply:
                 if reply.status >= 400:
@@ -180,7 +204,7 @@ class RayEngine:
 
 
 class EngineHandle:
-    """The RolloutEngine protocol for one process of an engine, in SGLang's API (sglang_api)."""
+    """The RolloutEngine protocol for one process of an engine, in SGLang's API (sglang/api.py)."""
 
     def __init__(self, engine: RayEngine, incarnation: int) -> None:
         self.engine = engine
@@ -213,15 +237,17 @@ class EngineHandle:
     async def end_update(self) -> None:
         await self.send(api.EndWeightUpdateReqInput())
 
-    async def stamp(self, version: int, abort_all_requests: bool = True) -> None:
+    async def stamp(self, version: int, abort_all_requests: bool = True) -> str | None:
         """Leaving ``abort_all_requests`` out of the body takes SGLang's default (true), so
-        it is sent only when false, as miles sends it (a client that omits it is the bug)."""
+        it is sent only when false, as miles sends it (a client that omits it is the bug).
+        Answers the checksum of the weights the engine now serves (the local engine's
+        /testbed/weights_checksum; SGLang serves no /testbed/ route: None)."""
         flag = api.OMIT if abort_all_requests else False
         await self.send(api.UpdateWeightVersionReqInput(str(version), flag))
-        if self.engine.world.stack.engine == "sglang":
-            return  # SGLang serves no /testbed/ route (see backends/gpu/sglang_engine.py)
+        if self.engine.cluster.settings.stack.engine == "sglang":
+            return None  # see backends/gpu/sglang_engine.py
         reply = await self.engine.request(self.incarnation, "GET", "/testbed/weights_checksum")
-        self.engine.world.weights_checked(self.id, version, reply["checksum"])
+        return str(reply["checksum"])
 
     async def health(self) -> None:
         await self.send(api.HealthGenerate())

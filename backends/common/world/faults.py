@@ -17,91 +17,91 @@ from collections.abc import Callable
 import ray
 
 from backends.common.session.ray_quiet import expect_exit
-from backends.common.world.cluster import RayWorld
+from backends.common.world.cluster import RayCluster
 from backends.common.world.trainer import EXIT, RAISE
 from miles_core.kinds import FaultPoint
-from miles_core.scenario.schedule import Impairment, impaired_part
+from miles_core.scenario.actions import Impairment, impaired_part
 
 
 class RayFaultActions:
     """The FaultActions of the Ray world. ``announce`` is told of each kill before it
     happens (so that the CLI can say that the Ray messages about a dead worker are it)."""
 
-    def __init__(self, world: RayWorld, announce: Callable[[str], None] = lambda text: None):
-        self.world = world
+    def __init__(self, cluster: RayCluster, announce: Callable[[str], None] = lambda text: None):
+        self.cluster = cluster
         self.announce = announce
 
     def kill_cell(self, cell: int, point: FaultPoint | None) -> None:
         self.announce(f"cell {cell}'s processes")
-        expect_exit(self.world.cells[cell].ranks)  # Ray's alarm about them is not printed
+        expect_exit(self.cluster.cells[cell].ranks)  # Ray's alarm about them is not printed
         if point is FaultPoint.BEFORE_ALLREDUCE:  # RayCell.train passes it into the call
-            self.world.cells[cell].doomed = dict.fromkeys(
-                range(len(self.world.cells[cell].ranks)), EXIT
+            self.cluster.cells[cell].doomed = dict.fromkeys(
+                range(len(self.cluster.cells[cell].ranks)), EXIT
             )
         else:
-            self.world.cells[cell].kill()
+            self.cluster.cells[cell].kill()
 
     def kill_rank(self, cell: int, rank: int, point: FaultPoint | None) -> None:
         """That rank's process alone; its cell-mates wait in the cell's collectives until a
         call finds the dead rank and the cell is killed whole (RayCell.call_each)."""
-        ranks = self.world.cells[cell].ranks
+        ranks = self.cluster.cells[cell].ranks
         self.announce(f"rank {rank} of cell {cell}'s processes")
         expect_exit(ranks[rank : rank + 1])
         if point is FaultPoint.BEFORE_ALLREDUCE:
-            self.world.cells[cell].doomed[rank] = EXIT
+            self.cluster.cells[cell].doomed[rank] = EXIT
         elif rank < len(ranks):
             ray.kill(ranks[rank], no_restart=True)
 
     def fail_rank(self, cell: int, rank: int) -> None:
         """That rank raises in the step about to exchange; the cell is failed and killed at
         once (RayCell._isolated), as miles kills a cell whose actors raised (#1443)."""
-        self.world.cells[cell].doomed[rank] = RAISE
+        self.cluster.cells[cell].doomed[rank] = RAISE
 
     def start_cell(self, cell: int) -> None:
-        self.world.start_cell(cell)
+        self.cluster.start_cell(cell)
 
     def kill_engine(self, engine: str, point: FaultPoint | None) -> None:
         self.announce(f"{engine}'s process")
         self._expect_engine_exit(engine)
         if point is FaultPoint.MID_GENERATION:
-            self.world.engines[engine].doomed = True  # RayRouter.generate sends the header
+            self.cluster.engines[engine].doomed = True  # RayRouter.generate sends the header
         else:
-            self.world.engines[engine].kill()
+            self.cluster.engines[engine].kill()
 
     def restart_engine(self, engine: str) -> None:
         self.announce(f"{engine}'s process, to start a new one")
         self._expect_engine_exit(engine)
-        self.world.restart_engine(engine)
+        self.cluster.restart_engine(engine)
 
     def _expect_engine_exit(self, engine: str) -> None:
-        actor = self.world.engines[engine].actor
+        actor = self.cluster.engines[engine].actor
         expect_exit([] if actor is None else [actor])
 
     def hang_engine(self, engine: str) -> None:
-        self.world.engines[engine].hang()
+        self.cluster.engines[engine].hang()
 
     def poison_prompt(self) -> None:
         """The next prompt asked for is sent longer than the engines' context."""
-        self.world.router.poison_armed = True
+        self.cluster.router.poison_armed = True
 
     def orphan_engine(self, engine: str) -> None:
         """The actor lost, its server left running and listed in the router."""
-        self.world.engines[engine].orphan()
+        self.cluster.engines[engine].orphan()
 
     def hang_call(self, engine: str, call: str) -> None:
         """Ordered now, in effect a Ray call later (milliseconds): an HTTP call already on its
         way may still be answered, as a process that hangs a moment later would answer it."""
-        self.world.spawn(self.world.engines[engine].hang_call(call), f"hang-call-{engine}")
+        self.cluster.spawn(self.cluster.engines[engine].hang_call(call), f"hang-call-{engine}")
 
     def heal(self, engines: bool) -> tuple[int, ...]:
         """Liveness mode's heal: impairments end; dead or hung engines get a new process."""
-        self.world.end_impairments()
+        self.cluster.end_impairments()
         if engines:
-            for engine in self.world.engines.values():
+            for engine in self.cluster.engines.values():
                 if engine.needs_restart():
                     self.restart_engine(engine.id)
-        return tuple(i for i, cell in self.world.cells.items() if not cell.ranks)
+        return tuple(i for i, cell in self.cluster.cells.items() if not cell.ranks)
 
     def impair(self, fault: Impairment) -> None:
         part, factor = impaired_part(fault)
-        self.world.impair(part, factor, fault.duration)
+        self.cluster.impair(part, factor, fault.duration)

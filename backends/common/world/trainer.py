@@ -44,17 +44,14 @@ from backends.common.training.policy import (
     grpo_loss,
 )
 from backends.common.training.policy_loss import checkpoint_loss
+from backends.common.wire.buckets import BucketViews, pack_into, payload_of, wire_layout
 from backends.common.wire.devices import prepare_process
 from backends.common.wire.groups import (
     GLOO_TIMEOUT,
-    BucketViews,
     attempt_group,
     client_store,
     group_store,
-    pack_into,
-    payload_of,
     update_group,
-    wire_layout,
 )
 from backends.common.wire.participation import JOINED, arrive
 from backends.common.wire.shm_group import ShmArena, ShmGroup, send_many

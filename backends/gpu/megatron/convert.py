@@ -14,16 +14,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from megatron.core.transformer import TransformerConfig
-
-if TYPE_CHECKING:
-    from megatron.core.models.gpt import GPTModel
-
-    from backends.gpu.megatron.model import MegatronPolicy
 
 # Megatron name suffix -> the dim a TP rank's shard is cut along (column-parallel and
 # vocab-parallel: output rows; row-parallel: input columns). Anything else is replicated.
@@ -158,10 +153,11 @@ def _to_hf(name: str, full: torch.Tensor, config: TransformerConfig) -> dict[str
 
 
 def megatron_to_hf(
-    model: MegatronPolicy | GPTModel, config: TransformerConfig, tp_group: Any = None
+    model: torch.nn.Module, config: TransformerConfig, tp_group: Any = None
 ) -> dict[str, torch.Tensor]:
-    """Whole HF tensors from this TP rank's ``MegatronPolicy`` or ``GPTModel``, in
-    ``LlamaForCausalLM.named_parameters()`` order.
+    """Whole HF tensors from this TP rank's ``GPTModel``, or a module that holds one as
+    ``gpt`` (model.py's ``MegatronPolicy``: the conversion knows weights, not the wrapper),
+    in ``LlamaForCausalLM.named_parameters()`` order.
 
     A collective of the TP group (default: Megatron's): every rank calls it, same order.
     """

@@ -1,4 +1,9 @@
-"""The events the fault witnesses read, picked out of a history in one pass."""
+"""The events the fault witnesses read, picked out of a history in one pass, and what
+passed through a fault's window.
+
+Part of miles_core.witness (what a fault's effect looks like), which the fault_witness
+oracle and the run's until_witnessed stop both read.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 
 from miles_core.backend import LINK_CUT
+from miles_core.event_index import Indexed, select
 from miles_core.events import (
     AttemptBegan,
     BucketReceived,
@@ -37,7 +43,6 @@ from miles_core.events import (
     UpdateBegan,
 )
 from miles_core.kinds import FaultKind
-from miles_core.oracles.base import Indexed, select
 
 _FOLLOWED = (
     EngineExited,

@@ -11,6 +11,9 @@ monitor's doing, not the schedule's) (fault_witness passes it once it has closed
 ``idle_faults`` says which and why, for the run's report and the sweep's count.
 drop_heartbeat is not among them: heartbeats go out on the checker's fixed
 interval, so a window with none sent to a live cell is the checker's failure.
+
+A run with until_witnessed waits while an idle window is open (it may still meet
+something), so this sits with the witnesses, outside the oracles.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections.abc import Callable
 
 from miles_core.events import FaultInjected, History
 from miles_core.kinds import FaultKind
-from miles_core.oracles.witness_index import (
+from miles_core.witness.index import (
     WitnessIndex,
     bucket_sends_in,
     cut_met_something,

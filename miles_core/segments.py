@@ -1,31 +1,30 @@
 """A job killed whole leaves a joined history: its segments, and its committed timeline.
 
 Each segment is one controller's run, from the start (or a resume) to its death (JobKilled)
-or the run's end. What one controller did is judged within its own segment (a new job has
-new processes, numbered afresh, a fresh update and group count, and its steps and versions
-go on from its save): ``per_segment`` runs an oracle on each segment as on a run of its own.
+or the run's end: a new job has new processes, numbered afresh, a fresh update and group
+count, and its steps and versions go on from its save.
 
 The committed timeline is what the job kept: each segment up to the moment the save its
 successor resumed from began (what that save holds was taken then), followed by that
 successor; the lost tail of a segment (from that moment to its kill) is dropped with
-everything the dead job did in it, and a resume from no save drops all before it. Whether
-a prompt was trained exactly once, or a recycled one generated again, is judged there
-(``on_timeline``). A history without a kill is its own only segment and its own timeline:
-every oracle judges it exactly as before.
+everything the dead job did in it, and a resume from no save drops all before it. A
+history without a kill is its own only segment and its own timeline.
+
+It sits beside events.py, not among the oracles, because the control side reads it too:
+the simulated job reports the versions its timeline kept, and a run with until_witnessed
+waits on its last segment. The oracles judge with it (miles_core.oracles.joined).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from weakref import WeakKeyDictionary
 
+from miles_core.event_index import Indexed, forget, select
 from miles_core.events import History, JobKilled, JobResumed, SaveBegan, VersionPublished
-from miles_core.oracles.base import Indexed, Violation, forget, select
-
-Oracle = Callable[[History], Violation | None]
 
 
 @dataclass(frozen=True)
@@ -155,46 +154,6 @@ def committed_versions(history: History) -> list[int]:
     return [e.version for _, e in select(kept, VersionPublished)]  # type: ignore[attr-defined]
 
 
-def _moved(violation: Violation, where: Callable[[int], int], note: str) -> Violation:
-    evidence = tuple((where(seq), e) for seq, e in violation.evidence)
-    return Violation(violation.oracle, f"{violation.message} ({note})", evidence)
-
-
-def per_segment(oracle: Oracle) -> Oracle:
-    """``oracle`` on each segment of a joined history as on a run of its own (unchanged on
-    a history without a kill)."""
-
-    def judged(history: History) -> Violation | None:
-        if not killed(history):
-            return oracle(history)
-        for segment in segments(history):
-            violation = oracle(part(history, segment))
-            if violation is not None:
-                return _moved(violation, segment.first.__add__, segment.label(history))
-        return None
-
-    judged.__name__ = getattr(oracle, "__name__", "oracle")
-    judged.__doc__ = oracle.__doc__
-    return judged
-
-
-def on_timeline(oracle: Oracle) -> Oracle:
-    """``oracle`` on the committed timeline of a joined history (unchanged without a kill)."""
-
-    def judged(history: History) -> Violation | None:
-        if not killed(history):
-            return oracle(history)
-        kept, seqs = timeline(history)
-        violation = oracle(kept)
-        if violation is None:
-            return None
-        return _moved(violation, seqs.__getitem__, "in the timeline the killed job committed")
-
-    judged.__name__ = getattr(oracle, "__name__", "oracle")
-    judged.__doc__ = oracle.__doc__
-    return judged
-
-
 def segment_at(history: History, seq: int) -> Segment:
     """The segment holding position ``seq``."""
     found = segments(history)
@@ -215,9 +174,7 @@ __all__ = [
     "forget_segments",
     "killed",
     "last_segment",
-    "on_timeline",
     "part",
-    "per_segment",
     "segment_at",
     "segments",
     "timeline",
