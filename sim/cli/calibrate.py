@@ -6,7 +6,7 @@
     python -m sim calibrate --anchors    (the update path's terms fitted to those rows)
 
 The simulator charges every send ``link_latency_seconds + bytes / bandwidth``
-(sim.world.cluster.SimTransport: a broadcast is one send to all engines; p2p one send
+(sim.world.transport.SimTransport: a broadcast is one send to all engines; p2p one send
 per engine, all at once, so a bucket takes one link's send). A bench run
 measured one bucketed method at several bucket sizes; with ``sends`` and
 ``bytes`` counted the way the simulator counts them, each measurement is one

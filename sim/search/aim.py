@@ -25,6 +25,7 @@ from typing import Any
 from miles_core.coverage import AT_TIME, PHASES, CoverageCell, coverage_cells, phase_windows
 from miles_core.errors import ConfigError
 from miles_core.events import SampleGenerated
+from miles_core.fault_kinds import TAKES_A_CELL_DOWN
 from miles_core.kinds import FaultKind
 from miles_core.loop import LoopConfig
 from miles_core.scenario import Scenario, WorldShape
@@ -53,18 +54,11 @@ AIMABLE: dict[tuple[str, str], str] = {
 }
 """(fault kind, how) -> the family of the swarm's draws an aim of that row replaces."""
 
-CELL_DOWN_OR_UP = frozenset(
-    {
-        FaultKind.KILL_CELL,
-        FaultKind.KILL_RANK,  # a rank's death or failure takes its cell down (seed 79)
-        FaultKind.FAIL_RANK,
-        FaultKind.STOP_CELL,
-        FaultKind.DROP_HEARTBEAT,  # lost heartbeats have the cell stopped (seed 90)
-        FaultKind.START_CELL,
-    }
-)
+CELL_DOWN_OR_UP = TAKES_A_CELL_DOWN | {FaultKind.START_CELL}
 """The swarm's faults that take a cell down or start it: a heal made for an aim replaces
-them all, since dropping a start and keeping its kill leaves that cell down for good."""
+them all, since dropping a start and keeping its kill leaves that cell down for good (a
+rank's death or failure takes its cell down, seed 79; lost heartbeats have it stopped,
+seed 90)."""
 
 Probe = Callable[[list[AnyFault]], Any]
 """Runs the drawn scenario with these faults; returns its history."""

@@ -1,16 +1,8 @@
-"""The simulator's transfer model fitted to the transfer bench, and a weight update predicted
-with it (``python -m sim calibrate`` and ``python -m sim predict``: sim/cli/calibrate.py).
-
-The simulator charges every send ``link_latency_seconds + bytes / bandwidth``
-(sim.world.cluster.SimTransport: a broadcast is one send to all engines; p2p one send
-per engine, all at once, so a bucket takes one link's send). A bench run
-measured one bucketed method at several bucket sizes; with ``sends`` and
-``bytes`` counted the way the simulator counts them, each measurement is one
-equation ``seconds = latency * sends + bytes / bandwidth``, and least squares
-over the bucket sizes gives latency and bandwidth. ``predict_update_seconds``
-replays a whole update through SimTransport itself (the preset's placement decides
-NVLink or the inter-node link), so the prediction is the simulator's model and
-nothing else.
+"""The simulator's transfer model fitted to the transfer bench (``calibrate``: least squares
+of ``seconds = latency * sends + bytes / bandwidth`` over the bench's bucket sizes), and a
+weight update predicted with it (``predict_update_seconds``: the update replayed through
+SimTransport itself). How the sends and bytes are counted, and what a fit means, is the
+commands' help: sim/cli/calibrate.py.
 """
 
 from __future__ import annotations
