@@ -40,8 +40,9 @@ def test_a_negative_latency_from_noise_is_clamped_and_bandwidth_refit() -> None:
 def test_sends_proportional_to_bytes_cannot_be_split() -> None:
     with pytest.raises(ConfigError, match="cannot be told apart"):
         least_squares([(1, 10, 1.0), (2, 20, 2.0)])
-    with pytest.raises(ConfigError, match="two bucket sizes"):
+    with pytest.raises(ConfigError, match="two bucket sizes") as one:
         least_squares([(1, 10, 1.0)])
+    assert "--full" in one.value.fix  # a default bench run times one bucket size
 
 
 def _bench_summary(latency: float, bandwidth: float, receivers: int) -> dict:

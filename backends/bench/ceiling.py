@@ -11,8 +11,8 @@ and the report flags it.
 - ``flat-sendrecv``: a send of the flat tensor to each receiver at once (recv on theirs);
 - ``flat-chunks``: the flat tensor in ``CHUNKS`` pieces, every piece to every pair group
   at once (several messages in flight beat one large one, as ``inflight`` showed);
-- ``shm``: the source copies the flat tensor into a shared-memory segment (a file in
-  /dev/shm that every process maps, as torch's shared tensors are), a one-element
+- ``shm``: the source copies the flat tensor into a shared-memory segment (a memfd of
+  the source's that every process maps through /proc), a one-element
   broadcast says it is there, each receiver copies it into its own flat tensor;
 - ``shm-pipe``: the same in ``CHUNKS`` chunks, so receivers copy chunk k while
   the source writes chunk k+1;
@@ -30,10 +30,13 @@ nothing between processes: it is shown as a bound, not taken into the ceiling.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
+
+from backends.common.wire.shm_group import map_fd, map_peer, new_memfd
 
 WIRE_CEILINGS = ("flat-bcast", "flat-pairs", "flat-sendrecv", "flat-chunks")
 SHM_CEILINGS = ("shm", "shm-pipe", "shm-flags")
@@ -121,7 +124,17 @@ def _chunks(nbytes: int, chunks: int) -> list[tuple[int, int]]:
     return [(a, min(a + step, nbytes)) for a in range(0, nbytes, step)]
 
 
-def map_shared(path: str, nbytes: int) -> torch.Tensor:
-    """The segment as a uint8 tensor; the file is created by the first to map it (rank 0,
-    before the others, who wait on a barrier) and removed by the command."""
-    return torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+SEGMENT_KEY = "ceiling-segment"
+
+
+def shared_segment(store: Any, rank: int, nbytes: int) -> torch.Tensor:
+    """The shm ceilings' segment as a uint8 tensor: a memfd of rank 0's (nothing named in
+    /dev/shm, so a killed run leaves nothing there: the kernel frees it with the last
+    process that maps it), which the others map through /proc once rank 0 has said where."""
+    if rank == 0:
+        fd = new_memfd(nbytes, "transfer-bench-ceiling")
+        view = map_fd(fd, nbytes)  # the mapping keeps the pages; the fd stays for the peers
+        store.set(SEGMENT_KEY, f"{os.getpid()},{fd}")
+        return view
+    pid, fd = (int(v) for v in store.get(SEGMENT_KEY).decode().split(","))
+    return map_peer(pid, fd, nbytes)

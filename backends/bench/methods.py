@@ -78,7 +78,13 @@ BUCKETED = (
 P2P_ONLY = frozenset(("in-turn",))
 CPU_ONLY = frozenset(("backend-shm",))
 """Measured where the tensors live in host memory (the bench's gloo runs)."""
+QUICK_METHODS = ("backend", "backend-per-tensor", "backend-shm", "in-turn")
+"""A default run's methods: the backend's own paths; the ladder that led to them is
+``--full``'s (it costs most of a full run's time and its figures do not move)."""
 REFERENCES = ("naive", "memcpy")
+QUICK_REFERENCES = ("memcpy",)
+"""``naive`` (one collective per tensor) takes a quarter of a default run and is
+``backend-per-tensor`` without its buckets: ``--full`` times it."""
 METHODS = BUCKETED + CEILINGS + REFERENCES
 WRITES_WEIGHTS = frozenset((*BUCKETED, "naive"))
 """Methods whose receivers end with the weights in their model: checked bitwise."""

@@ -1,41 +1,36 @@
-"""From raw trial times to the summary: GB/s with spread, and every figure's ratio to the ceiling.
+"""From raw trial times to the summary: GB/s with spread, every figure's ratio to the ceiling
+with its interval, and where the run's time went.
 
 GB/s is state-dict bytes (the payload, padding excluded) over seconds until
-every receiver holds them, so all methods and modes share one numerator. The
-ceiling of a repeat is the fastest of the ceiling's ways (ceiling.py) in that
-repeat of that block (one mode, one bucket size), measured interleaved with the
-other methods. A figure's ratio to the ceiling is the median over repeats of the
-ceiling's time over the figure's time in the same repeat of the same block: side
-by side, so load that drifts between blocks (this is a shared 2-core machine)
-cancels out. The ratio to the wire is the same against the fastest way over the
-backend's collective alone (gloo here). Methods that do not depend on the bucket
-size (naive, memcpy) were measured in the default bucket's block.
+every receiver holds them, so all methods and modes share one numerator. A
+figure's ratio to the ceiling is read repeat by repeat against the ceiling of
+the same repeat of the same block (ratios.py): side by side, so load that drifts
+between blocks (this is a shared 2-core machine) cancels out. The ratio to the
+wire is the same against the fastest way over the backend's collective alone
+(gloo here). Methods that do not depend on the bucket size (naive, memcpy) were
+measured in the default bucket's block.
 
-A ratio above 1.0 means a way faster than the ceiling exists that the ceiling
-did not measure: a bug in the ceiling, listed under ``above_ceiling`` and
-flagged in every table. Within ``TIE`` of it is a tie, marked but not flagged:
-``backend-shm`` with one bucket of the whole payload is the ``shm-flags`` way
-plus the backend's calls, and two runs of one procedure trade places at random
-(one such run measured 1.01x, others 0.79x to 0.93x). ``memcpy``
-moves nothing between processes: a bound, never flagged.
+No figure stays above its ceiling: a median above 1.0 whose interval reaches
+1.0 is a tie (marked, as ``backend-shm`` with one bucket of the whole payload
+is the ``shm-flags`` way plus the backend's calls), and one whose whole interval
+is above it is a faster way, which the ceiling gains (listed under
+``ceiling_gained`` and named in every table). ``memcpy`` moves nothing between
+processes: a bound.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from backends.bench.ceiling import CEILINGS, WIRE_CEILINGS
+from backends.bench.methods import METHODS
+from backends.bench.ratios import BOUNDS, Ceilings, Key, median_interval
 from miles_core.errors import ConfigError
 
-SCHEMA = "miles-testbed/transfer-bench/2"
-BOUNDS = frozenset(("memcpy",))
-TIE = 0.05
-"""A median ratio up to 1 + TIE is a tie with the ceiling (noise), above it a faster way."""
-Key = tuple[str, str, int | None]
+SCHEMA = "miles-testbed/transfer-bench/3"
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
@@ -52,48 +47,25 @@ def gbps(payload_bytes: int, seconds: Mapping[str, float]) -> dict[str, float]:
     }
 
 
-class Ceilings:
-    """Per block and repeat, the fastest of the ceiling's ways, and which way it was."""
-
-    def __init__(self, pooled: Mapping[Key, list[float]], default: int) -> None:
-        self.pooled = pooled
-        self.default = default
-
-    def block(self, mode: str, bucket: int | None, ways: Sequence[str] = CEILINGS) -> list[float]:
-        bucket = self.default if bucket is None else bucket
-        found = [self.pooled[(mode, w, bucket)] for w in ways if (mode, w, bucket) in self.pooled]
-        if not found or len({len(v) for v in found}) != 1:
-            raise ConfigError(
-                "trials",
-                f"{mode} bucket {bucket} has no ceiling trial per repeat",
-                "measure the ceiling's ways in every block",
-            )
-        return [min(times) for times in zip(*found, strict=True)]
-
-    def ratio(self, key: Key, values: Sequence[float], ways: Sequence[str] = CEILINGS) -> float:
-        ceiling = self.block(key[0], key[2], ways)
-        if len(ceiling) != len(values):
-            raise ConfigError("trials", f"{key} has no ceiling trial per repeat", "rerun the bench")
-        return statistics.median(c / t for c, t in zip(ceiling, values, strict=True))
-
-    def set_by(self, mode: str) -> dict[str, int]:
-        """How many repeats each way was the ceiling of, over the mode's blocks."""
-        wins: Counter[str] = Counter()
-        for bucket in sorted({k[2] for k in self.pooled if k[0] == mode and k[1] in CEILINGS}):
-            ways = [w for w in CEILINGS if (mode, w, bucket) in self.pooled]
-            for times in zip(*(self.pooled[(mode, w, bucket)] for w in ways), strict=True):
-                wins[ways[times.index(min(times))]] += 1
-        return dict(wins.most_common())
+def _order(key: Key) -> tuple[str, int, int]:
+    """Rows by mode, bucket size (references last), then the ceiling's ways and the methods
+    in METHODS' order."""
+    mode, method, bucket = key
+    return mode, bucket if bucket is not None else 1 << 62, METHODS.index(method)
 
 
 def _rows(raw: Mapping[str, Any], pooled: Mapping[Key, list[float]], ceilings: Ceilings, checks):
     payload = int(raw["payload_bytes"])
     wire = any(k[1] in WIRE_CEILINGS for k in pooled)
     rows = []
-    for key, values in pooled.items():
+    for key in sorted(pooled, key=_order):
         mode, method, bucket = key
+        values = pooled[key]
         seconds = spread(values)
-        ratio = ceilings.ratio(key, values)
+        pairs = ceilings.paired(key, values)
+        low, high = median_interval(pairs)
+        ratio = statistics.median(pairs)
+        wire_pairs = ceilings.paired(key, values, WIRE_CEILINGS) if wire else None
         rows.append(
             {
                 "mode": mode,
@@ -104,12 +76,29 @@ def _rows(raw: Mapping[str, Any], pooled: Mapping[Key, list[float]], ceilings: C
                 "seconds": seconds,
                 "gbps": gbps(payload, seconds),
                 "ratio_to_ceiling": ratio,
-                "ratio_to_wire": ceilings.ratio(key, values, WIRE_CEILINGS) if wire else None,
-                "above_ceiling": ratio > 1.0 + TIE and method not in BOUNDS,
+                "ratio_interval": [low, high],
+                "ratio_to_wire": statistics.median(wire_pairs) if wire_pairs else None,
+                "ratio_to_wire_interval": list(median_interval(wire_pairs)) if wire_pairs else None,
+                "tie": ratio > 1.0 and low <= 1.0 and method not in BOUNDS,
+                "gained_by_ceiling": method in ceilings.gained.get((mode, bucket or 0), []),
                 "weights_bitwise_equal": checks[key],
             }
         )
     return rows
+
+
+def phases(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Where the run's time went, from rank 0's clock: setting up, preparing each block,
+    each figure's trials (warmups and barriers included), slowest first."""
+    found = raw.get("phases") or {}
+    figures = sorted(found.get("figures", []), key=lambda f: -f["seconds"])
+    blocks = found.get("blocks", [])
+    return {
+        "setup_seconds": found.get("setup_seconds"),
+        "prepare_seconds": sum(b["seconds"] for b in blocks),
+        "trial_seconds": sum(f["seconds"] for f in figures),
+        "figures": figures,
+    }
 
 
 def summarize(raw: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
@@ -124,11 +113,13 @@ def summarize(raw: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, An
     default = config["default_bucket"]
     ceilings = Ceilings(pooled, default)
     modes = sorted({k[0] for k in pooled})
+    for mode in modes:
+        if not any(k[0] == mode and k[1] in CEILINGS for k in pooled):
+            raise ConfigError("trials", f"mode {mode} has no ceiling trials", "measure it")
+    gained = ceilings.gain_faster_ways()
     per_mode = {}
     for mode in modes:
         blocks = sorted({k[2] for k in pooled if k[0] == mode and k[1] in CEILINGS})
-        if not blocks:
-            raise ConfigError("trials", f"mode {mode} has no ceiling trials", "measure it")
         per_mode[mode] = statistics.median(t for b in blocks for t in ceilings.block(mode, b))
     results = _rows(raw, pooled, ceilings, checks)
 
@@ -141,11 +132,6 @@ def summarize(raw: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, An
         return found[0] if found else None
 
     methods = sorted({r["method"] for r in results if r["bucket_bytes"] == default})
-    above = [
-        {k: r[k] for k in ("mode", "method", "bucket_bytes", "ratio_to_ceiling")}
-        for r in results
-        if r["above_ceiling"]
-    ]
     return {
         "schema": SCHEMA,
         "config": dict(config),
@@ -153,12 +139,18 @@ def summarize(raw: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, An
         "tensors": raw["tensors"],
         "ceiling_gbps": {m: payload / 1e9 / s for m, s in per_mode.items()},
         "ceiling_set_by": {m: ceilings.set_by(m) for m in modes},
-        "above_ceiling": above,
+        "ceiling_gained": gained,
         "default_bucket": {
             "bucket_bytes": default,
             "real_backend_ratio_to_ceiling": {m: at_default(m, "backend") for m in modes},
             "real_backend_ratio_to_wire": {
                 m: at_default(m, "backend", "ratio_to_wire") for m in modes
+            },
+            "real_backend_wire_interval": {
+                m: at_default(m, "backend", "ratio_to_wire_interval") for m in modes
+            },
+            "real_backend_ceiling_interval": {
+                m: at_default(m, "backend", "ratio_interval") for m in modes
             },
             "real_backend_shm_ratio_to_ceiling": {m: at_default(m, "backend-shm") for m in modes},
             "v0_ratio_to_ceiling": {m: at_default(m, "v0") for m in modes},
@@ -166,19 +158,39 @@ def summarize(raw: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, An
         },
         "all_weights_bitwise_equal": all(c for c in checks.values() if c is not None),
         "results": results,
+        "phases": phases(raw),
     }
 
 
 def _flag(r: Mapping[str, Any]) -> str:
-    if r["above_ceiling"]:
-        return "ABOVE CEILING (a bug in the ceiling)"
+    if r["gained_by_ceiling"]:
+        return "faster way: the ceiling gained it"
     if r["method"] in BOUNDS:
         return "bound"
-    return "tie" if r["ratio_to_ceiling"] > 1.0 else ""
+    return "tie" if r["tie"] else ""
 
 
-def _x(ratio: float | None) -> str:
-    return "not measured" if ratio is None else f"{ratio:.2f}x"
+def _x(ratio: float | None, interval: Sequence[float] | None = None) -> str:
+    if ratio is None:
+        return "not measured"
+    return f"{ratio:.2f}x" + ("" if interval is None else f" [{interval[0]:.2f}-{interval[1]:.2f}]")
+
+
+def _where_the_time_went(summary: Mapping[str, Any], slowest: int = 5) -> list[str]:
+    found = summary.get("phases") or {}
+    if not found.get("figures"):
+        return []
+    top = ", ".join(
+        f"{f['mode']} {f['method']}"
+        + (f" {f['bucket_bytes'] / 1024**2:g} MiB" if f["bucket_bytes"] else "")
+        + f" {f['seconds']:.1f} s"
+        for f in found["figures"][:slowest]
+    )
+    return [
+        f"time: setup {found['setup_seconds'] or 0:.1f} s, preparing blocks "
+        f"{found['prepare_seconds']:.1f} s, trials {found['trial_seconds']:.1f} s; "
+        f"slowest figures: {top}"
+    ]
 
 
 def table(summary: Mapping[str, Any]) -> str:
@@ -187,36 +199,62 @@ def table(summary: Mapping[str, Any]) -> str:
         f"{summary['payload_bytes'] / 1024**2:.0f} MiB in {summary['tensors']} tensors, "
         f"{summary['config']['receivers']} receiver(s), {summary['config']['backend']}",
         f"{'mode':9s} {'method':18s} {'bucket':>8s} {'n':>4s}  "
-        f"{'GB/s median [min-max]':>24s}  {'x ceil':>6s}  {'x wire':>6s}  bitwise",
+        f"{'GB/s median [min-max]':>24s}  {'x ceil [interval]':>17s}  {'x wire':>6s}  bitwise",
     ]
     for r in summary["results"]:
         bucket = f"{r['bucket_bytes'] / 1024**2:g} MiB" if r["bucket_bytes"] else "-"
         g = r["gbps"]
         check = {True: "equal", False: "DIFFER", None: "-"}[r["weights_bitwise_equal"]]
         wire = "" if r["ratio_to_wire"] is None else f"{r['ratio_to_wire']:6.2f}"
+        low, high = r["ratio_interval"]
         lines.append(
             f"{r['mode']:9s} {r['method']:18s} {bucket:>8s} {r['buckets'] or '':>4}  "
             f"{g['median']:7.2f} [{g['min']:6.2f}-{g['max']:6.2f}]  "
-            f"{r['ratio_to_ceiling']:6.2f}  {wire:>6s}  {check:7s} {_flag(r)}".rstrip()
+            f"{r['ratio_to_ceiling']:5.2f} [{low:4.2f}-{high:4.2f}]  {wire:>6s}  "
+            f"{check:7s} {_flag(r)}".rstrip()
         )
     d = summary["default_bucket"]
     for mode, value in d["real_backend_ratio_to_ceiling"].items():
         set_by = ", ".join(f"{w} {n}" for w, n in summary["ceiling_set_by"][mode].items())
         shm = d.get("real_backend_shm_ratio_to_ceiling", {}).get(mode)
+        to_wire = _x(d["real_backend_ratio_to_wire"][mode], d["real_backend_wire_interval"][mode])
         lines.append(
             f"default bucket {d['bucket_bytes'] / 1024**2:g} MiB, {mode}: CPU backend "
-            f"{_x(value)} of the ceiling, {_x(d['real_backend_ratio_to_wire'][mode])} of the "
-            f"wire (v0: {_x(d['v0_ratio_to_ceiling'][mode])})"
+            f"{_x(value, d['real_backend_ceiling_interval'][mode])} of the ceiling, "
+            f"{to_wire} of the wire (v0: {_x(d['v0_ratio_to_ceiling'][mode])})"
             + ("" if shm is None else f", with --wire shm {_x(shm)} of the ceiling")
             + f"; ceiling set by {set_by}"
         )
-    above = summary["above_ceiling"]
+    gained = summary["ceiling_gained"]
     lines.append(
-        f"{len(above)} figure(s) ABOVE THE CEILING: a bug in the ceiling"
-        if above
+        "the ceiling gained "
+        + ", ".join(
+            f"{g['mode']} {g['method']} at {g['bucket_bytes'] / 1024**2:g} MiB "
+            f"({g['ratio_before']:.2f}x of the ceiling's ways)"
+            for g in gained
+        )
+        + ": a faster way than its own, so it is now part of it"
+        if gained
         else "no figure above its ceiling"
     )
-    return "\n".join(lines)
+    return "\n".join(lines + _where_the_time_went(summary) + _machine(summary))
+
+
+def _machine(summary: Mapping[str, Any]) -> list[str]:
+    """The machine's load around the run; busy when other work held half its cores."""
+    m = summary.get("machine")
+    if not m or m.get("load_before") is None:
+        return []
+    line = (
+        f"machine: {m['cores']} cores, load average {m['load_before']:.1f} before the run, "
+        f"{m['load_after']:.1f} after (its own ranks included)"
+    )
+    if m["load_before"] > m["cores"] / 2:
+        line += (
+            "; other work was running: GB/s and wall time move with it, ratios less "
+            "(docs/transfer-bench.md, what a run's time depends on)"
+        )
+    return [line]
 
 
 def markdown(summary: Mapping[str, Any]) -> str:
@@ -230,11 +268,15 @@ def markdown(summary: Mapping[str, Any]) -> str:
 
     def fmt(r: Mapping[str, Any]) -> str:
         g = r["gbps"]
-        text = f"{g['median']:.2f} [{g['min']:.2f}-{g['max']:.2f}] **{r['ratio_to_ceiling']:.2f}x**"
+        low, high = r["ratio_interval"]
+        text = (
+            f"{g['median']:.2f} [{g['min']:.2f}-{g['max']:.2f}] "
+            f"**{r['ratio_to_ceiling']:.2f}x** [{low:.2f}-{high:.2f}]"
+        )
         if r["ratio_to_wire"] is not None:
             text += f" ({r['ratio_to_wire']:.2f}x wire)"
         flag = _flag(r)
-        return f"{text} **{flag}**" if r["above_ceiling"] else f"{text} {flag}".rstrip()
+        return f"{text} **{flag}**" if r["gained_by_ceiling"] else f"{text} {flag}".rstrip()
 
     for mode in sorted({r["mode"] for r in results}):
         for method in dict.fromkeys(r["method"] for r in results if r["mode"] == mode):

@@ -15,7 +15,6 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,15 +22,21 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from backends.bench.backend_path import EngineSide, TrainerSide, join_groups
-from backends.bench.ceiling import ceilings_for, map_shared
-from backends.bench.methods import BUCKETED, CPU_ONLY, P2P_ONLY, WRITES_WEIGHTS, Rank
+from backends.bench.ceiling import ceilings_for, shared_segment
+from backends.bench.launch import CONFIG_KEY, HOST, RAW_KEY
+from backends.bench.methods import (
+    CPU_ONLY,
+    P2P_ONLY,
+    QUICK_METHODS,
+    REFERENCES,
+    WRITES_WEIGHTS,
+    Rank,
+)
 from backends.bench.state import bench_units
 from backends.common.wire.buckets import BucketViews
 from backends.common.wire.groups import GLOO_TIMEOUT, gloo_group, update_group
 from backends.common.wire.shm_group import ShmArena
 from miles_core.transfer import ParamSpec, plan_buckets
-
-HOST = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -48,9 +53,17 @@ class BenchConfig:
     seed: int = 0
     backend: str = "gloo"
     progress: bool = True
+    methods: tuple[str, ...] = QUICK_METHODS
+    """The bucketed methods timed (the ceiling's ways always are)."""
+    references: tuple[str, ...] = REFERENCES
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BenchConfig:
+        """The config a launcher sent (JSON lists back to tuples)."""
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
 
 Key = tuple[str, str, int | None]
@@ -59,22 +72,37 @@ Key = tuple[str, str, int | None]
 
 def schedule(cfg: BenchConfig) -> list[tuple[str, int, list[tuple[str, int | None]]]]:
     """Blocks of (mode, bucket size, methods with their key's bucket): the ceiling's ways in
-    every block (each figure of the block is paired with their best), naive and memcpy
+    every block (each figure of the block is paired with their best), the references
     once per mode, in the default bucket's block."""
     blocks = []
     for mode in cfg.modes:
         for size in cfg.bucket_sizes:
-            methods: list[tuple[str, int | None]] = [(c, size) for c in ceilings_for(cfg.backend)]
-            methods += [
+            methods: list[tuple[str, int | None]] = [
                 (m, size)
-                for m in BUCKETED
+                for m in cfg.methods
                 if (mode == "p2p" or m not in P2P_ONLY)
                 and (cfg.backend == "gloo" or m not in CPU_ONLY)
             ]
             if size == cfg.default_bucket:
-                methods += [("naive", None), ("memcpy", None)]
-            blocks.append((mode, size, methods))
+                methods += [(r, None) for r in cfg.references]
+            ways = [(c, size) for c in ceilings_for(cfg.backend)]
+            blocks.append((mode, size, interleave(ways, methods)))
     return blocks
+
+
+def interleave(ways: Sequence[Any], methods: Sequence[Any]) -> list[Any]:
+    """A ceiling's way before each method, in turn (the rest after): every method runs
+    next to a way of the ceiling it is divided by, not seconds away from all of them."""
+    order: list[Any] = []
+    for i in range(max(len(ways), len(methods))):
+        order += ways[i : i + 1] + methods[i : i + 1]
+    return order
+
+
+def in_repeat(methods: list[Any], rep: int) -> list[Any]:
+    """Every other repeat runs the block backwards, so a drift in the machine's speed over a
+    repeat favours no position."""
+    return methods if rep % 2 == 0 else methods[::-1]
 
 
 def module_of(specs: Sequence[ParamSpec], device: torch.device) -> torch.nn.Module:
@@ -144,10 +172,10 @@ def _model(
 
 
 def _setup(
-    cfg: BenchConfig, rank: int, port: int, shm_path: str
+    cfg: BenchConfig, rank: int, port: int, store: Any
 ) -> tuple[Rank, dict[str, torch.Tensor]]:
     """This process's Rank: model, flat tensor, groups (the bench's and the backend's own),
-    and the shared segment of the shm ceilings (mapped by rank 0 first)."""
+    and the shared segment of the shm ceilings (rank 0's memfd, mapped by the others)."""
     device = _device(cfg, rank)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     model, expected = _model(cfg, rank, device)
@@ -174,31 +202,36 @@ def _setup(
         me.wires = ("", "shm")
         arena = ShmArena() if rank == 0 else None
         me.shm_everyone = update_group("shm", (HOST, port), "ceiling-shm", rank, world, arena)
-        if rank == 0:
-            me.shared = map_shared(shm_path, payload)
-        _allreduce(everyone, torch.zeros(1), dist.ReduceOp.SUM)
-        if rank:
-            me.shared = map_shared(shm_path, payload)
+        me.shared = shared_segment(store, rank, payload)
         me.shared.zero_()  # every process faults its mapping in before timing
     return me, expected
 
 
-def rank_main(rank: int, cfg: BenchConfig, port: int, out: str, shm_path: str = "") -> None:
-    """The body of process ``rank`` (0 sends); rank 0 writes the raw timings to ``out``."""
+def rank_main(rank: int, port: int) -> None:
+    """The body of process ``rank`` (0 sends): its config from the launcher's store; rank 0
+    writes the raw timings back to it."""
     torch.set_num_threads(1)
-    me, expected = _setup(cfg, rank, port, shm_path)
+    store = dist.TCPStore(HOST, port, is_master=False, timeout=GLOO_TIMEOUT)
+    cfg = BenchConfig.from_json(json.loads(store.get(CONFIG_KEY)))
+    started = time.perf_counter()
+    me, expected = _setup(cfg, rank, port, store)
+    setup_seconds = time.perf_counter() - started
     try:
-        times, checks = _trials(cfg, me, expected)
+        times, checks, phases = _trials(cfg, me, expected)
     finally:
         if isinstance(me.backend, EngineSide):
             me.backend.close()
-    _report(cfg, me, times, checks, out)
+    phases["setup_seconds"] = setup_seconds
+    raw = _report(cfg, me, times, checks)
+    if raw is not None:
+        store.set(RAW_KEY, json.dumps(raw | {"phases": phases}))
 
 
 def _trials(
     cfg: BenchConfig, me: Rank, expected: dict[str, torch.Tensor]
-) -> tuple[dict[Key, list[float]], dict[Key, bool]]:
-    """Every block's trials in lockstep: this rank's seconds, and its bitwise checks."""
+) -> tuple[dict[Key, list[float]], dict[Key, bool], dict[str, Any]]:
+    """Every block's trials in lockstep: this rank's seconds, its bitwise checks, and where
+    the time went (each block's preparing, each figure's trials with warmups and barriers)."""
     rank, device, sync = me.rank, me.device, me.sync
     units = bench_units(cfg.mix, cfg.size_bytes, cfg.tensors)
     token = torch.zeros(1, device=device)
@@ -218,13 +251,20 @@ def _trials(
     bar = tqdm(total=trials, unit="trial", disable=not (cfg.progress and rank == 0), leave=False)
     times: dict[Key, list[float]] = {}
     checks: dict[Key, bool] = {}
+    spent: dict[Key, float] = {}
+    prepared: list[dict[str, Any]] = []
     for mode, size, methods in blocks:
+        began = time.perf_counter()
         me.prepare(plan_buckets(units, size))
-        bar.set_description(f"{mode} {size / 1024**2:g} MiB buckets")
+        prepared.append(
+            {"mode": mode, "bucket_bytes": size, "seconds": time.perf_counter() - began}
+        )
         for rep in range(cfg.warmup + cfg.repeats):
             last = rep == cfg.warmup + cfg.repeats - 1
-            for method, bucket in methods:
+            for method, bucket in in_repeat(methods, rep):
                 key = (mode, method, bucket)
+                bar.set_description(f"{mode} {size / 1024**2:g} MiB {method}", refresh=False)
+                began = time.perf_counter()
                 checked = last and method in WRITES_WEIGHTS
                 if checked and rank:
                     for p in me.params().values():
@@ -237,15 +277,23 @@ def _trials(
                     times.setdefault(key, []).append(seconds)
                 if checked:
                     checks[key] = weights_equal()
+                spent[key] = spent.get(key, 0.0) + time.perf_counter() - began
                 bar.update(1)
     bar.close()
-    return times, checks
+    phases = {
+        "blocks": prepared,
+        "figures": [
+            {"mode": k[0], "method": k[1], "bucket_bytes": k[2], "seconds": v}
+            for k, v in spent.items()
+        ],
+    }
+    return times, checks, phases
 
 
 def _report(
-    cfg: BenchConfig, me: Rank, times: dict[Key, list[float]], checks: dict[Key, bool], out: str
-) -> None:
-    """Rank 0 writes each trial's slowest rank's seconds and every receiver's checks."""
+    cfg: BenchConfig, me: Rank, times: dict[Key, list[float]], checks: dict[Key, bool]
+) -> dict[str, Any] | None:
+    """On rank 0, each trial's slowest rank's seconds and every receiver's checks."""
     device, everyone, rank = me.device, me.everyone, me.rank
     units = bench_units(cfg.mix, cfg.size_bytes, cfg.tensors)
     specs = [p for u in units for p in u.params]
@@ -258,20 +306,20 @@ def _report(
     ends = list(itertools.accumulate(len(times[k]) for k in keys))
     passed = torch.tensor([int(checks.get(k, True)) for k in keys], device=device)
     passed = _allreduce(everyone, passed, dist.ReduceOp.MIN).cpu()
-    if rank == 0:
-        raw = {
-            "payload_bytes": payload,
-            "tensors": len(specs),
-            "buckets": {str(s): len(plan_buckets(units, s)) for s in cfg.bucket_sizes},
-            "trials": [
-                {
-                    "mode": k[0],
-                    "method": k[1],
-                    "bucket_bytes": k[2],
-                    "seconds": slowest[end - len(times[k]) : end],
-                    "weights_bitwise_equal": bool(passed[i]) if k in checks else None,
-                }
-                for i, (k, end) in enumerate(zip(keys, ends, strict=True))
-            ],
-        }
-        Path(out).write_text(json.dumps(raw))
+    if rank != 0:
+        return None
+    return {
+        "payload_bytes": payload,
+        "tensors": len(specs),
+        "buckets": {str(s): len(plan_buckets(units, s)) for s in cfg.bucket_sizes},
+        "trials": [
+            {
+                "mode": k[0],
+                "method": k[1],
+                "bucket_bytes": k[2],
+                "seconds": slowest[end - len(times[k]) : end],
+                "weights_bitwise_equal": bool(passed[i]) if k in checks else None,
+            }
+            for i, (k, end) in enumerate(zip(keys, ends, strict=True))
+        ],
+    }

@@ -42,7 +42,11 @@ class Fit:
 def least_squares(points: Sequence[tuple[int, int, float]]) -> Fit:
     """seconds = a * sends + b * bytes, by the 2x2 normal equations; latency a, bandwidth 1/b."""
     if len(points) < 2:
-        raise ConfigError("bench JSON", "fewer than two bucket sizes", "measure >= 2 bucket sizes")
+        raise ConfigError(
+            "bench JSON",
+            "fewer than two bucket sizes (a default bench run times one)",
+            "run the bench with --full, or --bucket-mib 4,16,64,256",
+        )
     sxx = sum(s * s for s, _, _ in points)
     sxy = sum(s * n for s, n, _ in points)
     syy = sum(n * n for _, n, _ in points)

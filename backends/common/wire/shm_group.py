@@ -78,25 +78,25 @@ def node_id() -> str:
     return f"{socket.gethostname()}/{boot.read_text().strip() if boot.exists() else '?'}"
 
 
-def _memfd(nbytes: int, name: str) -> int:
+def new_memfd(nbytes: int, name: str) -> int:
     fd = os.memfd_create(name, os.MFD_CLOEXEC)
     os.ftruncate(fd, nbytes)
     return fd
 
 
-def _mapped(fd: int, nbytes: int) -> torch.Tensor:
+def map_fd(fd: int, nbytes: int) -> torch.Tensor:
     """A read-write uint8 view of ``nbytes`` bytes of the file behind ``fd``."""
     return torch.frombuffer(mmap.mmap(fd, nbytes), dtype=torch.uint8)
 
 
-def _map_peer(pid: int, fd: int, nbytes: int) -> torch.Tensor:
+def map_peer(pid: int, fd: int, nbytes: int) -> torch.Tensor:
     """Another process's memfd, mapped here through /proc (the same pages, no copy)."""
     try:
         mine = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR)
     except OSError as error:
         raise ShmUnavailable(f"cannot map process {pid}'s segment: {error}") from None
     try:
-        return _mapped(mine, nbytes)
+        return map_fd(mine, nbytes)
     finally:
         os.close(mine)
 
@@ -133,9 +133,9 @@ class ShmArena:
         if self.segment is None or self.segment.capacity < nbytes:
             self.close()
             capacity = -(-max(nbytes, 1) // CHUNK) * CHUNK
-            fd = _memfd(capacity, "miles-weight-update")
+            fd = new_memfd(capacity, "miles-weight-update")
             self.segment = Segment(os.getpid(), fd, next(_GENERATIONS), capacity)
-            self.view = _mapped(fd, capacity)
+            self.view = map_fd(fd, capacity)
         assert self.view is not None
         return self.segment, self.view
 
@@ -197,7 +197,7 @@ def _arena_view(segment: Segment) -> torch.Tensor:
     if found is None or found[0] != segment.generation:
         for gone in [k for k in _RECEIVED if k[0] != segment.pid and not _alive(k[0])]:
             del _RECEIVED[gone]
-        view = _map_peer(segment.pid, segment.fd, segment.capacity)
+        view = map_peer(segment.pid, segment.fd, segment.capacity)
         found = _RECEIVED[key] = (segment.generation, view)
     return found[1]
 
@@ -239,8 +239,8 @@ class ShmGroup:
         """Pieces published in this group so far (the source's count, a receiver's mirror)."""
         nbytes = Header.nbytes(size)
         if rank == 0:
-            fd = _memfd(nbytes, "miles-update-flags")
-            self.header = Header(_mapped(fd, nbytes).view(torch.int64), size)
+            fd = new_memfd(nbytes, "miles-update-flags")
+            self.header = Header(map_fd(fd, nbytes).view(torch.int64), size)
             weakref.finalize(self, os.close, fd)
             store.set(NODE_KEY, node_id())
             store.set(HEADER_KEY, f"{os.getpid()},{fd}")
@@ -253,7 +253,7 @@ class ShmGroup:
                 )
             pid, fd = (int(v) for v in store.get(HEADER_KEY).decode().split(","))
             try:
-                view = _map_peer(pid, fd, nbytes)
+                view = map_peer(pid, fd, nbytes)
             except ShmUnavailable:
                 if not _alive(pid):
                     raise PeerFailure(f"rank 0 (pid {pid}) of the shm group died") from None
