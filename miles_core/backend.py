@@ -73,6 +73,15 @@ class EngineFailure(ComponentFailure):
         self.engine = engine
 
 
+class VersionOutOfSync(EngineFailure):
+    """An engine answered under a weight version the control plane cannot trust: one it
+    cannot read (SGLang's /update_weight_version takes any string as ``new_version``, and
+    so does the CPU engine), or one that no stamp of this control plane explains. The
+    process is alive and its label is wrong: the control plane takes it out of rotation
+    and re-syncs it (supervision.py ``out_of_sync``); the sample is not used. A caller
+    that knows only EngineFailure takes it out of rotation all the same."""
+
+
 class RequestRefused(Exception):
     """An engine that is alive refused a request (SGLang answered 4xx): the request was
     wrong, which is the control plane's bug, not a failure of the engine."""

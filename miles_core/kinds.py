@@ -105,6 +105,10 @@ class SampleOutcome(StrEnum):
     REFUSED = "refused"
     """The engine refused the request itself (a 400: an input longer than its context); the
     engine is fine, the request is not, and sending it again changes nothing."""
+    OUT_OF_SYNC = "out_of_sync"
+    """The engine answered under a weight version the control plane cannot trust (unreadable,
+    below the one it stamped on that process, or beyond any version issued): the sample is
+    not used, and the engine leaves rotation until it is re-synced."""
 
 
 class PutFate(StrEnum):

@@ -148,3 +148,31 @@ def staleness(current: int | None, oldest: int | None) -> int | None:
     if current is None:
         return None
     return current - (INITIAL_WEIGHTS_VERSION if oldest is None else oldest)
+
+
+def untrusted_version(
+    reported: tuple[int | None, ...], stamped: int | None, published: int | None
+) -> str | None:
+    """Why the versions an engine process reported for a completed request (each span's, in
+    order) cannot be trusted, or None. An honest process reports at least what it was stamped
+    with before the request was sent (a stamp is recorded once the process answered it), at
+    most the version an update can have sent it (the published one + 1), and spans that never
+    go back: anything else was set from outside the control plane (SGLang's
+    /update_weight_version takes any string), and the sample would carry a version no update
+    explains."""
+    newest = (published or 0) + 1
+    floor = stamped
+    for version in reported:
+        if version is None:
+            if floor is not None:
+                return f"reported no version (SGLang's 'default') after version {floor}"
+        elif version > newest:
+            return f"reported weight_version {version}, above {newest}, the newest any update sent"
+        elif floor is not None and version < floor:
+            return (
+                f"reported weight_version {version} after version {floor} (its stamp, or an "
+                "earlier span of the same request): its version went backwards"
+            )
+        else:
+            floor = version
+    return None

@@ -218,17 +218,20 @@ def test_bodies_past_the_bytes_in_flight_are_refused_before_they_are_read(
     with_engine(body)
 
 
-def test_connections_past_the_cap_are_closed_and_the_engine_still_answers(
+def test_connections_past_the_cap_and_its_spares_are_closed_and_the_engine_still_answers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Open connections stay within the cap and its spares (test_engine_edge.py: what a
+    request past the cap is answered)."""
     monkeypatch.setattr(engine_http, "MAX_CONNECTIONS", 8)
+    monkeypatch.setattr(engine_http, "SPARE_CONNECTIONS", 4)
 
     async def body(engine: Engine) -> None:
         port = int(engine.url.rsplit(":", 1)[1])
         held = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
         try:
             await asyncio.sleep(0.2)
-            assert len(engine.server._runner.server.connections) <= 8 + 1  # type: ignore[union-attr]
+            assert len(engine.server._runner.server.connections) <= 8 + 4 + 1  # type: ignore[union-attr]
         finally:
             for s in held:
                 s.close()

@@ -32,7 +32,11 @@ Where each decision is made:
   is then sorted by prompt (miles' _drain sorts by sample index), so its order
   does not depend on which group finished first;
 - a sample records every version its tokens came from (a request an update
-  retracted or froze has several), so staleness counts from the oldest.
+  retracted or froze has several), so staleness counts from the oldest;
+- an answer under a version the control plane cannot trust (the router could
+  not read it, or it is below the process's last stamp or beyond any version
+  issued: miles_core.versions ``untrusted_version``) ends its sample out of
+  sync, unused, and its engine is re-synced (supervision.py ``out_of_sync``).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from miles_core.backend import (
     GenerateResult,
     RequestRefused,
     RouterFailure,
+    VersionOutOfSync,
 )
 from miles_core.buffer import Fate, Group, Sample, SampleStatus, Verdict
 from miles_core.errors import RequestFailedError
@@ -65,6 +70,7 @@ from miles_core.loop.config import BATCH_MODES
 from miles_core.loop.context import RunContext
 from miles_core.loop.supervision import EngineSupervisor
 from miles_core.sync import Notifier, join_all
+from miles_core.versions import untrusted_version
 
 
 class PromptCursor:
@@ -122,11 +128,17 @@ class Producer:
                 engine, incarnation = picked
                 engines.acquire(engine)
                 sent = ctx.rt.now()
+                stamp = engines.stamp_of(engine, incarnation)
                 outcome, result, routing = SampleOutcome.ENGINE_FAILED, None, None
                 refusal_status = SampleStatus.ABORTED
                 try:
                     result = await ctx.cluster.router.generate(engine, incarnation, request)
                     outcome = SampleOutcome.ABORTED if result.aborted else SampleOutcome.COMPLETED
+                    if outcome is SampleOutcome.COMPLETED and result.incarnation is None:
+                        outcome = self._checked(engine, incarnation, stamp, result)
+                except VersionOutOfSync as mismatch:
+                    outcome = SampleOutcome.OUT_OF_SYNC
+                    engines.out_of_sync(engine, incarnation, mismatch.reason)
                 except EngineFailure as failure:
                     engines.failed(engine, incarnation, failure.reason)
                 except RequestRefused as refusal:
@@ -166,6 +178,25 @@ class Producer:
             self._samples_in_flight -= 1
             if self._backfill and self._samples_in_flight == self._room - self._n:
                 self._progress.notify()  # room for one more group just opened: wake run()
+
+    def _checked(
+        self, engine: str, incarnation: int, stamp: int | None, result: GenerateResult
+    ) -> SampleOutcome:
+        """COMPLETED, or OUT_OF_SYNC when the versions the process reported are not ones it
+        can hold: its spans against the stamp it was resumed with when the request was sent,
+        and the version it ended under against the stamp it was resumed with since (an answer
+        arriving after a resume was generated after it)."""
+        engines = self.engines
+        reported = result.versions or (result.weight_version,)
+        published = self.ctx.ledger.current
+        why = untrusted_version(reported, stamp, published)
+        now = engines.stamp_of(engine, incarnation)
+        if why is None and now is not None and now != stamp:
+            why = untrusted_version(reported[-1:], now, published)
+        if why is None:
+            return SampleOutcome.COMPLETED
+        engines.out_of_sync(engine, incarnation, why)
+        return SampleOutcome.OUT_OF_SYNC
 
     def _refused(self, engine: str, incarnation: int, refusal: RequestRefused) -> SampleStatus:
         """The engine refused the request itself (a 400: an input longer than its context):

@@ -16,6 +16,11 @@ Where each decision is made:
 - a new process reported by the world serves at once only if no version was
   ever reserved (its initial weights are then the current ones); otherwise it
   waits out of rotation for a sync (``on_unsynced``) or the next update.
+- a process that answers under a version the control plane cannot trust (one
+  it cannot read, below its last stamp, or beyond any version issued: SGLang's
+  /update_weight_version takes any string from anyone) is out of sync: out of
+  rotation and re-synced to the published version (``out_of_sync``), never a
+  crash of the run.
 
 The states and their transitions are miles_core.engines' table.
 """
@@ -49,6 +54,11 @@ class EngineSupervisor:
         self._rank: dict[str, int] = {}
         self._router = ctx.rt.rng("router")
         """The ties' stream, looked up once (the same object for the whole run: rt.rng)."""
+        self._stamps: dict[str, tuple[int, int]] = {}
+        """Engine -> (process, version) of the last stamp that process answered."""
+        self._resumed: dict[str, tuple[int, int]] = {}
+        """Engine -> (process, version) of the stamp it was last resumed with: what it holds
+        from then on, and what its answers are checked against (``untrusted_version``)."""
 
     def serving(self) -> tuple[str, ...]:
         return self.ctx.engines.serving()
@@ -170,10 +180,40 @@ class EngineSupervisor:
         self.ctx.record_engines()
         self.on_unsynced(engine)
 
+    def record_stamp(self, engine: str, incarnation: int, version: int) -> None:
+        """That process answered a stamp with ``version``; it holds it once resumed."""
+        self._stamps[engine] = (incarnation, version)
+
+    def stamp_of(self, engine: str, incarnation: int) -> int | None:
+        """The version that process was stamped with before its last resume, or None (never
+        stamped): an answer that arrives after that resume was generated after it (a paused
+        engine generates nothing), so it reports that version or a newer one."""
+        known = self._resumed.get(engine)
+        return known[1] if known is not None and known[0] == incarnation else None
+
+    def out_of_sync(self, engine: str, incarnation: int, reason: str) -> None:
+        """That process answered under a version the control plane cannot trust: out of
+        rotation, and re-synced (stamped with the published version again) before it serves,
+        as a process a resumed run outdated is. Before any version was published there is
+        nothing to stamp it with: it is failed, and fault tolerance replaces it. A process
+        already replaced, down or waiting for its sync needs nothing more."""
+        ctx = self.ctx
+        table = ctx.engines
+        if not table.current(engine, incarnation) or table.state(engine) is not EngineState.SERVING:
+            return
+        why = f"out of sync: {reason}"
+        if ctx.ledger.current is None:
+            self.failed(engine, incarnation, f"{why}; no version was published to re-stamp it")
+        else:
+            self.outdated(engine, f"{why}; re-synced before it serves again")
+
     def synced(self, engines: dict[str, int], reason: str) -> None:
         """These processes were stamped and resumed: they serve the published weights."""
         for engine, incarnation in engines.items():
             self.ctx.engines.synced(engine, incarnation, reason)
+            stamp = self._stamps.get(engine)
+            if stamp is not None and stamp[0] == incarnation:
+                self._resumed[engine] = stamp
         self.ctx.record_engines()
 
     def unsynced(self, engine: str) -> bool:

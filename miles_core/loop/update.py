@@ -330,6 +330,7 @@ class Updater:
         trainer = self._checksums.get(update_id)
 
         def stamped(engine: str, checksum: str | None) -> None:  # as each engine answers
+            self.engines.record_stamp(engine, targets[engine], version)
             if checksum is not None and trainer is not None:  # a world that reads weights
                 ctx.emit(
                     WeightsChecked,

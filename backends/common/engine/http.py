@@ -1,13 +1,14 @@
 """The CPU engine's HTTP edge: what every request passes before a handler, and the limits
 no client can exceed.
 
-Middlewares, in order: a hung engine answers nothing; SGLang's api_key; the engine's
-state admits the route (state.py: a 409 naming the state, 503 while stopping);
-the bytes of request bodies in flight across all requests stay under a bound (503
-before a body is read); a BadRequest is its 4xx naming the field. The server caps
-its open connections, closes a connection that sends no request within
-``IDLE_SECONDS`` (a client that opens and never finishes its headers), and gives a
-body ``BODY_SECONDS`` to arrive.
+Middlewares, in order: a hung engine answers nothing; a connection past the cap gets 503
+naming it (``/health`` is answered on it all the same); SGLang's api_key; the engine's
+state admits the route (state.py: a 409 naming the state, 503 while stopping); a body
+declaring more than ``MAX_BODY_BYTES`` gets 413 and the bytes of request bodies in flight
+across all requests stay under a bound (503), both before a byte of the body is read; a
+BadRequest is its 4xx naming the field. The server caps its open connections (``capped``),
+closes a connection that sends no request within ``IDLE_SECONDS`` (a client that opens and
+never finishes its headers), and gives a body ``BODY_SECONDS`` to arrive.
 """
 
 from __future__ import annotations
@@ -27,7 +28,17 @@ MAX_BYTES_IN_FLIGHT: Final = 4 * MAX_BODY_BYTES
 """Bodies being read or handled at once, in bytes (each counted at its declared length, or
 at MAX_BODY_BYTES without one): past it a request gets 503 before its body is read."""
 MAX_CONNECTIONS: Final = 256
-"""Open connections at once: more are closed as they come."""
+"""Open connections served at once: a request on one more gets 503 naming this cap."""
+SPARE_CONNECTIONS: Final = 32
+"""Connections past MAX_CONNECTIONS still taken in, to be told why (503 naming the cap, with
+``Connection: close``) and to answer ``/health``, which must answer under any load. Past
+both, the oldest spare connection with no request in progress (an idle one, or one that
+never finished its headers) is closed to make room, so clients that hold connections open
+cannot lock a health probe out; only when every spare one is mid-answer is a new connection
+closed as it comes. Open connections stay within the sum (and the few being closed)."""
+ALWAYS_ANSWERED: Final = frozenset({"/health"})
+"""Routes a connection past the cap is still served (SGLang's liveness probe: no body, no
+work; a load balancer or the control plane must tell a busy engine from a dead one)."""
 IDLE_SECONDS: Final = 15.0
 """A connection that sends no complete request in this long is closed (aiohttp's keepalive
 timer, which also runs from a connection's start)."""
@@ -35,6 +46,23 @@ BODY_SECONDS: Final = 60.0
 """How long a body may take to arrive once its headers did (408 after)."""
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Overflow:
+    """The connections taken in past MAX_CONNECTIONS (oldest first), and those of them with
+    a request being answered: kept by ``capped``, read by the ``over_cap`` middleware."""
+
+    def __init__(self) -> None:
+        self.spare: dict[Any, None] = {}
+        self.busy: set[Any] = set()
+
+    def idlest(self) -> Any | None:
+        """The oldest spare connection with no request in progress, or None."""
+        return next((h for h in self.spare if h not in self.busy), None)
+
+
+OVERFLOW: Final = web.AppKey("overflow", Overflow)
+"""The app's Overflow, set by ``serve`` (an app built and never served has none)."""
 
 
 class Gatekeeper(Protocol):
@@ -77,6 +105,29 @@ def middlewares(engine: Gatekeeper) -> list[Any]:
         return await handler(request)
 
     @web.middleware
+    async def over_cap(request: web.Request, handler: Handler) -> web.StreamResponse:
+        """On a connection past the cap: /health is answered, anything else is 503 naming
+        the cap, before a byte of its body is read, and the connection closes after it."""
+        overflow = request.app.get(OVERFLOW)
+        connection = request.protocol
+        if overflow is None or connection not in overflow.spare:
+            return await handler(request)
+        if request.path in ALWAYS_ANSWERED:
+            overflow.busy.add(connection)
+            try:
+                return await handler(request)
+            finally:
+                overflow.busy.discard(connection)
+        response = refused(
+            f"connections: this engine serves at most {MAX_CONNECTIONS} at once and as many "
+            "are open: close one, or try again",
+            status=503,
+        )
+        response.headers["Retry-After"] = "1"
+        response.force_close()
+        return response
+
+    @web.middleware
     async def authorized(request: web.Request, handler: Handler) -> web.StreamResponse:
         """SGLang's api_key: every request carries ``Authorization: Bearer KEY``."""
         key = engine.api_key
@@ -98,9 +149,18 @@ def middlewares(engine: Gatekeeper) -> list[Any]:
 
     @web.middleware
     async def bounded(request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Bodies in flight across requests stay under MAX_BYTES_IN_FLIGHT."""
+        """A body declared larger than MAX_BODY_BYTES is refused at once (it would be cut off
+        at that size after arriving, or wait BODY_SECONDS for bytes that never come), and
+        bodies in flight across requests stay under MAX_BYTES_IN_FLIGHT."""
         declared = request.content_length
-        size = MAX_BODY_BYTES if declared is None else min(declared, MAX_BODY_BYTES)
+        if declared is not None and declared > MAX_BODY_BYTES:
+            response = refused(
+                f"body: declares {declared} bytes (Content-Length), at most {MAX_BODY_BYTES}",
+                status=413,
+            )
+            response.force_close()  # what it sends next is no request
+            return response
+        size = MAX_BODY_BYTES if declared is None else declared
         size = size if request.can_read_body else 0
         if size and in_flight[0] + size > MAX_BYTES_IN_FLIGHT:
             return refused(
@@ -124,11 +184,12 @@ def middlewares(engine: Gatekeeper) -> list[Any]:
         except web.HTTPRequestEntityTooLarge:
             return refused(f"body: larger than {MAX_BODY_BYTES} bytes", status=413)
 
-    return [unless_hung, authorized, gated, bounded, refusals]
+    return [unless_hung, over_cap, authorized, gated, bounded, refusals]
 
 
 async def serve(app: web.Application, host: str) -> tuple[web.AppRunner, int]:
     """Start ``app`` on ``host`` (a free port), with the connection limits; runner and port."""
+    overflow = app[OVERFLOW] = Overflow()
     # stopping waits at most a second for handlers still running (a hung engine's never end)
     runner = web.AppRunner(
         app, access_log=None, shutdown_timeout=1.0, keepalive_timeout=IDLE_SECONDS
@@ -136,14 +197,40 @@ async def serve(app: web.Application, host: str) -> tuple[web.AppRunner, int]:
     await runner.setup()
     server = runner.server
     assert server is not None
-    admit = server.connection_made
-
-    def capped(handler: Any, transport: Any) -> None:
-        if len(server.connections) >= MAX_CONNECTIONS:
-            transport.close()  # over the cap: closed as it comes, nothing read
-        admit(handler, transport)
-
-    server.connection_made = capped  # type: ignore[method-assign]
+    capped(server, overflow)
     site = web.TCPSite(runner, host, 0)
     await site.start()
     return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+
+def capped(server: Any, overflow: Overflow) -> None:
+    """Past MAX_CONNECTIONS a connection is a spare one (``over_cap`` answers it); past the
+    spares too, the idlest spare one is closed for it, or, with none idle, it is closed as it
+    comes, nothing read. Open connections stay within MAX_CONNECTIONS + SPARE_CONNECTIONS."""
+    admit, release = server.connection_made, server.connection_lost
+
+    def made(handler: Any, transport: Any) -> None:
+        if len(server.connections) - len(overflow.spare) >= MAX_CONNECTIONS:
+            if len(overflow.spare) < SPARE_CONNECTIONS or _evicted(overflow):
+                overflow.spare[handler] = None
+            else:
+                transport.close()  # every spare connection is mid-answer: nothing read
+        admit(handler, transport)
+
+    def lost(handler: Any, exc: BaseException | None) -> None:
+        overflow.spare.pop(handler, None)
+        overflow.busy.discard(handler)
+        release(handler, exc)
+
+    server.connection_made = made
+    server.connection_lost = lost
+
+
+def _evicted(overflow: Overflow) -> bool:
+    """Close the idlest spare connection to make room; False when every one is mid-answer."""
+    victim = overflow.idlest()
+    if victim is None:
+        return False
+    del overflow.spare[victim]
+    victim.force_close()
+    return True

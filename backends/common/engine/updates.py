@@ -72,7 +72,9 @@ class UpdateRoutes:
 
     async def init_weights_update_group(self, request: web.Request) -> web.Response:
         """Join the trainer's group; a join that fails (the store unreachable, a member that
-        never came) answers SGLang's 400, naming the store it dialled and why."""
+        never came) answers SGLang's 400, naming the store it dialled and why. A name this
+        engine holds (or is joining) is refused before anything is dialled (weights.py
+        ``join``): SGLang would replace the group it holds."""
         body = await self._body(request)
         try:
             await self.weights.join(body)
@@ -126,7 +128,8 @@ class UpdateRoutes:
         return ok()
 
     async def destroy_weights_update_group(self, request: web.Request) -> web.Response:
-        """Leave a group; not the one a load is receiving on (409)."""
+        """Leave a group; not the one a load is receiving on (409), nor one this engine does
+        not hold (SGLang's 400: weights.py ``leave``)."""
         name = (await self._body(request))["group_name"]
         if name in self._receiving:
             return refused(f"state: receiving: group {name!r} is in use by a load", status=409)

@@ -64,6 +64,8 @@ class EngineWeights:
         """How long a broadcast waits for a member that never takes part (every group's)."""
         self.views = BucketViews(model)
         self.groups: dict[str, Any] = {}
+        self._joining: set[str] = set()
+        """Group names a join is under way for (a second join of one is refused)."""
         self._taking_part: dict[str, tuple[Any, int]] = {}
         """Per group: the store this engine counts its broadcasts in, and its rank."""
         self._params = dict(model.named_parameters())
@@ -127,7 +129,25 @@ class EngineWeights:
             raise BadRequest("rank_offset", "must be in [1, world_size): rank 0 is the trainer")
         store = (body["master_address"], body["master_port"])
         name, rank = body["group_name"], body["rank_offset"]
+        if name in self.groups or name in self._joining:
+            raise BadRequest(  # SGLang would replace the group it holds, leaking its communicator
+                "group_name",
+                f"{name!r} is joined already (or being joined): destroy it first, or use another "
+                "name",
+            )
         args = (backend, store, name, rank, body["world_size"], None, self.timeout)
+        self._joining.add(name)
+        try:
+            group, marks = await self._join(store, name, rank, args)
+        finally:
+            self._joining.discard(name)
+        self.groups[name] = group
+        self._taking_part[name] = (marks, rank)
+
+    async def _join(
+        self, store: tuple[str, int], name: str, rank: int, args: tuple[Any, ...]
+    ) -> tuple[Any, Any]:
+        """Dial the store, count this member in, make the group; its group and marks."""
         await _reachable(*store)
         loop = asyncio.get_running_loop()
         try:
@@ -136,8 +156,7 @@ class EngineWeights:
             group = await loop.run_in_executor(None, update_group, *args)
         except ShmUnavailable as error:
             raise BadRequest("backend", f"{error}") from None
-        self.groups[name] = group
-        self._taking_part[name] = (marks, rank)
+        return group, marks
 
     def group_of(self, body: dict[str, Any]) -> Any:
         """The group a receive names, checked with the bucket before anything is received."""
@@ -187,7 +206,14 @@ class EngineWeights:
                 self._params[name].copy_(tensor)
 
     def leave(self, name: str) -> None:
-        self.groups.pop(name, None)
+        """Forget group ``name``. One this engine does not hold is refused, as SGLang refuses
+        it (400, success false: model_executor/model_runner_components/weight_updater.py
+        ``WeightUpdater.destroy_weights_update_group`` answers "The group to be destroyed
+        does not exist.", and entrypoints/http_server.py ``destroy_weights_update_group``
+        turns a failure into 400)."""
+        if name not in self.groups:
+            raise BadRequest("group_name", f"{name!r}: The group to be destroyed does not exist.")
+        del self.groups[name]
         self._taking_part.pop(name, None)
 
 

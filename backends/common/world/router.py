@@ -26,6 +26,7 @@ from miles_core.backend import (
     GenerateResult,
     RequestRefused,
     RouterFailure,
+    VersionOutOfSync,
 )
 from miles_core.kinds import FaultPoint
 from miles_core.scenario.schedule import FaultPoints
@@ -167,7 +168,8 @@ class RayRouter:
         else:
             reply = await self._post(url, generate.ROUTE, api.body(generate))
         meta = reply["meta_info"]
-        version = _version(meta["weight_version"])
+        answered = engine if orphan is None else orphan[0]
+        version = reported_version(meta["weight_version"], answered)
         aborted = meta["finish_reason"]["type"] == "abort"
         response = tuple(reply["output_ids"])
         score = await cluster.task.score(request.prompt_id, prompt, response)
@@ -179,13 +181,52 @@ class RayRouter:
             reward=score,
             payload=Trajectory(tuple(prompt), response, score),
             engine_seconds=meta.get("e2e_latency"),
-            versions=tuple(_version(v) for v in meta.get("weight_versions", ())),
+            versions=_versions(meta.get("weight_versions", ()), answered),
             kept_kv=bool(meta.get("testbed_kept_kv", False)),
-            cached_versions=tuple(_version(v) for v in meta.get("testbed_cached_versions", ())),
+            cached_versions=_versions(meta.get("testbed_cached_versions", ()), answered),
             incarnation=None if orphan is None else orphan[1],
         )
 
 
-def _version(reported: str) -> int | None:
-    """SGLang's weight_version: "default" before any update, then what the stamp set."""
-    return None if reported == "default" else int(reported)
+MAX_VERSION_DIGITS = 18
+"""A weight version is a short decimal (miles sends ``str(version)``, an int64 holds 18
+digits): a longer string is no version (Python's int() of 100,000 digits raises past
+sys.int_max_str_digits, and a 4,300-digit one costs a quadratic parse)."""
+
+MAX_REPORTED_VERSIONS = 4096
+"""Span versions in one answer, at most (one per update a request lived across)."""
+
+
+def reported_version(reported: object, engine: str) -> int | None:
+    """SGLang's weight_version: "default" before any update, then what the stamp set. SGLang's
+    /update_weight_version takes any string, so one that is not a short decimal is the engine
+    being out of sync (VersionOutOfSync: the control plane re-syncs it), never a crash."""
+    if reported == "default":
+        return None
+    if (
+        isinstance(reported, str)
+        and 0 < len(reported) <= MAX_VERSION_DIGITS
+        and reported.isascii()
+        and reported.isdigit()
+    ):
+        return int(reported)
+    raise VersionOutOfSync(
+        engine,
+        f"reported weight_version {_shown(reported)}, not a version (a decimal of at most "
+        f"{MAX_VERSION_DIGITS} digits, or 'default'): set from outside the control plane",
+    )
+
+
+def _shown(value: object) -> str:
+    """A reported value as a message quotes it: its repr, cut to 40 characters."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:40]}... ({len(text)} characters)"
+
+
+def _versions(reported: object, engine: str) -> tuple[int | None, ...]:
+    """meta_info's list of versions (each span's, or each cached prefix's), each read as
+    ``reported_version`` reads one."""
+    if not isinstance(reported, list | tuple) or len(reported) > MAX_REPORTED_VERSIONS:
+        shown = _shown(reported)
+        raise VersionOutOfSync(engine, f"reported weight_versions {shown}, not a list of versions")
+    return tuple(reported_version(v, engine) for v in reported)
