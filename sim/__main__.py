@@ -27,11 +27,12 @@ from __future__ import annotations
 import importlib
 import sys
 
-from miles_core.report import exit_cli
-from sim.cli import BY_NAME
+from miles_core.ctrl_c import exit_on_ctrl_c
 
 
 def main(argv: list[str] | None = None) -> int:
+    from sim.cli import BY_NAME
+
     argv = sys.argv[1:] if argv is None else argv
     command = BY_NAME.get(argv[0]) if argv else None
     if command is None or command.module == "sim.cli.run":  # list, run, --help, a wrong name
@@ -40,4 +41,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_ctrl_c()  # before the imports below: a Ctrl-C in them exits 130, no traceback
+    from miles_core.report import exit_cli
+
     exit_cli(main)

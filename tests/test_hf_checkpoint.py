@@ -128,8 +128,15 @@ def test_a_bad_directory_is_refused_before_any_weight_loads(
 
 
 def test_a_tokenizer_larger_than_the_embedding_is_refused(tmp_path: Path) -> None:
-    write_random_checkpoint(tmp_path, hidden_size=16)
-    _config(tmp_path, vocab_size=50)
+    """A model of 50 tokens saved with the 106-token tokenizer (a config.json edited to 50
+    alone is refused earlier, by inspect_checkpoint: tests/test_checkpoint_preflight.py)."""
+    from transformers import AutoModelForCausalLM
+
+    from backends.common.training.char_tokenizer import build_tokenizer
+
+    model = AutoModelForCausalLM.from_config(hf_checkpoint.model_config("llama", 50, 16, 2, 4))
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    build_tokenizer().save_pretrained(tmp_path)
     assert inspect_checkpoint(tmp_path).vocab_size == 50
     with pytest.raises(ConfigError) as error:
         load_checkpoint(tmp_path)

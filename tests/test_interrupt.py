@@ -3,7 +3,9 @@ oracles' verdicts on it and the replay line, with no traceback and nothing left 
 an interrupted run is no failure of the control plane.
 
 The random points are drawn from the test's seed; a failing one prints the command and
-the delay that replay it (a delay is wall time: it lands at about the same point).
+the delay that replay it (a delay is wall time: it lands at about the same point). Every
+test here has SIGINT as a terminal has it (conftest's ``ctrl_c_as_in_a_terminal``), however
+pytest was launched: a background launch ignores it, and no Ctrl-C sent would arrive.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from sim.scenarios import find_scenario
 from sim.search.swarm import swarm_scenario
 from sim.world.runtime import RunInterrupted, SimRuntime
 from tests.ray_cluster import session_processes
+
+pytestmark = pytest.mark.usefixtures("ctrl_c_as_in_a_terminal")
 
 STOP_SECONDS = 2.0
 """What the issue allows from Ctrl-C to the process's end."""

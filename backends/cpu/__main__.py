@@ -11,18 +11,21 @@ the output and exit codes.
 
 from __future__ import annotations
 
-from backends.common.run.command import run_command
-from backends.common.run.flags import build_parser
-from backends.cpu.stack import CPU
-from miles_core.errors import ConfigError
-from miles_core.report import exit_cli
+from miles_core.ctrl_c import exit_on_ctrl_c
 
 
 def main(argv: list[str] | None = None) -> int:
-    """torch FSDP2 trainer cells, local HTTP engines, gloo (or shared memory), on CPU."""
+    """torch FSDP2 trainer cells, local HTTP engines, gloo (or shared memory), on CPU. The
+    flags are read before torch and Ray are imported (4 s): a wrong one is said at once."""
+    from backends.common.run.flags import build_parser
+    from backends.cpu.stack import CPU
+    from miles_core.errors import ConfigError
+
     parser, _ = build_parser(CPU)
     args = parser.parse_args(argv)
     try:
+        from backends.common.run.command import run_command
+
         return run_command(args, CPU)
     except ConfigError as error:
         parser.error(str(error))
@@ -30,4 +33,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_ctrl_c()  # before the imports below: a Ctrl-C in them exits 130, no traceback
+    from miles_core.report import exit_cli
+
     exit_cli(main)

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from backends.common.run.flags import build_parser
-from backends.gpu.stack import GPU, check_device
-from miles_core.errors import ConfigError
-from miles_core.report import exit_cli
+from miles_core.ctrl_c import exit_on_ctrl_c
 
 
 def main(argv: list[str] | None = None) -> int:
+    from backends.common.run.flags import build_parser
+    from backends.gpu.stack import GPU, check_device
+    from miles_core.errors import ConfigError
+
     parser, sub = build_parser(GPU)
     check = sub.add_parser("devcheck", help="the device check: one JSON report of a GPU host")
     check.add_argument("--out", required=True, help="the report's folder (devcheck.json)")
@@ -44,4 +45,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_ctrl_c()  # before the imports below: a Ctrl-C in them exits 130, no traceback
+    from miles_core.report import exit_cli
+
     exit_cli(main)

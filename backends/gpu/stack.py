@@ -16,6 +16,8 @@ from backends.common.run.flags import Flag, RealBackend, Spelt
 from backends.common.stack import Stack, Wire
 from miles_core.errors import ConfigError
 from miles_core.scenario import Scenario
+from miles_core.scenario.limits import Limits, check_world
+from miles_core.scenario.world import WorldShape
 
 TRAINERS = ("megatron", "fsdp")
 ENGINES = ("local", "sglang")
@@ -113,6 +115,7 @@ def gpu_stack(args: argparse.Namespace, scenario: Scenario) -> tuple[Stack, Scen
             "pass a --tp that divides the cell's ranks",
         )
     world = dataclasses.replace(scenario.world, gpus_per_cell=ranks)
+    _check_tp(world, scenario.limits, args.tp)
     wire = Wire.IPC if args.transport == "ipc" else Wire.NCCL
     trainer_actor, engine_actor, transport = _parts(args.trainer, engine, wire)
     stack = Stack(
@@ -126,6 +129,14 @@ def gpu_stack(args: argparse.Namespace, scenario: Scenario) -> tuple[Stack, Scen
         transport=transport,
     )
     return stack, dataclasses.replace(scenario, world=world)
+
+
+def _check_tp(world: WorldShape, limits: Limits, tp: int) -> None:
+    """The cells widened to ``--tp`` within the scenario's GPU bound, naming --tp."""
+    try:
+        check_world(world, limits)
+    except ConfigError as error:
+        raise ConfigError("--tp", f"{tp}: {error.problem}", error.fix) from None
 
 
 def _parts(trainer: str, engine: str, wire: Wire) -> tuple[object, object, object]:

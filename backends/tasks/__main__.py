@@ -17,21 +17,22 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from transformers.utils import logging as hf_logging
+from miles_core.ctrl_c import exit_on_ctrl_c
 
-from backends.common.training.hf_checkpoint import ARCHITECTURES, load_checkpoint
-from backends.common.training.local_grpo import GrpoSettings, StepResult
-from backends.common.training.losses import KL_TYPES, LossConfig
-from backends.common.training.prompt_data import load_prompts
-from backends.tasks.arith_task import ArithSpec, write_task
-from backends.tasks.learn import LEARNING_STEPS, evaluate, flags, learn, tuned
-from miles_core.errors import ConfigError
-from miles_core.report import exit_cli
+if TYPE_CHECKING:
+    from backends.common.training.local_grpo import StepResult
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The flags, whose defaults and choices come from the task's and the loss's modules
+    (torch and transformers: imported here, after ``exit_on_ctrl_c``)."""
+    from backends.common.training.hf_checkpoint import ARCHITECTURES
+    from backends.common.training.losses import KL_TYPES
+    from backends.tasks.arith_task import ArithSpec
+    from backends.tasks.learn import LEARNING_STEPS, tuned
+
     parser = argparse.ArgumentParser(
         prog="python -m backends.tasks", description=__doc__.split("\n\n")[1]
     )
@@ -70,6 +71,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _make(args: argparse.Namespace) -> int:
+    from backends.tasks.arith_task import ArithSpec, write_task
+    from miles_core.errors import ConfigError
+
     spec = ArithSpec(
         max_operand=args.max_operand,
         prompts=args.prompts,
@@ -97,8 +101,17 @@ def _make(args: argparse.Namespace) -> int:
 
 
 def _learn(args: argparse.Namespace) -> int:
-    if args.steps < 1:
-        raise ConfigError("--steps", f"got {args.steps}", "pass an integer >= 1")
+    from backends.common.training.hf_checkpoint import load_checkpoint
+    from backends.common.training.local_grpo import GrpoSettings
+    from backends.common.training.losses import LossConfig
+    from backends.common.training.prompt_data import load_prompts
+    from backends.tasks.learn import MAX_LEARN_STEPS, evaluate, flags, learn
+    from miles_core.errors import ConfigError
+
+    if not 1 <= args.steps <= MAX_LEARN_STEPS:
+        raise ConfigError(
+            "--steps", f"got {args.steps}", f"pass an integer from 1 to {MAX_LEARN_STEPS} (fixed)"
+        )
     settings = GrpoSettings(
         rollout_batch_size=args.rollout_batch_size,
         n_samples_per_prompt=args.n_samples_per_prompt,
@@ -129,6 +142,11 @@ def _learn(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from miles_core.errors import ConfigError
+
     parser = _parser()
     args = parser.parse_args(argv)
     torch.set_num_threads(max(1, args.threads))
@@ -141,4 +159,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_ctrl_c()  # before torch and transformers: a Ctrl-C then exits 130, no traceback
+    from miles_core.report import exit_cli
+
     exit_cli(lambda: main(sys.argv[1:]))

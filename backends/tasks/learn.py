@@ -26,6 +26,9 @@ from backends.tasks.arith_task import ArithSpec
 LEARNING_SPEC = ArithSpec(max_operand=2, seed=1, hidden_size=128, heads=8, warmup_steps=100)
 """The task the learning test makes: sums of 0..2 (nine prompts, five answers, chance 0.2)."""
 LEARNING_STEPS = 100
+MAX_LEARN_STEPS = 100_000
+"""``learn --steps``' bound, a scenario's default ``[limits] steps``: a step of the default
+settings takes about a second here, so the bound is a day of CPU."""
 
 
 def tuned(seed: int) -> tuple[GrpoSettings, LossConfig]:

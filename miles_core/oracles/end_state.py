@@ -9,14 +9,22 @@ completed when it should have failed. A history with no RunEnded was cut off,
 and an event after RunEnded means some part of a world kept acting on a run
 that was over. A run interrupted from outside (Ctrl-C) has no ending of its own
 to judge: only those two checks apply to it.
+
+A joined history (a job whose processes all died, then resumed from a save) is judged run
+by run: each controller's run that ended by itself before the resume (a save, then a
+``--load`` that goes on) is held to its own ending, with nothing after it but the join's
+JobKilled; one killed before it ended has none to judge; the last must end as above.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from miles_core.event_index import Indexed, select
 from miles_core.events import History, RunEnded, RunStarted
 from miles_core.kinds import RunStatus
 from miles_core.oracles.base import Violation
+from miles_core.segments import killed, segments
 
 NAME = "end_state"
 
@@ -34,15 +42,38 @@ def _describe(status: RunStatus, error: str | None) -> str:
 
 
 def end_state(history: History) -> Violation | None:
-    started: Indexed | None = None
-    ended: Indexed | None = None
-    for seq, e in select(history, RunStarted, RunEnded):
-        if isinstance(e, RunStarted) and started is None:
-            started = (seq, e)
-        elif isinstance(e, RunEnded):
-            ended = (seq, e)
-            break
-    if ended is not None and ended[0] + 1 < len(history):
+    marks = select(history, RunStarted, RunEnded)
+    job_started = next(((seq, e) for seq, e in marks if isinstance(e, RunStarted)), None)
+    for first, stop, last in _runs(history):
+        inside = [(seq, e) for seq, e in marks if first <= seq < stop]
+        violation = _run_ended(history, inside, stop, last, job_started)
+        if violation is not None:
+            return violation
+    return None
+
+
+def _runs(history: History) -> list[tuple[int, int, bool]]:
+    """Each controller's run as positions [first, stop) and whether it is the job's last:
+    the whole history without a kill; with one, each segment, less the JobKilled after it
+    (the join's, or the world's: not the run's own)."""
+    if not killed(history):
+        return [(0, len(history), True)]
+    found = segments(history)
+    runs = [(s.first, s.stop if s.killed is None else s.killed, False) for s in found[:-1]]
+    return [*runs, (found[-1].first, found[-1].stop, True)]
+
+
+def _run_ended(
+    history: History,
+    marks: Sequence[Indexed],
+    stop: int,
+    last: bool,
+    job_started: Indexed | None,
+) -> Violation | None:
+    """One run's ending; a run before the job's last one may have none (it was killed)."""
+    started = next(((seq, e) for seq, e in marks if isinstance(e, RunStarted)), job_started)
+    ended = next(((seq, e) for seq, e in marks if isinstance(e, RunEnded)), None)
+    if ended is not None and ended[0] + 1 < stop:
         after = ended[0] + 1
         return Violation(
             NAME,
@@ -51,9 +82,14 @@ def end_state(history: History) -> Violation | None:
             (ended, (after, history[after])),
         )
     if ended is None:
-        if not len(history):
+        if not last or not len(history):
             return None
         return Violation(NAME, "the run never recorded its end (it was cut off)", ())
+    return _judged(ended, started)
+
+
+def _judged(ended: Indexed, started: Indexed | None) -> Violation | None:
+    """A recorded ending against the one its run's RunStarted expects."""
     end = ended[1]
     assert isinstance(end, RunEnded)
     status, error = _expected(started)

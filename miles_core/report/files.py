@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from miles_core.ctrl_c import INTERRUPTED_EXIT, ctrl_c_raises
 from miles_core.errors import ConfigError
-from miles_core.report.interrupt import INTERRUPTED_EXIT
 
 
 def check_writable(path: str | Path, flag: str) -> Path:
@@ -62,7 +62,9 @@ def run_cli(main: Callable[[], int]) -> int:
     (``| head``) ends the output quietly, as Unix tools do, instead of with a BrokenPipeError
     traceback; a Ctrl-C that ``main`` left to it (one before a run began, or a second one)
     ends it with one line and 130, as a shell reports a Ctrl-C, instead of a
-    KeyboardInterrupt traceback."""
+    KeyboardInterrupt traceback. Ctrl-C raises it again from here (``main`` handles it):
+    before, while the command imported, it ended the process at once (miles_core/ctrl_c.py)."""
+    ctrl_c_raises()
     try:
         code = main()
         sys.stdout.flush()

@@ -8,8 +8,9 @@ task half-way through a step then fails in ways that read as a bug of the contro
 crash). So a run asks to be told instead (``ctrl_c_calls``) and stops at its own next
 safe point. Judging and summarising a long prefix can take seconds; a command cut short
 has under two, so that work runs under ``time_limit`` and what did not fit is said to be
-missing. The only place in miles_core that touches signals; it reads no clock (the
-limit is the system's interval timer).
+missing. With miles_core/ctrl_c.py (a command's first instants, before this is imported),
+the only place in miles_core that touches signals; it reads no clock (the limit is the
+system's interval timer).
 """
 
 from __future__ import annotations
@@ -20,14 +21,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from miles_core.ctrl_c import INTERRUPTED_EXIT as INTERRUPTED_EXIT
 from miles_core.events import History
 from miles_core.loop import RunReport
 from miles_core.oracles import SAFETY, WHOLE_RUN, Violation, verdict_lines
 from miles_core.oracles.base import forget
 from miles_core.scenario import Scenario
-
-INTERRUPTED_EXIT = 130
-"""What a shell reports for a process Ctrl-C stopped (128 + SIGINT)."""
 
 JUDGE_SECONDS = 0.5
 """How long an interrupted run's safety oracles may take, together."""

@@ -80,7 +80,7 @@ def _check_one(hint: Any, value: Any, where: str) -> Any:
         choices = [e.value for e in hint]
         if isinstance(value, str) and value in choices:
             return hint(value)
-        raise ConfigError(where, f"got {value!r}", f"use one of {choices}")
+        raise ConfigError(where, f"got {value!r}", _enum_fix(value, choices))
     if hint is bool:
         if isinstance(value, bool):
             return value
@@ -98,6 +98,16 @@ def _check_one(hint: Any, value: Any, where: str) -> Any:
             return value
         raise ConfigError(where, f"got {value!r}", "write a string in quotes")
     return value  # a type the user never writes directly (checked by its own class)
+
+
+def _enum_fix(value: object, choices: list[str]) -> str:
+    """The fix for a value an enum does not have: the one it most likely meant (as for a
+    misspelled key, ``unknown_keys_fix``), then every one there is."""
+    if isinstance(value, str):
+        snake = value.replace("-", "_").lower()
+        if close := difflib.get_close_matches(snake, choices, n=1, cutoff=0.75):
+            return f"{value!r} may be {close[0]}; use one of {choices}"
+    return f"use one of {choices}"
 
 
 def _finite(value: float) -> bool:

@@ -54,7 +54,7 @@ def _read_regular(path: Path) -> bytes:
             kind = next((name for test, name in _KINDS if test(mode)), "something else")
             raise ConfigError(
                 "scenario",
-                f"cannot read {str(path)!r}: it is {kind}, not a regular file",
+                f"cannot read {_named(path)}: it is {kind}, not a regular file",
                 "pass the path of a .toml file (a pipe or a device is not read: write its "
                 "scenario to a file first)",
             )
@@ -69,6 +69,14 @@ def _read_regular(path: Path) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def _named(path: Path) -> str:
+    """The path as the user wrote it, and where it leads when it is a link (a link to
+    /dev/zero is named, not only the device)."""
+    if not path.is_symlink():
+        return repr(str(path))
+    return f"{str(path)!r} (a link to {str(path.resolve())!r})"
 
 
 def _too_big(path: Path) -> ConfigError:

@@ -10,13 +10,15 @@ anything runs, never a KeyError inside a world or a "never fired" afterwards.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from miles_core import errors
 from miles_core.errors import ConfigError, MilesCoreError
 from miles_core.kinds import FaultKind, FaultPoint, RunStatus
-from miles_core.loop.config import LoopConfig, check_until_witnessed
+from miles_core.loop.config import FLAGS, LoopConfig, check_until_witnessed
+from miles_core.loop.flags import with_flags
 from miles_core.scenario.faults import (
     After,
     AfterBucket,
@@ -26,7 +28,14 @@ from miles_core.scenario.faults import (
     target_cell,
     target_engine,
 )
-from miles_core.scenario.limits import Limits, check_steps, check_world, over
+from miles_core.scenario.limits import (
+    Limits,
+    check_loop,
+    check_steps,
+    check_world,
+    loop_key,
+    over,
+)
 from miles_core.scenario.liveness import Liveness, liveness_bound
 from miles_core.scenario.world import TimeModel, WorldShape
 from miles_core.stopping import LivenessPlan
@@ -169,6 +178,7 @@ class Scenario:
         from them (a bucket fault's check plans the model's tensors)."""
         check_world(self.world, self.limits)
         check_steps(self.loop.steps, self.limits)
+        check_loop(self.loop, self.limits)
         until = self.until_witnessed
         if isinstance(until, int) and not isinstance(until, bool):
             check_steps(until, self.limits, "until_witnessed")
@@ -183,6 +193,13 @@ class Scenario:
         if loop.lora_adapter is not None:
             units = (lora_unit(loop.lora_adapter, self.world.lora_params()),)
         return len(plan_buckets(units, loop.update_weight_buffer_size))
+
+    def with_loop_flags(self, overrides: Mapping[str, Any]) -> Scenario:
+        """The loop flags given on a command line applied and bounded: an error names the
+        flag as the user gave it (a key the file set, as the file wrote it)."""
+        loop = with_flags(self.loop, overrides)
+        check_loop(loop, self.limits, lambda f: FLAGS[f] if f in overrides else loop_key(f))
+        return dataclasses.replace(self, loop=loop)
 
     def with_run(self, steps: int | None = None, seed: int | None = None) -> Scenario:
         """The scenario as one run of it sees it (``--steps`` and the seed applied, rechecked)."""

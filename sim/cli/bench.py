@@ -258,6 +258,12 @@ def _vs_line(name: str, w: Mapping[str, Any], before: Mapping[str, Any]) -> str:
     )
 
 
+MAX_REPEATS = 1000
+"""--repeats' bound: seeds of the scenario workload, each a run (the default is 3)."""
+MAX_ROUNDS = 100
+"""--rounds' bound: times each workload is run (the default is 1)."""
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m sim bench",
@@ -285,6 +291,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ):
         if value is not None and value < 1:
             parser.error(str(ConfigError(flag, f"got {value}", "pass an integer >= 1")))
+    for flag, value, bound in (
+        ("--repeats", args.repeats, MAX_REPEATS),
+        ("--rounds", args.rounds, MAX_ROUNDS),
+    ):
+        if value > bound:
+            fix = f"pass at most {bound} (fixed: each is a whole run of the workload)"
+            parser.error(str(ConfigError(flag, f"got {value}, more than {bound}", fix)))
     if args.steps is not None and args.steps > Limits().steps:  # the workloads' own bound
         parser.error(
             str(

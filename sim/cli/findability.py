@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import sys
-from collections import Counter
 from typing import Any
 
 from miles_core.errors import ConfigError
@@ -46,13 +45,14 @@ def _row(plant: str, seeds: int, workers: int) -> dict[str, Any] | None:
     run = sweep([Source(SWARM)], range(seeds), workers=workers, plant=plant, recheck=0)
     if run.interrupted:
         return None
-    oracles = Counter(name for o in run.tally.failures for name in o.failed)
+    failed = {name: n for name, (_, n) in run.tally.oracles.items() if n}
+    oracles = sorted(failed.items(), key=lambda item: (-item[1], item[0]))
     return {
         "plant": plant,
         "named_oracle": PLANTS[plant][1],
         "seeds": run.tally.seeds,
         **findability(run.tally),
-        "caught_by": dict(oracles.most_common()),
+        "caught_by": dict(oracles),
         "wall_seconds": round(run.wall_seconds, 1),
     }
 

@@ -9,6 +9,10 @@ clock to begin there (each process counted from its own start). The resumed run'
 ``JobResumed`` says which save it loaded; the ``resume`` oracle holds it to the saves the
 killed run committed, and ``exactly_once`` to every prompt across the kill.
 
+A run that ended by itself and was then continued from its save (``--load``, more steps)
+joins the same way: its processes all exited, which the join records (a ``JobKilled``
+that says so), and ``end_state`` holds each run to its own ending.
+
 Exit codes: 0 every oracle passed, 1 one failed, 2 bad input.
 """
 
@@ -21,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from miles_core.errors import ConfigError
-from miles_core.events import Event, History, JobKilled, event_from_dict
+from miles_core.events import Event, History, JobKilled, RunEnded, event_from_dict
 from miles_core.oracles import check_all
 
 KILLED = "every process of the job killed (SIGKILL)"
@@ -29,6 +33,11 @@ KILLED = "every process of the job killed (SIGKILL)"
 
 def read_history(path: Path, flag: str = "history") -> list[Event]:
     """A --history file's events; a torn last line (the kill came mid-write) is dropped."""
+    if path.exists() and not path.is_file():  # /dev/zero, or a link to it, reads forever
+        link = f" (a link to {str(path.resolve())!r})" if path.is_symlink() else ""
+        raise ConfigError(
+            flag, f"cannot read {str(path)!r}{link}: it is not a regular file", "pass a file"
+        )
     try:
         lines = path.read_text().splitlines()
     except OSError as error:
@@ -56,6 +65,14 @@ def _shifted(event: Event, by: float) -> Event:
     return event_from_dict(row)
 
 
+def _gone(events: Sequence[Event]) -> str:
+    """How the run of ``events`` left the job: killed, or ended by itself and exited."""
+    ended = next((e for e in events if isinstance(e, RunEnded)), None)
+    if ended is None:
+        return KILLED
+    return f"every process of the job exited after the run ended ({ended.status.value})"
+
+
 def join(segments: Sequence[Sequence[Event]]) -> History:
     """One history: each segment after a JobKilled at the previous one's last instant."""
     history, offset = History(), 0.0
@@ -64,7 +81,7 @@ def join(segments: Sequence[Sequence[Event]]) -> History:
             history.append(_shifted(event, offset) if offset else event)
         if i < len(segments) - 1:
             end = history[len(history) - 1].t
-            history.append(JobKilled(t=end, reason=KILLED))
+            history.append(JobKilled(t=end, reason=_gone(events)))
             offset = end - segments[i + 1][0].t
     return history
 

@@ -22,7 +22,6 @@ the scenario's value and is part of the replay line.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -32,7 +31,7 @@ from tqdm import tqdm
 
 from miles_core.errors import ConfigError
 from miles_core.events import StepCommitted
-from miles_core.loop.flags import RUN_OWN_FLAGS, add_loop_flags, flags_argv, given_flags, with_flags
+from miles_core.loop.flags import RUN_OWN_FLAGS, add_loop_flags, flags_argv, given_flags
 from miles_core.outputs import check_distinct_paths
 from miles_core.report import (
     check_writable,
@@ -79,8 +78,7 @@ def _scenario(args: argparse.Namespace) -> Scenario:
         if args.aim is not None:
             raise ConfigError("--aim", f"{args.scenario} is no swarm", "aim a swarm's seeds only")
         scenario = find_scenario(args.scenario, args.seed)
-    loop = with_flags(scenario.loop, given_flags(args, RUN_OWN_FLAGS))
-    return dataclasses.replace(scenario, loop=loop)
+    return scenario.with_loop_flags(given_flags(args, RUN_OWN_FLAGS))
 
 
 def scenario_of(args: argparse.Namespace) -> Scenario:

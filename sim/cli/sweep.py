@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import time
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 from tqdm import tqdm
@@ -34,7 +35,9 @@ def _parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     seeds = p.add_mutually_exclusive_group()
-    seeds.add_argument("--seeds", type=int, metavar="N", help="seeds 0..N-1 (default 1000)")
+    seeds.add_argument(
+        "--seeds", type=_count, metavar="N", help="seeds 0..N-1 (default 1000; 1e6 is 1000000)"
+    )
     seeds.add_argument("--seed-range", metavar="A:B", help="seeds A..B-1")
     p.add_argument(
         "--scenario",
@@ -66,11 +69,30 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+MAX_SEEDS = sys.maxsize
+"""The most seeds one sweep counts (seeds stream: memory does not grow with them)."""
+
+
+def _count(text: str) -> int:
+    """An integer, also written as a whole number in e-notation (``1e9``)."""
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        value = Decimal("nan")
+    if not value.is_finite() or value != value.to_integral_value():
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}")
+    if value.copy_abs() > MAX_SEEDS:  # before int(): 1e999999999 has a billion digits
+        raise argparse.ArgumentTypeError(
+            f"{text} is more than {MAX_SEEDS}, the most a sweep counts"
+        )
+    return int(value)
+
+
 def _seeds(args: argparse.Namespace) -> range:
     if args.seed_range is None:
         n = 1000 if args.seeds is None else args.seeds
-        if n < 1:
-            raise ConfigError("--seeds", f"got {n}", "pass an integer >= 1")
+        if not 1 <= n <= MAX_SEEDS:
+            raise ConfigError("--seeds", f"got {n}", f"pass an integer from 1 to {MAX_SEEDS}")
         return range(n)
     a, sep, b = args.seed_range.partition(":")
     try:
@@ -80,6 +102,10 @@ def _seeds(args: argparse.Namespace) -> range:
     if not sep or end <= first:
         raise ConfigError(
             "--seed-range", f"got {args.seed_range!r}", "write A:B with integers A < B"
+        )
+    if end - first > MAX_SEEDS:
+        raise ConfigError(
+            "--seed-range", f"got {end - first} seeds", f"pass at most {MAX_SEEDS} (B - A)"
         )
     return range(first, end)
 

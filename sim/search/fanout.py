@@ -32,6 +32,10 @@ AIM_SHARE = 2
 """One seed in AIM_SHARE of the swarm's is aimed while reachable cells are empty."""
 AIM_TRIES = 25
 """Aimed seeds a cell gets before it is left to chance (a phase too short to land in)."""
+KEPT_FAILURES = 1000
+"""Failing seeds a sweep keeps in full (their scenario, violations and replay line): the
+lowest by (source, seed, aim), whatever order they came back in; past them it counts. A
+sweep of any length holds a bounded tally (a planted bug can fail every seed)."""
 
 
 @dataclass(frozen=True)
@@ -44,15 +48,21 @@ class Source:
 
 @dataclass
 class Tally:
-    """What a sweep found so far: counts per oracle and per map cell, failing seeds."""
+    """What a sweep found so far: counts per oracle and per map cell, the failing seeds (the
+    first KEPT_FAILURES in full, then a count). Its size is bounded whatever the seed count:
+    it keeps no per-seed record but the failures it shows and the re-check sample's hashes."""
 
     oracles: dict[str, list[int]] = field(default_factory=dict)
     """oracle -> [passed, failed]."""
     coverage: dict[CoverageCell, int] = field(default_factory=dict)
     """cell -> seeds that hit it."""
-    failures: list[SeedOutcome] = field(default_factory=list)
+    failed: int = 0
+    """Seeds that failed, all of them (``failures`` keeps the first KEPT_FAILURES)."""
+    lowest_failing_seed: int | None = None
     hashes: dict[tuple[str, int, str], str] = field(default_factory=dict)
-    """(source, seed, aim) -> history hash, for the determinism re-check."""
+    """(source, seed, aim) -> history hash, of the seeds ``recheck`` names only."""
+    recheck: set[tuple[str, int, str]] = field(default_factory=set)
+    """The seeds to be run again, whose hash is kept for the determinism re-check."""
     seeds: int = 0
     per_node: dict[str, int] = field(default_factory=dict)
     """Ray node id -> seeds judged there."""
@@ -66,6 +76,8 @@ class Tally:
     """probe -> seeds that hit it."""
     lowest_seed: int | None = None
     """The lowest seed judged: where a findability count starts."""
+    _failing: list[SeedOutcome] = field(default_factory=list)
+    """Failing outcomes, cut to the lowest KEPT_FAILURES each time it holds twice as many."""
 
     def add(self, outcome: SeedOutcome, node: str) -> None:
         self.seeds += 1
@@ -87,8 +99,23 @@ class Tally:
             if not hit:
                 self.aims_missed[outcome.aim] = self.aims_missed.get(outcome.aim, 0) + 1
         if not outcome.ok:
-            self.failures.append(outcome)
-        self.hashes[_key(outcome.source, outcome.seed, outcome.aim)] = outcome.hash
+            self._add_failure(outcome)
+        key = _key(outcome.source, outcome.seed, outcome.aim)
+        if key in self.recheck:
+            self.hashes[key] = outcome.hash
+
+    def _add_failure(self, outcome: SeedOutcome) -> None:
+        self.failed += 1
+        if self.lowest_failing_seed is None or outcome.seed < self.lowest_failing_seed:
+            self.lowest_failing_seed = outcome.seed
+        self._failing.append(outcome)
+        if len(self._failing) >= 2 * KEPT_FAILURES:
+            self._failing = self.failures
+
+    @property
+    def failures(self) -> list[SeedOutcome]:
+        """The failing seeds kept in full: the lowest KEPT_FAILURES, in that order."""
+        return sorted(self._failing, key=_order)[:KEPT_FAILURES]
 
     def empty_aimable(self) -> list[CoverageCell]:
         """Reachable cells the swarm can aim at that no seed has hit yet and that fewer than
@@ -101,6 +128,10 @@ class Tally:
 
 def _key(source: str, seed: int, aim: CoverageCell | None) -> tuple[str, int, str]:
     return (source, seed, "" if aim is None else aim.key())
+
+
+def _order(outcome: SeedOutcome) -> tuple[str, int, str]:
+    return _key(outcome.source, outcome.seed, outcome.aim)
 
 
 @dataclass
@@ -128,10 +159,14 @@ def tasks_for(
     aimer: _Aimer | None,
     liveness: bool = False,
 ) -> Iterator[SeedTask]:
-    """Every seed of every source, aimed (or not) as it is handed out."""
-    for index, (seed, source) in enumerate(itertools.product(seeds, sources)):
-        aim = aimer.aim(source, index) if aimer is not None else None
-        yield SeedTask(source.text, seed, source.scenario, steps, aim, plant, liveness)
+    """Every seed of every source, aimed (or not) as it is handed out. Lazy: a seed is made
+    when it is taken (``itertools.product`` would first copy the whole range into a tuple)."""
+    index = 0
+    for seed in seeds:
+        for source in sources:
+            aim = aimer.aim(source, index) if aimer is not None else None
+            yield SeedTask(source.text, seed, source.scenario, steps, aim, plant, liveness)
+            index += 1
 
 
 def chunks(tasks: Iterator[SeedTask], size: int = CHUNK) -> Iterator[list[SeedTask]]:
@@ -151,7 +186,7 @@ class SweepRun:
 
     @property
     def ok(self) -> bool:
-        return not self.tally.failures and not self.nondeterministic and not self.interrupted
+        return not self.tally.failed and not self.nondeterministic and not self.interrupted
 
 
 def _judged_on_node(tasks: list[SeedTask]) -> tuple[str, list[SeedOutcome]]:
@@ -209,6 +244,7 @@ def sweep(
         for i, task in enumerate(tasks_for(sources, seeds, steps, plant, aimer, liveness)):
             if stride and i % stride == 0 and len(sample) < recheck:
                 sample.append(task)
+                run.tally.recheck.add(_key(task.source, task.seed, task.aim))
             yield task
 
     def judged(outcome: SeedOutcome, node: str) -> None:

@@ -19,11 +19,11 @@ from miles_core.coverage import PHASES, CoverageCell, reachable
 from miles_core.probes import CORE, NOT_IN_LIVENESS, PROBES
 from sim.run import replay_command
 from sim.search.aim import AIMABLE
-from sim.search.fanout import SweepRun, Tally
+from sim.search.fanout import KEPT_FAILURES, SweepRun, Tally
 from sim.search.judge import SeedOutcome
 
 SHOWN_FAILURES = 20
-"""Failing seeds printed; the JSON and --out hold all of them."""
+"""Failing seeds printed; the JSON and --out hold the first KEPT_FAILURES of them."""
 
 
 def map_rows(tally: Tally) -> list[tuple[str, str]]:
@@ -74,11 +74,11 @@ def findability(tally: Tally) -> dict[str, Any]:
     """How findable the planted bug is: the share of seeds that caught it, the seeds a sweep
     from the lowest one needed to first catch it, and the seeds that catch it at least once
     with 99% confidence at that rate (each seed an independent draw)."""
-    caught = len({(o.source, o.seed) for o in tally.failures})
+    caught = tally.failed  # each (source, seed) is judged once
     rate = caught / tally.seeds if tally.seeds else 0.0
     first = None
-    if tally.failures and tally.lowest_seed is not None:
-        first = min(o.seed for o in tally.failures) - tally.lowest_seed + 1
+    if tally.lowest_failing_seed is not None and tally.lowest_seed is not None:
+        first = tally.lowest_failing_seed - tally.lowest_seed + 1
     if rate >= 1.0:
         needed: int | None = 1
     elif rate > 0.0:
@@ -105,10 +105,6 @@ def _failure(outcome: SeedOutcome) -> dict[str, Any]:
     }
 
 
-def _order(outcome: SeedOutcome) -> tuple[str, int, str]:
-    return (outcome.source, outcome.seed, "" if outcome.aim is None else outcome.aim.key())
-
-
 def summary(
     run: SweepRun, workers: int, nodes: int, plant: str | None, liveness: bool = False
 ) -> dict[str, Any]:
@@ -124,7 +120,8 @@ def summary(
         "interrupted": run.interrupted,
         "ok": run.ok,
         "oracles": {k: {"passed": p, "failed": f} for k, (p, f) in sorted(tally.oracles.items())},
-        "failures": [_failure(o) for o in sorted(tally.failures, key=_order)],
+        "failing_seeds": tally.failed,
+        "failures": [_failure(o) for o in tally.failures],
         "determinism": {"rechecked": run.rechecked, "differed": run.nondeterministic},
         "idle_windows": dict(sorted(tally.idle.items())),
         "probes": probes_json(tally, liveness),
@@ -149,11 +146,10 @@ def text_lines(info: dict[str, Any], tally: Tally) -> list[str]:
     for name, counts in info["oracles"].items():
         lines.append(f"  {name:22s} {counts['passed']:8d} {counts['failed']:8d}")
     failures = info["failures"]
-    lines += ["", f"failing seeds: {len(failures)}"]
+    lines += ["", f"failing seeds: {info['failing_seeds']}"]
     for f in failures[:SHOWN_FAILURES]:
         lines.append(f"  {', '.join(f['oracles'])}: {f['replay']}")
-    if len(failures) > SHOWN_FAILURES:
-        lines.append(f"  ... {len(failures) - SHOWN_FAILURES} more in the JSON")
+    lines += _more_failures(info["failing_seeds"], len(failures))
     d = info["determinism"]
     lines += ["", f"determinism: {d['rechecked']} seeds run twice, {len(d['differed'])} differed"]
     lines += [f"  {line}" for line in d["differed"]]
@@ -162,6 +158,16 @@ def text_lines(info: dict[str, Any], tally: Tally) -> list[str]:
     if info["findability"] is not None:
         lines += ["", *findability_lines(info["plant"], info["findability"], info["seeds"])]
     return [*lines, "", *probe_lines(info["probes"]), "", *map_lines(info["coverage"], tally)]
+
+
+def _more_failures(failed: int, kept: int) -> list[str]:
+    """Where the failing seeds not printed are: the JSON, up to the KEPT_FAILURES it holds."""
+    if failed <= SHOWN_FAILURES:
+        return []
+    more = f"  ... {failed - SHOWN_FAILURES} more"
+    if failed > kept:
+        return [f"{more}; the JSON holds the lowest {kept} (a sweep keeps {KEPT_FAILURES})"]
+    return [f"{more} in the JSON"]
 
 
 def findability_lines(plant: str, found: dict[str, Any], seeds: int) -> list[str]:
@@ -207,19 +213,21 @@ def map_lines(coverage: dict[str, Any], tally: Tally) -> list[str]:
 
 
 def write_out(out: Path, info: dict[str, Any], tally: Tally) -> list[str]:
-    """sweep.json, coverage.png and a folder per failing seed; the lines saying so."""
+    """sweep.json, coverage.png and a folder per failing seed kept; the lines saying so."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
     written = [f"wrote {out / 'sweep.json'}"]
-    for outcome in tally.failures:
+    kept = tally.failures
+    for outcome in kept:
         folder = out / "failures" / _folder_name(outcome)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "scenario.toml").write_text(outcome.scenario_toml)
         replay = replay_command(str(folder / "scenario.toml"), outcome.seed, plant=info["plant"])
         text = f"{outcome.failure}\n\nreplay: {outcome.replay}\nor: {replay}\n"
         (folder / "failure.txt").write_text(text)
-    if tally.failures:
-        written.append(f"wrote {len(tally.failures)} failing seeds under {out / 'failures'}")
+    if kept:
+        of = f" (the lowest of {tally.failed})" if tally.failed > len(kept) else ""
+        written.append(f"wrote {len(kept)} failing seeds{of} under {out / 'failures'}")
     written.append(heat_map(out / "coverage.png", tally))
     return written
 

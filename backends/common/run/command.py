@@ -29,7 +29,7 @@ from tqdm import tqdm
 from backends.common.run.flags import RealBackend, replay_line
 from backends.common.run.history_stream import HistoryStream
 from backends.common.run.plot import plot_steps
-from backends.common.run.preflight import check_folders
+from backends.common.run.preflight import check_folders, load_plan
 from backends.common.run.ray_run import (
     TRAIN,
     RealResult,
@@ -44,7 +44,7 @@ from backends.common.training.flags import Training, training_from
 from miles_core.engines import EngineState
 from miles_core.errors import ConfigError
 from miles_core.events import EngineStateChanged, Event, FaultInjected, StepCommitted
-from miles_core.loop.flags import RUN_OWN_FLAGS, given_flags, with_flags
+from miles_core.loop.flags import RUN_OWN_FLAGS, given_flags
 from miles_core.outputs import check_distinct_paths
 from miles_core.report import (
     check_writable,
@@ -65,6 +65,7 @@ from miles_core.report.interrupt import (
 )
 from miles_core.report.progress import count_step
 from miles_core.scenario import Scenario, find_scenario
+from miles_core.scenario.limits import check_steps
 
 
 def _postfix(bar: tqdm, line: StepLine, engines_up: str) -> None:
@@ -95,12 +96,21 @@ def _print_human(result: RealResult, info: dict[str, Any]) -> None:
 
 def _preflight(args: argparse.Namespace, outputs: dict[str, Path | None]) -> None:
     """Before Ray starts: one path per output (none on the scenario file), the folders of
-    --load and --save, and a cluster at --address that answers (last: it may wait)."""
+    --load and --save, the save --load resumes from (verified; what it skips is said), and
+    a cluster at --address that answers (last: it may wait)."""
     scenario_file = args.scenario if args.scenario and Path(args.scenario).is_file() else None
     check_distinct_paths({**outputs, "--save": args.save}, {"--scenario": scenario_file})
-    check_folders(args.load, args.save, periodic=bool(getattr(args, "save_interval", 0)))
+    periodic = bool(getattr(args, "save_interval", 0))
+    load, _ = check_folders(args.load, args.save, periodic=periodic)
+    plan = load_plan(load, periodic)
     check_address(args.address)
+    for line in plan.lines() if plan is not None else ():
+        print(line, file=sys.stderr)
 
+
+MAX_TIMEOUT = 30 * 86400.0
+"""--timeout's bound: seconds a run may take (Python's waits overflow past about 292 years,
+and a month-long run on this backend is a typo)."""
 
 OUTPUT_FLAGS = ("--trace", "--metrics", "--history", "--plot")
 """The files a run writes (checked writable before it starts), in the order they are named."""
@@ -123,19 +133,25 @@ def check_run(args: argparse.Namespace, backend: RealBackend) -> Checked:
     if args.steps is not None and args.steps < 1:
         raise ConfigError("--steps", f"got {args.steps}", "pass an integer >= 1")
     check_token_seconds(args.engine_token_seconds)
-    if args.timeout <= 0:
-        raise ConfigError("--timeout", f"got {args.timeout}", "pass seconds > 0")
+    if not 0 < args.timeout <= MAX_TIMEOUT:
+        raise ConfigError(
+            "--timeout",
+            f"got {args.timeout:g}",
+            f"pass seconds > 0 and at most {MAX_TIMEOUT:g} (30 days; past it a wait overflows)",
+        )
     given = {flag: getattr(args, flag.removeprefix("--")) for flag in OUTPUT_FLAGS}
     outputs = {flag: check_writable(path, flag) if path else None for flag, path in given.items()}
     scenario = TRAIN if args.scenario is None else find_scenario(args.scenario)
-    loop = with_flags(scenario.loop, given_flags(args, RUN_OWN_FLAGS))
-    scenario = dataclasses.replace(scenario, loop=loop)
+    scenario = scenario.with_loop_flags(given_flags(args, RUN_OWN_FLAGS))
+    loop = scenario.loop
     if loop.save_interval and args.save is None:
         raise ConfigError(
             "--save-interval", f"is {loop.save_interval} with nowhere to save", "add --save DIR"
         )
     training = training_from(args, loop.rollout_batch_size)
     steps_given = args.steps if training is None or training.steps is None else training.steps
+    if training is not None and training.steps is not None:
+        check_steps(training.steps, scenario.limits, "--num-epoch")
     scenario = check_real(scenario.with_run(steps=steps_given, seed=args.seed))
     stack, scenario = backend.stack_from(args, scenario)
     _preflight(args, outputs)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from backends.common.run.save_verify import LoadPlan, plan_load, zip_problem
 from miles_core.errors import ConfigError
 
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -23,19 +24,36 @@ CHECKPOINT_FILE = "checkpoint.pt"
 def check_load(folder: str, periodic: bool = False) -> Path:
     """``--load DIR``: a folder holding a checkpoint that ``--save`` wrote, or (``periodic``:
     with --save-interval) a killed job's folder of periodic saves, whatever it holds (no
-    committed save: the job starts over)."""
+    committed save: the job starts over). An end-of-run checkpoint must be a whole torch
+    save (a truncated one failed in ``torch.load`` after Ray started); periodic saves are
+    verified by ``load_plan``."""
     path = Path(folder)
     if not path.is_dir():
         what = "does not exist" if not path.exists() else "is not a directory"
         raise ConfigError("--load", f"{folder!r} {what}", "pass a directory written by --save")
-    if not (path / CHECKPOINT_FILE).is_file() and not periodic:
+    checkpoint = path / CHECKPOINT_FILE
+    if not checkpoint.is_file() and not periodic:
         raise ConfigError(
             "--load",
             f"{folder!r} holds no {CHECKPOINT_FILE}",
             "pass a directory written by --save, or add --save-interval to resume a job's "
             "periodic saves",
         )
+    problem = zip_problem(checkpoint) if checkpoint.is_file() else None
+    if problem is not None:
+        raise ConfigError(
+            "--load", f"{str(checkpoint)!r}: {problem}", "pass a checkpoint --save wrote whole"
+        )
     return path
+
+
+def load_plan(load: Path | None, periodic: bool) -> LoadPlan | None:
+    """The periodic save ``--load`` resumes from, every newer one that does not verify
+    skipped (a ConfigError when saves committed and none verifies); None when --load reads
+    an end-of-run checkpoint, or is not given."""
+    if load is None or not periodic or (load / CHECKPOINT_FILE).is_file():
+        return None
+    return plan_load(load)
 
 
 def check_save(folder: str) -> Path:

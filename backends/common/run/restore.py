@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from backends.common.run import checkpoint
-from backends.common.run.saves import list_saves, read_ranks
+from backends.common.run.save_verify import plan_load
+from backends.common.run.saves import read_ranks
 from backends.common.training.policy import AnyPolicy
 from backends.common.world.cluster import RayCluster
 from miles_core.backend import CellFailure
 from miles_core.errors import ConfigError
 from miles_core.loop import Orchestrator
-from miles_core.saves import Resume, choose_save
+from miles_core.saves import Resume
 
 
 async def save_at_end(
@@ -37,10 +38,12 @@ async def restore(
 ) -> tuple[Any, Resume | None]:
     """(ledger, None) for an end-of-run checkpoint (--load of a --save without an interval),
     (None, resume) for a killed job's directory of periodic saves: the newest committed
-    save loaded into every cell (a torn one skipped), or a fresh start when none committed."""
+    save that verifies loaded into every cell (a torn or damaged one skipped: the preflight
+    said which and why, and the files are verified again here, as they are read), or a
+    fresh start when none committed."""
     if load_from is None or (load_from / checkpoint.FILE).is_file():
         return await _resume(cluster, load_from, policy), None
-    resume = choose_save(list_saves(load_from))
+    resume = plan_load(load_from).resume
     if resume.state is not None:
         states = read_ranks(load_from, resume.state.step, policy)
         await _load_states(cluster, states)

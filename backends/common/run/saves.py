@@ -9,7 +9,9 @@ One directory per save, ``DIR/save-STEP``, written in an order a kill cannot foo
    whole (a temporary file renamed over it);
 2. ``rank-R.pt``: each rank of the writing cell's model and optimizer, each written whole;
 3. ``committed``: the tracker, written last (miles counts a checkpoint once
-   ``latest_checkpointed_iteration.txt`` names it, written after every other file).
+   ``latest_checkpointed_iteration.txt`` names it, written after every other file): the
+   step and each file's size and sha256, so ``--load`` verifies a save before Ray starts
+   and skips one damaged after it committed (backends/common/run/save_verify.py).
 
 A directory without ``committed`` is a save the kill tore: listed as such, never read.
 The files are written off the event loop (a thread), so the run's other work goes on.
@@ -28,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from backends.common.run.save_verify import STATE, TRACKER, tracker_text
 from backends.common.training.policy import AnyPolicy
 from miles_core.errors import ConfigError
 from miles_core.saves import SaveState, StoredSave
@@ -35,7 +38,6 @@ from miles_core.saves import SaveState, StoredSave
 if TYPE_CHECKING:
     from backends.common.world.cluster import RayCluster
 
-STATE, TRACKER = "state.json", "committed"
 _NAME = re.compile(r"^save-(\d+)$")
 
 
@@ -62,20 +64,27 @@ def write_save(
     folder.mkdir(parents=True)
     body = {"state": state.to_dict(), "policy": _policy_dict(policy), "ranks": len(ranks)}
     _write_whole(folder / STATE, lambda p: p.write_text(json.dumps(body)))
+    names = [STATE]
     for r, rank_state in enumerate(ranks):
-        _write_whole(folder / f"rank-{r}.pt", lambda p, s=rank_state: torch.save(s, p))
-    _write_whole(folder / TRACKER, lambda p: p.write_text(str(state.step)))
+        names.append(f"rank-{r}.pt")
+        _write_whole(folder / names[-1], lambda p, s=rank_state: torch.save(s, p))
+    tracker = tracker_text(folder, state.step, names)
+    _write_whole(folder / TRACKER, lambda p: p.write_text(tracker))
     return folder
 
 
 def list_saves(directory: Path) -> tuple[StoredSave, ...]:
     """Every save in ``directory`` whose state was written, committed or torn (one whose
-    state.json never landed was killed before it held anything, and is not a save)."""
+    state.json never landed was killed before it held anything, and is not a save; one whose
+    state.json does not parse is left out: ``save_verify.plan_load`` names it)."""
     out = []
     for folder in sorted(directory.iterdir()) if directory.is_dir() else ():
         if _NAME.match(folder.name) is None or not (folder / STATE).is_file():
             continue
-        body = json.loads((folder / STATE).read_text())
+        try:
+            body = json.loads((folder / STATE).read_bytes())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
         out.append(StoredSave(SaveState.from_dict(body["state"]), (folder / TRACKER).is_file()))
     return tuple(out)
 

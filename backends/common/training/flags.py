@@ -4,16 +4,19 @@ trains the tiny policy on its own task, as before.
 
 Everything is checked before Ray starts: the checkpoint is inspected (no weights loaded),
 the prompt file read and tokenized, the reward resolved (a ``--custom-rm-path`` imported),
-the loss flags validated (by LossConfig, which names each); each error names the flag as the
-user wrote it. Parsing them imports nothing heavy (run/flags.py).
+the loss flags validated (by LossConfig, which names each), the prompt file's lines and size
+bounded and prompts longer than the engines take dropped (prompt_length.py); each error
+names the flag as the user wrote it. Parsing them imports nothing heavy (run/flags.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
 from typing import Any
 
+from backends.common.training.prompt_data import MAX_BYTES, MAX_LINE_BYTES
 from miles_core.errors import ConfigError
 
 DEFAULT_LR = 1e-3
@@ -44,6 +47,14 @@ def add_training_flags(run: argparse.ArgumentParser) -> None:
     add("--rollout-seed", type=int, default=42)
     add("--num-epoch", type=int, default=None, help="sets --steps when it is not given")
     add("--rollout-max-response-len", type=int, default=16, help="max_new_tokens")
+    add(
+        "--rollout-max-prompt-len",
+        type=int,
+        default=None,
+        help="drop longer prompts (default: those longer than the context less the response)",
+    )
+    add("--prompt-data-max-line-bytes", type=int, default=MAX_LINE_BYTES, metavar="BYTES")
+    add("--prompt-data-max-bytes", type=int, default=MAX_BYTES, metavar="BYTES")
     add("--rm-type", default=None, help="math, deepscaler or dapo")
     add("--custom-rm-path", default=None, metavar="MODULE.FUNCTION")
     add("--reward-key", default=None, help="a dict reward's number (dapo: score)")
@@ -83,6 +94,7 @@ def training_from(args: argparse.Namespace, rollout_batch_size: int) -> Training
     from backends.common.training.losses import LossConfig
     from backends.common.training.policy import HFPolicy
     from backends.common.training.prompt_data import PromptFlags, load_prompts
+    from backends.common.training.prompt_length import context_length, keep_fitting, prompt_bound
     from backends.common.training.rewards import resolve_reward
     from backends.common.training.task import DataTask
 
@@ -97,15 +109,23 @@ def training_from(args: argparse.Namespace, rollout_batch_size: int) -> Training
         raise ConfigError("--num-epoch", f"got {args.num_epoch}", "pass an integer >= 1")
     loss = LossConfig(**{k: getattr(args, k) for k in LOSS_FLAGS})
     rule = resolve_reward(args.rm_type, args.custom_rm_path, reward_key=args.reward_key)
+    bound = prompt_bound(
+        context_length(info.directory), args.rollout_max_response_len, args.rollout_max_prompt_len
+    )
     flags = PromptFlags(
         args.prompt_data,
         args.input_key,
         args.label_key,
         args.metadata_key,
         args.apply_chat_template,
+        args.prompt_data_max_line_bytes,
+        args.prompt_data_max_bytes,
     )
     tokenizer = _tokenizer(info.directory)
-    prompts = load_prompts(flags, tokenizer)
+    kept = keep_fitting(load_prompts(flags, tokenizer), tokenizer, bound)
+    if kept.dropped:
+        print(kept.note(), file=sys.stderr)
+    prompts = kept.prompts
     task = DataTask(
         prompts, info.directory, rule, args.rollout_max_response_len, args.rollout_shuffle,
         args.rollout_seed,

@@ -7,7 +7,11 @@ miles reads ``--hf-checkpoint DIR`` as a ``save_pretrained`` directory (config.j
 ``FSDPTrainRayActor.init``) and SGLang is handed the directory. Here only the
 architectures the trainers can convert are accepted (llama, qwen2, qwen3), and a bad
 directory is refused by ``inspect_checkpoint``, which reads config.json and the
-safetensors headers only, before any weight is loaded (or Ray starts).
+safetensors headers only, before any weight is loaded (or Ray starts): each header checked
+against its file's size (``safetensors_header``: a truncated or corrupt file is named, with
+the tensor it cuts), and each tensor's shape against the model config.json describes, built
+on the meta device (a config that disagrees with its weights would make ``from_pretrained``
+allocate the config's sizes, 16 TiB, before it found out).
 
 Nothing is downloaded: ``write_random_checkpoint`` builds the model from a config,
 initialises it from its own seeded generator (the same seed writes bitwise-equal
@@ -17,12 +21,12 @@ files) and saves the local tokenizer of ``char_tokenizer`` beside it.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -35,6 +39,7 @@ from transformers import (
 )
 
 from backends.common.training.char_tokenizer import build_tokenizer
+from backends.common.training.safetensors_header import TensorEntry, read_header
 from miles_core.errors import ConfigError
 
 FLAG = "--hf-checkpoint"
@@ -178,22 +183,92 @@ def _weights(directory: Path) -> list[Path]:
     return files
 
 
-def _tensor_sizes(files: list[Path]) -> tuple[int, int]:
-    """(parameter count, bytes) from the safetensors headers alone."""
-    count = size = 0
+def _tensors(files: list[Path]) -> dict[str, TensorEntry]:
+    """Every tensor the files declare, by name, from their headers alone (checked against
+    each file's size: a truncated or corrupt file is refused here, naming it)."""
+    out: dict[str, TensorEntry] = {}
     for path in files:
-        with safe_open(str(path), framework="pt") as handle:
-            for name in handle.keys():  # noqa: SIM118 (a safe_open handle is not a dict)
-                piece = handle.get_slice(name)
-                numel = 1
-                for dim in piece.get_shape():
-                    numel *= dim
-                count += numel
-                size += numel * _DTYPE_BYTES.get(piece.get_dtype(), 4)
-    return count, size
+        for entry in read_header(path):
+            if entry.name in out:
+                raise ConfigError(
+                    FLAG,
+                    f"tensor {entry.name!r} is in both {out[entry.name].file} and {path}",
+                    "keep one copy of each tensor",
+                )
+            out[entry.name] = entry
+    return out
 
 
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "U8": 1, "BOOL": 1}
+def _expected_shapes(
+    config: dict[str, Any], path: Path
+) -> tuple[dict[str, tuple[int, ...]], set[str]]:
+    """(every tensor the model config.json describes may hold, with its shape; those it
+    must hold): the model built on the meta device, so nothing is allocated however large
+    the config says it is."""
+    try:
+        hf_config = ARCHITECTURES[config["model_type"]].from_dict(config)
+        with torch.random.fork_rng(), torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(hf_config)
+    except Exception as error:  # any config HF cannot build (its validators raise many kinds)
+        why = " ".join(f"{type(error).__name__}: {error}".split())[:300]
+        raise ConfigError(
+            FLAG, f"{path} does not describe a model ({why})", "rewrite it with save_pretrained"
+        ) from None
+    known = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    return known, {name for name, _ in model.named_parameters()}
+
+
+def _layers(config: dict[str, Any], config_path: Path, tensors: dict[str, TensorEntry]) -> None:
+    """num_hidden_layers against the layers the weights hold (0..n-1, each): checked first,
+    so a config of a million layers is refused before a model of them is built, even on the
+    meta device (the layers built are then bounded by the header's size)."""
+    held = {int(m.group(1)) for name in tensors if (m := _LAYER.match(name))}
+    count = config.get("num_hidden_layers")
+    if not isinstance(count, int) or held != set(range(count)):
+        raise ConfigError(
+            FLAG,
+            f"{config_path} says num_hidden_layers={count!r}, the weights hold {_held(held)}",
+            "use the config.json the weights were saved with",
+        )
+
+
+def _held(layers: set[int]) -> str:
+    if not layers:
+        return "no layer"
+    if layers == set(range(len(layers))):
+        return f"layers 0..{len(layers) - 1}"
+    return f"{len(layers)} layers numbered {min(layers)}..{max(layers)}, with gaps"
+
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def _check_against_config(
+    config: dict[str, Any], directory: Path, tensors: dict[str, TensorEntry]
+) -> None:
+    """Each tensor's shape is the one config.json's model gives it, none missing, none extra:
+    ``from_pretrained`` would otherwise allocate the config's sizes first and fail after."""
+    path = directory / "config.json"
+    _layers(config, path, tensors)
+    known, required = _expected_shapes(config, path)
+    fix = "use the config.json the weights were saved with"
+    for name, entry in sorted(tensors.items()):
+        if name not in known:
+            raise ConfigError(
+                FLAG, f"tensor {name!r} of {entry.file} has no place in {path}'s model", fix
+            )
+        if entry.shape != known[name]:
+            raise ConfigError(
+                FLAG,
+                f"tensor {name!r} is {list(entry.shape)} in {entry.file}, {path} makes it "
+                f"{list(known[name])}",
+                fix,
+            )
+    missing = sorted(required - set(tensors))
+    if missing:
+        raise ConfigError(
+            FLAG, f"the weights lack tensor {missing[0]!r} that {path}'s model needs", fix
+        )
 
 
 def inspect_checkpoint(directory: Path | str) -> CheckpointInfo:
@@ -201,7 +276,8 @@ def inspect_checkpoint(directory: Path | str) -> CheckpointInfo:
     weights loaded), so a run checks its flag before any heavy work."""
     folder = Path(directory)
     config = _read_config(folder)
-    count, size = _tensor_sizes(_weights(folder))
+    tensors = _tensors(_weights(folder))
+    _check_against_config(config, folder, tensors)
     return CheckpointInfo(
         directory=str(folder),
         arch=config["model_type"],
@@ -209,8 +285,8 @@ def inspect_checkpoint(directory: Path | str) -> CheckpointInfo:
         layers=int(config.get("num_hidden_layers", 0)),
         hidden_size=int(config.get("hidden_size", 0)),
         heads=int(config.get("num_attention_heads", 0)),
-        param_count=count,
-        param_bytes=size,
+        param_count=sum(t.numel for t in tensors.values()),
+        param_bytes=sum(t.nbytes for t in tensors.values()),
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
     )
 

@@ -11,6 +11,11 @@ takes a slice of the rows, as miles' ``_parse_generalized_path``. Where miles pr
 bad line and skips it, or fails later with a KeyError, this raises a ConfigError naming
 the flag and the line, before any work.
 
+The file is read a line at a time, each line bounded (``max_line_bytes``) and the whole
+bounded (``max_bytes``; ``--prompt-data-max-line-bytes``, ``--prompt-data-max-bytes``):
+one 100 MB line once grew the driver to 22.8 GB. Prompts longer than the engines take are
+dropped by length, as miles' ``Dataset`` drops them (prompt_length.py).
+
 The order they are handed out in, and the cursor a save holds, live in
 ``prompt_source``.
 """
@@ -18,13 +23,15 @@ The order they are handed out in, and the cursor a save holds, live in
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from miles_core.errors import ConfigError
+from miles_core.errors import ConfigError, int_at_least
 
 
 @dataclass(frozen=True)
@@ -38,15 +45,36 @@ class Prompt:
     metadata: dict[str, Any] = field(default_factory=dict, hash=False)
 
 
+MAX_LINE_BYTES = 1024**2
+"""A line of the file longer than this is refused before it is parsed: a prompt that fills a
+128K-token context is about 512 KB of text; a longer line is a corrupt file or a wrong one."""
+MAX_BYTES = 1024**3
+"""A file larger than this is refused before a line is read: every prompt is held in the
+driver (and parsed JSON takes several times its text)."""
+
+
 @dataclass(frozen=True)
 class PromptFlags:
-    """miles' data flags, spelled as its ``arguments.py`` defaults them."""
+    """miles' data flags, spelled as its ``arguments.py`` defaults them, and the bounds on
+    reading the file (this testbed's own flags)."""
 
     prompt_data: str
     input_key: str = "input"
     label_key: str | None = None
     metadata_key: str = "metadata"
     apply_chat_template: bool = False
+    max_line_bytes: int = MAX_LINE_BYTES
+    """``--prompt-data-max-line-bytes``: the longest line read."""
+    max_bytes: int = MAX_BYTES
+    """``--prompt-data-max-bytes``: the largest file read."""
+
+    def __post_init__(self) -> None:
+        for flag, value in (
+            ("--prompt-data-max-line-bytes", self.max_line_bytes),
+            ("--prompt-data-max-bytes", self.max_bytes),
+        ):
+            if not int_at_least(value, 1):
+                raise ConfigError(flag, f"got {value!r}", "pass a number of bytes >= 1")
 
 
 _SLICE = re.compile(r"^(?P<path>.*)@\[(?P<start>-?\d*):(?P<end>-?\d*)\]$")
@@ -118,6 +146,51 @@ def _check_template(flags: PromptFlags, tokenizer: Any) -> None:
         )
 
 
+def _too_large(path: Path, size: int, bound: int) -> ConfigError:
+    return ConfigError(
+        "--prompt-data",
+        f"{str(path)!r} holds {size} bytes, more than the {bound} it may "
+        "(every prompt is held in the driver)",
+        f"take fewer rows into a smaller file, or raise --prompt-data-max-bytes to {size}",
+    )
+
+
+def _lines(path: Path, flags: PromptFlags) -> Iterator[tuple[int, str]]:
+    """The file's lines, numbered from 1: none longer than ``flags.max_line_bytes`` bytes,
+    no more than ``flags.max_bytes`` in all (checked as read too: the file may grow)."""
+    line_bound, total_bound = flags.max_line_bytes, flags.max_bytes
+    if (size := path.stat().st_size) > total_bound:
+        raise _too_large(path, size, total_bound)
+    total = 0
+    with path.open("rb") as file:
+        for number in itertools.count(1):
+            raw = file.readline(line_bound + 1)
+            if not raw:
+                return
+            total += len(raw)
+            if len(raw.rstrip(b"\r\n")) > line_bound:
+                raise ConfigError(
+                    "--prompt-data",
+                    f"line {number} of {path} is longer than {line_bound} bytes "
+                    "(a prompt that fills a 128K-token context is about 512 KB)",
+                    "fix the line, or raise --prompt-data-max-line-bytes if it is meant",
+                )
+            if total > total_bound:  # it grew while read
+                raise _too_large(path, total, total_bound)
+            yield number, _decoded(raw, number, path)
+
+
+def _decoded(raw: bytes, number: int, path: Path) -> str:
+    try:
+        return raw.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            "--prompt-data",
+            f"line {number} of {path} is not UTF-8 ({error.reason} at byte {error.start})",
+            "fix the line",
+        ) from None
+
+
 def load_prompts(flags: PromptFlags, tokenizer: Any = None) -> tuple[Prompt, ...]:
     """Every prompt of the file, in file order; ``tokenizer`` only for --apply-chat-template."""
     path, rows = _split_path(flags.prompt_data)
@@ -129,7 +202,7 @@ def load_prompts(flags: PromptFlags, tokenizer: Any = None) -> tuple[Prompt, ...
         raise ConfigError("--prompt-data", f"{str(path)!r} does not exist", "pass a JSONL file")
     _check_template(flags, tokenizer)
     numbered = []
-    for number, text in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, text in _lines(path, flags):
         if not text.strip():
             continue
         try:
