@@ -132,6 +132,13 @@ def test_the_ceiling_is_the_blocks_fastest_way_and_ratios_pair_with_it() -> None
     # 1/1.25, 1/1.25, 4/5: the CPU backend's shm wire, named beside the gloo one
     assert default["real_backend_shm_ratio_to_ceiling"] == {"broadcast": pytest.approx(0.8)}
     assert "with --wire shm 0.80x of the ceiling" in text
+    # the machine's load beside the figures; a warning only when other work held every core
+    config = {"config": {"receivers": 1, "backend": "gloo"}}
+    quiet = {"machine": {"cores": 2, "load_before": 0.4, "load_after": 1.9}}
+    busy = {"machine": {"cores": 2, "load_before": 2.5, "load_after": 4.0}}
+    assert "load average 0.4 before the run" in table(summary | config | quiet)
+    assert "other work was running" not in table(summary | config | quiet)
+    assert "other work was running" in table(summary | config | busy)
 
 
 def test_a_way_faster_in_every_repeat_joins_the_ceiling_and_noise_is_a_tie() -> None:

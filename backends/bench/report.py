@@ -241,7 +241,8 @@ def table(summary: Mapping[str, Any]) -> str:
 
 
 def _machine(summary: Mapping[str, Any]) -> list[str]:
-    """The machine's load around the run; busy when other work held half its cores."""
+    """The machine's load around the run; busy when other work held every core (the load
+    average lags a minute: a bench run just before this one counts in it)."""
     m = summary.get("machine")
     if not m or m.get("load_before") is None:
         return []
@@ -249,7 +250,7 @@ def _machine(summary: Mapping[str, Any]) -> list[str]:
         f"machine: {m['cores']} cores, load average {m['load_before']:.1f} before the run, "
         f"{m['load_after']:.1f} after (its own ranks included)"
     )
-    if m["load_before"] > m["cores"] / 2:
+    if m["load_before"] >= m["cores"]:
         line += (
             "; other work was running: GB/s and wall time move with it, ratios less "
             "(docs/transfer-bench.md, what a run's time depends on)"
