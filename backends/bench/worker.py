@@ -28,7 +28,7 @@ from backends.bench.methods import (
     CPU_ONLY,
     P2P_ONLY,
     QUICK_METHODS,
-    REFERENCES,
+    QUICK_REFERENCES,
     WRITES_WEIGHTS,
     Rank,
 )
@@ -55,7 +55,7 @@ class BenchConfig:
     progress: bool = True
     methods: tuple[str, ...] = QUICK_METHODS
     """The bucketed methods timed (the ceiling's ways always are)."""
-    references: tuple[str, ...] = REFERENCES
+    references: tuple[str, ...] = QUICK_REFERENCES
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,8 +72,8 @@ Key = tuple[str, str, int | None]
 
 def schedule(cfg: BenchConfig) -> list[tuple[str, int, list[tuple[str, int | None]]]]:
     """Blocks of (mode, bucket size, methods with their key's bucket): the ceiling's ways in
-    every block (each figure of the block is paired with their best), the references
-    once per mode, in the default bucket's block."""
+    every block, each beside a method (a figure is paired with the block's fastest way,
+    ratios.py), the references once per mode, in the default bucket's block."""
     blocks = []
     for mode in cfg.modes:
         for size in cfg.bucket_sizes:
