@@ -124,7 +124,7 @@ def _ray_session(
             yield
     finally:
         with _ctrl_c_held():
-            started = _session_processes() if tmp is not None else set()
+            started = session_processes() if tmp is not None else set()
             if tmp is not None:
                 _kill_monitor()
             ray.shutdown()
@@ -137,7 +137,7 @@ SHUTDOWN_WAIT_S = 5.0
 """How long a local session's workers get to exit after ``ray.shutdown`` before a SIGKILL."""
 
 
-def _session_processes() -> set[Proc]:
+def session_processes() -> set[Proc]:
     """Ray's daemons of this local session and every process under them (the workers)."""
     node = getattr(ray._private.worker, "_global_node", None)
     if node is None:

@@ -1,0 +1,151 @@
+"""The soak (python -m backends.cpu soak): its draw, growth and verdict, pure; and one short
+real soak that survives a fault with every oracle passing and no process left."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from backends.cpu.soak.draw import (
+    FORMS,
+    HONOURED,
+    Shape,
+    draw_motifs,
+    forms,
+    schedule,
+    steps_for,
+)
+from backends.cpu.soak.report import Growth, Verdict, growth
+from backends.cpu.soak.sample import sample, usage
+from backends.cpu.soak.tracker import Failure, FaultLine
+from miles_core.fault_kinds import ROWS
+from miles_core.kinds import FaultKind
+from miles_core.scenario.faults import After
+from tests.ray_cluster import session_processes
+
+SHAPE = Shape(cells=2, engines=2)
+
+
+def test_the_draw_is_the_seeds() -> None:
+    steps = steps_for(10)
+    assert draw_motifs(7, steps, SHAPE) == draw_motifs(7, steps, SHAPE)
+    assert draw_motifs(7, steps, SHAPE) != draw_motifs(8, steps, SHAPE)
+
+
+def test_every_honoured_form_is_drawn() -> None:
+    """Every kind but kill_job (which check_real refuses) has a motif, each round of draws
+    holds every form, and a long soak's schedule strikes with every kind."""
+    assert set(HONOURED) == {row.kind for row in ROWS} - {FaultKind.KILL_JOB}
+    assert set(FORMS) == set(HONOURED)
+    rng = random.Random(3)
+    assert set(forms(rng, len(FORMS))) == set(HONOURED)  # one round: each form once
+    motifs = draw_motifs(0, steps_for(60), SHAPE)
+    assert {m.form for _, m in motifs} == set(HONOURED)
+    assert {f.kind for f in schedule(motifs)} == set(HONOURED)
+
+
+def test_the_real_world_takes_the_drawn_schedule_and_refuses_kill_job() -> None:
+    from backends.common.run.ray_run import check_real
+    from backends.cpu.soak.command import soak_scenario
+    from miles_core.errors import ConfigError
+    from miles_core.scenario.faults import make_fault
+
+    scenario = soak_scenario(60, seed=0)  # every form, checked as a scenario's faults
+    assert check_real(scenario) is scenario
+    killed = dataclasses.replace(
+        scenario, faults=(make_fault("kill_job", point="step_begin", step=1),)
+    )
+    with pytest.raises(ConfigError):
+        check_real(killed)
+
+
+def test_a_recovery_follows_its_own_fault() -> None:
+    """``after = {fault = N}`` in a motif names its place in the motif; in the schedule, the
+    same fault's place in the whole list."""
+    motifs = draw_motifs(0, steps_for(60), SHAPE)
+    faults = schedule(motifs)
+    starts = [i for i, f in enumerate(faults) if isinstance(f.when, After)]
+    assert starts
+    for i in starts:
+        first = faults[i].when.fault  # type: ignore[union-attr]
+        assert first == i - 1 and first is not None
+
+
+def test_growth_after_warm_up() -> None:
+    flat = [100.0] * 50
+    g = growth([500.0] * 10 + flat)  # the warm-up's figures are left out
+    assert g == Growth(100.0, 100.0) and g.percent == 0.0
+    rising = [100.0 + i for i in range(100)]
+    g = growth(rising)  # kept 20..99; first window 20..35, last 84..99
+    assert g is not None and g.first == pytest.approx(127.5) and g.last == pytest.approx(191.5)
+    assert g.percent == pytest.approx(100 * 64 / 127.5)
+    assert growth([1.0]) is None
+    assert Growth(0.0, 0.0).percent == 0.0
+
+
+def _verdict(**changes: object) -> Verdict:
+    base: dict[str, object] = {
+        "faults": (FaultLine(0, "kill_engine", "engine-0", 10.0, 20.0),),
+        "oracles": {"exactly_once": None, "progress": None},
+        "failures_as_it_went": (),
+        "left": (),
+        "growth": {},
+        "status": "completed",
+    }
+    return Verdict(**(base | changes))  # type: ignore[arg-type]
+
+
+def test_the_verdict_fails_on_a_failed_oracle_or_a_process_left() -> None:
+    assert _verdict().ok and _verdict().exit_code == 0 and _verdict().survived == 1
+    assert not _verdict(oracles={"exactly_once": "a sample twice", "progress": None}).ok
+    assert _verdict(left=("pid 12: ray::IDLE",)).exit_code == 1
+    assert not _verdict(failures_as_it_went=(Failure("exactly_once", 3.0, "twice"),)).ok
+    unrecovered = (FaultLine(0, "kill_engine", "engine-0", 10.0, None),)
+    assert _verdict(faults=unrecovered).survived == 0
+
+
+def test_this_process_is_sampled_as_the_driver() -> None:
+    mine = usage(os.getpid())
+    assert mine is not None and mine.rss_mb > 1 and mine.fds > 0 and mine.threads >= 1
+    taken = sample(0.0, set(), os.getpid())
+    assert taken.processes == 1 and taken.figures["driver"].rss_mb > 1
+    assert taken.figures["actors"].rss_mb == 0
+
+
+def test_a_short_real_soak_survives_a_fault() -> None:
+    """About 35 s: the world starts, seed 0's first form (an orphaned engine) strikes and
+    is recovered, every oracle passes, and nothing of the session is left."""
+    tmp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
+    out = tmp / "soak.json"
+    env = {**os.environ, "RAY_TMPDIR": str(tmp)}
+    command = [sys.executable, "-m", "backends.cpu", "soak", "--minutes", "0.25", "--seed", "0"]
+    try:
+        done = subprocess.run(
+            [*command, "--out", str(out), "--sample-seconds", "1"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        info = json.loads(out.read_text())
+        assert info["survived"] >= 1 and info["ok"]
+        assert set(info["oracles"].values()) == {None} and len(info["oracles"]) >= 10
+        assert info["left"] == [] and session_processes(tmp) == []
+        assert info["growth"]["actors"]["rss_mb"] is not None  # the actors were sampled
+    finally:
+        for pid in session_processes(tmp):  # only after a failed test: do not leak them
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(tmp, ignore_errors=True)
