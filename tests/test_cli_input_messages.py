@@ -52,5 +52,6 @@ def test_a_history_that_links_to_a_device_is_refused_before_it_is_read(
     with pytest.raises(ConfigError) as refused:
         read_history(link, "histories")
     assert str(refused.value).startswith(
-        f"histories: cannot read '{link}' (a link to '{device}'): it is not a regular file"
+        f"histories: cannot read '{link}' (a link to '{device}'): it is a character device, "
+        "not a regular file"
     )

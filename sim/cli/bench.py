@@ -44,6 +44,7 @@ from miles_core.errors import ConfigError
 from miles_core.scenario import PRESETS, SCENARIOS, Scenario
 from miles_core.scenario.faults import make_fault
 from miles_core.scenario.limits import Limits
+from miles_core.user_files import JSON_BYTES, read_user_text
 from sim.run import SimResult, run_scenario
 
 
@@ -195,8 +196,8 @@ def read_baseline(path: Path) -> dict[str, dict[str, Any]]:
     comparison across the change of bench still says something.
     """
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as error:
+        data = json.loads(read_user_text(path, "--baseline", JSON_BYTES, "a --json output"))
+    except ValueError as error:
         raise ConfigError(
             "--baseline", f"cannot read {path}: {error}", "pass a --json output"
         ) from None

@@ -28,6 +28,7 @@ from typing import Any
 
 from miles_core.errors import ConfigError
 from miles_core.outputs import check_distinct_paths
+from miles_core.user_files import JSON_BYTES, read_user_text
 from sim.scenarios import find_scenario
 from sim.timing import run_fit
 from sim.timing.calibration import LINK_FIELDS, calibrate
@@ -35,9 +36,7 @@ from sim.timing.calibration import LINK_FIELDS, calibrate
 
 def load_json(path: str, field: str) -> Any:
     try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ConfigError(field, f"{path} does not exist", "check the path") from None
+        return json.loads(read_user_text(path, field, JSON_BYTES, "a JSON file"))
     except json.JSONDecodeError as error:
         raise ConfigError(
             field, f"{path} is not JSON ({error})", "pass the file as written"

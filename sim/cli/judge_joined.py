@@ -27,23 +27,14 @@ from pathlib import Path
 from miles_core.errors import ConfigError
 from miles_core.events import Event, History, JobKilled, RunEnded, event_from_dict
 from miles_core.oracles import check_all
+from miles_core.user_files import HISTORY_BYTES, read_user_text
 
 KILLED = "every process of the job killed (SIGKILL)"
 
 
 def read_history(path: Path, flag: str = "history") -> list[Event]:
     """A --history file's events; a torn last line (the kill came mid-write) is dropped."""
-    if path.exists() and not path.is_file():  # /dev/zero, or a link to it, reads forever
-        link = f" (a link to {str(path.resolve())!r})" if path.is_symlink() else ""
-        raise ConfigError(
-            flag, f"cannot read {str(path)!r}{link}: it is not a regular file", "pass a file"
-        )
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as error:
-        raise ConfigError(
-            flag, f"cannot read {str(path)!r} ({error.strerror})", "pass a file"
-        ) from None
+    lines = read_user_text(path, flag, HISTORY_BYTES, "a --history file").splitlines()
     events = []
     for number, line in enumerate(lines, 1):
         try:

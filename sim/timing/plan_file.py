@@ -73,6 +73,7 @@ from miles_core.scenario.faults import AnyFault, make_fault
 from miles_core.scenario.liveness import step_parts
 from miles_core.scenario.world import TIME_KEYS
 from miles_core.transfer import TransferMode
+from miles_core.user_files import JSON_BYTES, read_user_text
 
 TRAIN_FIGURES = (
     "train_seconds_per_step",
@@ -162,9 +163,7 @@ def _number(table: Mapping[str, Any], key: str, where: str, floor: float = 0.0) 
 def load_plan(path: str) -> Plan:
     """The plan file, checked key by key before anything runs."""
     try:
-        data = tomllib.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ConfigError("plan", f"{path} does not exist", "pass a plan TOML file") from None
+        data = tomllib.loads(read_user_text(path, "plan", JSON_BYTES, "a plan TOML file"))
     except tomllib.TOMLDecodeError as error:
         raise ConfigError("plan", f"{path} is not TOML ({error})", "fix its syntax") from None
     unknown = sorted(set(data) - {"name", "steps", "seeds", *SECTIONS})

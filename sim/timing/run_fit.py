@@ -25,7 +25,6 @@ import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from miles_core.errors import ConfigError
@@ -45,6 +44,7 @@ from miles_core.events import (
 )
 from miles_core.kinds import FaultKind
 from miles_core.scenario import Scenario, TimeModel
+from miles_core.user_files import HISTORY_BYTES, read_user_text
 
 TARGET = 0.25
 """The check's target: each figure within 25 % of the real run's."""
@@ -77,10 +77,8 @@ class RunFigures:
 
 
 def read_history(path: str, flag: str = "--history") -> History:
-    try:
-        lines = Path(path).read_text().splitlines()
-    except FileNotFoundError:
-        raise ConfigError(flag, f"{path} does not exist", "pass a file --history wrote") from None
+    text = read_user_text(path, flag, HISTORY_BYTES, "a file --history wrote")
+    lines = text.splitlines()
     try:
         return History.from_dicts(json.loads(line) for line in lines if line.strip())
     except (json.JSONDecodeError, TypeError) as error:
