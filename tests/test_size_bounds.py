@@ -161,3 +161,33 @@ def test_sim_bench_bounds_its_counts(flag: str, capsys: pytest.CaptureFixture[st
         _parse([flag, HUGE])
     assert exit_.value.code == 2
     assert f"{flag}: got {HUGE}, more than" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("command", "argv"),
+    [
+        ("sweep", ["--seeds", "4", "--workers", "100000"]),
+        ("sweep", ["--seeds", "4", "--recheck", "1000000000"]),
+        ("findability", ["--seeds", "4", "--workers", "100000"]),
+        ("plan", ["plans/small.toml", "--workers", "100000"]),
+    ],
+)
+def test_fan_out_counts_are_bounded_before_ray(
+    command: str, argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """--workers 100000 had Ray fork a worker process per task in flight; --recheck 1e9 kept
+    a hash per seed run twice."""
+    import importlib
+
+    import backends.common.session.ray_session as session
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray started before the bound was checked")
+
+    monkeypatch.setattr(session, "ray_session", no_ray)
+    main = importlib.import_module(f"sim.cli.{command}").main
+    with pytest.raises(SystemExit) as ended:
+        main(argv)
+    assert ended.value.code == 2
+    flag = "--recheck" if "--recheck" in argv else "--workers"
+    assert f"{flag}: got" in capsys.readouterr().err

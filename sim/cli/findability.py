@@ -21,6 +21,7 @@ import sys
 from typing import Any
 
 from miles_core.errors import ConfigError
+from sim.cli.workers import check_workers
 from sim.search.fanout import Source, sweep
 from sim.search.plants import PLANTS, check_plant
 from sim.search.swarm import SWARM
@@ -75,8 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.seeds < 1:
             raise ConfigError("--seeds", f"got {args.seeds}", "pass an integer >= 1")
-        if args.workers is not None and args.workers < 1:
-            raise ConfigError("--workers", f"got {args.workers}", "pass an integer >= 1")
+        check_workers(args.workers)
         plants = args.plant or list(PLANTS)
         for name in plants:
             check_plant(name)

@@ -15,6 +15,7 @@ from typing import Any
 
 from miles_core.errors import ConfigError
 from miles_core.scenario import save_scenario_file
+from sim.cli.workers import check_workers
 from sim.timing.plan_file import Plan, Point, load_plan, points, with_faults
 from sim.timing.planner import PointResult, mark_front, run_point
 
@@ -136,8 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         pts = points(plan)
         if not any(p.scenario is not None for p in pts):
             raise ConfigError("[search]", "no combination is a valid configuration", pts[0].why)
-        if args.workers is not None and args.workers < 1:
-            raise ConfigError("--workers", f"got {args.workers}", "pass an integer >= 1")
+        check_workers(args.workers, args.address)
     except ConfigError as error:
         parser.error(str(error))
     runs = _judged(plan, pts, args.workers or os.cpu_count() or 1, args.address)

@@ -21,6 +21,7 @@ from tqdm import tqdm
 from backends.common.session.address import check_address
 from miles_core.errors import ConfigError
 from miles_core.scenario.limits import Limits, check_steps
+from sim.cli.workers import check_workers
 from sim.scenarios import find_scenario
 from sim.search.fanout import Source, SweepRun, Tally, sweep
 from sim.search.plants import check_plant
@@ -70,6 +71,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 MAX_SEEDS = sys.maxsize
+MAX_RECHECK = 10_000
+"""Seeds run twice: the tally keeps each one's hash until its second run."""
 """The most seeds one sweep counts (seeds stream: memory does not grow with them)."""
 
 
@@ -125,11 +128,13 @@ def _sources(args: argparse.Namespace) -> list[Source]:
 
 
 def _check(args: argparse.Namespace) -> None:
-    for flag, value, least in (("--steps", args.steps, 1), ("--workers", args.workers, 1)):
-        if value is not None and value < least:
-            raise ConfigError(flag, f"got {value}", f"pass an integer >= {least}")
-    if args.recheck < 0:
-        raise ConfigError("--recheck", f"got {args.recheck}", "pass an integer >= 0")
+    if args.steps is not None and args.steps < 1:
+        raise ConfigError("--steps", f"got {args.steps}", "pass an integer >= 1")
+    check_workers(args.workers, args.address)
+    if not 0 <= args.recheck <= MAX_RECHECK:
+        raise ConfigError(
+            "--recheck", f"got {args.recheck}", f"pass an integer from 0 to {MAX_RECHECK}"
+        )
     if args.plant is not None:
         check_plant(args.plant)
     if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
