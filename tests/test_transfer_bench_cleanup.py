@@ -96,8 +96,10 @@ def test_a_bench_killed_midway_leaves_no_process_and_nothing_in_dev_shm(
     finally:
         if bench.poll() is None:
             bench.kill()
-    err = bench.stderr.read().decode(errors="replace")
     assert _wait_gone(ranks) == [], f"ranks left running after {how}"
+    # the ranks held the pipe too: with every one gone, the rest of stderr ends at EOF
+    os.set_blocking(bench.stderr.fileno(), True)
+    err = bench.stderr.read().decode(errors="replace")
     assert _left_behind() - before == set()
     if how in ("sigint", "sigterm"):
         assert "every rank ended" in err and "Traceback" not in err
