@@ -13,8 +13,9 @@ import torch
 from backends.common.training.hf_checkpoint import load_checkpoint
 from backends.common.training.prompt_data import PromptFlags, load_prompts
 from backends.tasks.__main__ import main
-from backends.tasks.arith_task import ArithSpec, make_rows, write_task
-from backends.tasks.learn import LEARNING_SPEC, LEARNING_STEPS, evaluate, flags, learn, tuned
+from backends.tasks.arith_task import make_rows, write_task
+from backends.tasks.learn import evaluate, flags, learn
+from backends.tasks.spec import LEARNING_SPEC, LEARNING_STEPS, ArithSpec, tuned
 from miles_core.errors import ConfigError
 
 

@@ -92,6 +92,7 @@ def test_ctrl_c_while_a_command_imports_exits_130_without_a_traceback(
         ["backends.cpu", "run", "--no-such-flag"],
         ["backends.gpu", "run", "--no-such-flag"],
         ["sim", "run", "--no-such-flag"],
+        ["backends.tasks", "make", "--out", "x", "--no-such-flag"],
     ],
     ids=lambda argv: argv[0],
 )

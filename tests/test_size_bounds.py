@@ -122,7 +122,7 @@ def test_the_gpu_backend_names_tp_past_the_gpu_bound() -> None:
     ],
 )
 def test_tasks_make_bounds_each_size(field: str, flag: str) -> None:
-    from backends.tasks.arith_task import ArithSpec
+    from backends.tasks.spec import ArithSpec
 
     with pytest.raises(ConfigError) as error:
         ArithSpec(**{field: 10**9})
@@ -131,7 +131,7 @@ def test_tasks_make_bounds_each_size(field: str, flag: str) -> None:
 
 
 def test_tasks_learn_bounds_its_samples_and_response() -> None:
-    from backends.common.training.local_grpo import MAX_SAMPLES, GrpoSettings
+    from backends.common.training.grpo_settings import MAX_SAMPLES, GrpoSettings
 
     for field, flag in (
         ("rollout_batch_size", "--rollout-batch-size"),
@@ -191,3 +191,18 @@ def test_fan_out_counts_are_bounded_before_ray(
     assert ended.value.code == 2
     flag = "--recheck" if "--recheck" in argv else "--workers"
     assert f"{flag}: got" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("threads", ["0", "100000"])
+def test_tasks_threads_are_bounded_by_the_cpus_before_torch(threads: str) -> None:
+    """torch.set_num_threads(100000) started a thread for each."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "backends.tasks", "--threads", threads, "make", "--out", "x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and f"--threads: got {threads}" in done.stderr

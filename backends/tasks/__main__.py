@@ -14,6 +14,7 @@ the task, the reward and the loss learn together.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -26,23 +27,25 @@ if TYPE_CHECKING:
 
 
 def _parser() -> argparse.ArgumentParser:
-    """The flags, whose defaults and choices come from the task's and the loss's modules
-    (torch and transformers: imported here, after ``exit_on_ctrl_c``)."""
-    from backends.common.training.hf_checkpoint import ARCHITECTURES
-    from backends.common.training.losses import KL_TYPES
-    from backends.tasks.arith_task import ArithSpec
-    from backends.tasks.learn import LEARNING_STEPS, tuned
+    """The flags, whose defaults and choices come from modules without torch (spec,
+    loss_config, architectures), so a wrong flag is said before anything heavy loads."""
+    from backends.common.training.architectures import ARCHITECTURE_NAMES
+    from backends.common.training.loss_config import KL_TYPES
+    from backends.tasks.spec import LEARNING_STEPS, ArithSpec, tuned
 
     parser = argparse.ArgumentParser(
         prog="python -m backends.tasks", description=__doc__.split("\n\n")[1]
     )
     parser.add_argument(
-        "--threads", type=int, default=1, help="torch CPU threads (1 is fastest here)"
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads, 1 to the CPUs (1 is fastest here)",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     make = commands.add_parser("make", help="write DIR/checkpoint, DIR/train.jsonl, DIR/test.jsonl")
     make.add_argument("--out", type=Path, required=True)
-    make.add_argument("--arch", choices=tuple(ARCHITECTURES), default="llama")
+    make.add_argument("--arch", choices=ARCHITECTURE_NAMES, default="llama")
     spec = ArithSpec()
     make.add_argument("--prompts", type=int, default=spec.prompts, help="rows of train.jsonl")
     make.add_argument("--seed", type=int, default=spec.seed)
@@ -71,7 +74,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _make(args: argparse.Namespace) -> int:
-    from backends.tasks.arith_task import ArithSpec, write_task
+    from backends.tasks.arith_task import write_task
+    from backends.tasks.spec import ArithSpec
     from miles_core.errors import ConfigError
 
     spec = ArithSpec(
@@ -101,11 +105,12 @@ def _make(args: argparse.Namespace) -> int:
 
 
 def _learn(args: argparse.Namespace) -> int:
+    from backends.common.training.grpo_settings import GrpoSettings
     from backends.common.training.hf_checkpoint import load_checkpoint
-    from backends.common.training.local_grpo import GrpoSettings
-    from backends.common.training.losses import LossConfig
+    from backends.common.training.loss_config import LossConfig
     from backends.common.training.prompt_data import load_prompts
-    from backends.tasks.learn import MAX_LEARN_STEPS, evaluate, flags, learn
+    from backends.tasks.learn import evaluate, flags, learn
+    from backends.tasks.spec import MAX_LEARN_STEPS
     from miles_core.errors import ConfigError
 
     if not 1 <= args.steps <= MAX_LEARN_STEPS:
@@ -142,14 +147,17 @@ def _learn(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import torch
-    from transformers.utils import logging as hf_logging
-
     from miles_core.errors import ConfigError
 
     parser = _parser()
-    args = parser.parse_args(argv)
-    torch.set_num_threads(max(1, args.threads))
+    args = parser.parse_args(argv)  # a wrong flag is said here, before torch loads
+    cpus = os.cpu_count() or 1
+    if not 1 <= args.threads <= cpus:  # torch starts a thread for each: 1e5 ends the machine
+        parser.error(f"--threads: got {args.threads}; pass an integer from 1 to {cpus}, the CPUs")
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    torch.set_num_threads(args.threads)
     hf_logging.disable_progress_bar()  # this process's output is the steps' lines
     try:
         return _make(args) if args.command == "make" else _learn(args)

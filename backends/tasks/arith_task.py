@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -36,59 +35,9 @@ from backends.common.training.hf_checkpoint import (
     load_checkpoint,
     write_random_checkpoint,
 )
-from miles_core.errors import ConfigError, int_at_least
+from backends.tasks.spec import ArithSpec
 
 INPUT_KEY, LABEL_KEY = "input", "label"
-
-
-BOUNDS = {
-    "--max-operand": 1000,
-    "--prompts": 1_000_000,
-    "--hidden-size": 1024,
-    "--layers": 32,
-    "--heads": 64,
-    "--warmup-steps": 100_000,
-}
-"""How large a task ``make`` writes: the test set holds (max_operand + 1)**2 sums (a million
-at the bound); a million rows of train.jsonl are about 30 MB; 1,024 wide and 32 layers is a
-model of about 400M parameters, 1.6 GB in float32 (its warm-up runs on the CPU)."""
-
-
-@dataclass(frozen=True)
-class ArithSpec:
-    """The task and the checkpoint that goes with it."""
-
-    max_operand: int = 2
-    prompts: int = 512
-    seed: int = 0
-    arch: str = "llama"
-    hidden_size: int = 128
-    layers: int = 2
-    heads: int = 8
-    warmup_steps: int = 100
-
-    def __post_init__(self) -> None:
-        for flag, value, least in (
-            ("--max-operand", self.max_operand, 1),
-            ("--prompts", self.prompts, 1),
-            ("--hidden-size", self.hidden_size, 8),
-            ("--layers", self.layers, 1),
-            ("--heads", self.heads, 1),
-            ("--warmup-steps", self.warmup_steps, 0),
-        ):
-            if not int_at_least(value, least):
-                raise ConfigError(flag, f"got {value!r}", f"pass an integer >= {least}")
-            if value > BOUNDS[flag]:
-                raise ConfigError(
-                    flag,
-                    f"{value} is more than the {BOUNDS[flag]} a task of this command may have",
-                    f"pass at most {BOUNDS[flag]} (fixed: make writes a small task that a CPU "
-                    "learns; bring a larger checkpoint and data to --hf-checkpoint and "
-                    "--prompt-data instead)",
-                )
-
-    def answers(self) -> range:
-        return range(2 * self.max_operand + 1)
 
 
 def make_rows(spec: ArithSpec) -> tuple[list[dict[str, str]], list[dict[str, str]]]:

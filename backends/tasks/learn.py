@@ -15,30 +15,13 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from backends.common.training.grpo_settings import GrpoSettings
 from backends.common.training.hf_checkpoint import load_checkpoint
-from backends.common.training.local_grpo import GrpoSettings, StepResult, grpo_step, make_optimizer
-from backends.common.training.losses import LossConfig
+from backends.common.training.local_grpo import StepResult, grpo_step, make_optimizer
+from backends.common.training.loss_config import LossConfig
 from backends.common.training.prompt_data import Prompt, PromptFlags, load_prompts
 from backends.common.training.prompt_source import PromptSource
 from backends.common.training.rewards import math_reward, resolve_reward
-from backends.tasks.arith_task import ArithSpec
-
-LEARNING_SPEC = ArithSpec(max_operand=2, seed=1, hidden_size=128, heads=8, warmup_steps=100)
-"""The task the learning test makes: sums of 0..2 (nine prompts, five answers, chance 0.2)."""
-LEARNING_STEPS = 100
-MAX_LEARN_STEPS = 100_000
-"""``learn --steps``' bound, a scenario's default ``[limits] steps``: a step of the default
-settings takes about a second here, so the bound is a day of CPU."""
-
-
-def tuned(seed: int) -> tuple[GrpoSettings, LossConfig]:
-    """The settings checked by hand on several seeds (see tests/test_arith_task.py): 32
-    prompts x 8 samples a step (fewer prompts a step left the policy guessing for hundreds
-    of steps), Adam at 1e-3, and a small low_var_kl term to the checkpoint, without which
-    one seed in four lost the answer format and with it every reward."""
-    settings = GrpoSettings(rollout_batch_size=32, n_samples_per_prompt=8, lr=1e-3, seed=seed)
-    config = LossConfig(use_kl_loss=True, kl_loss_coef=0.05, kl_loss_type="low_var_kl")
-    return settings, config
 
 
 def flags(task: Path, name: str, chat: bool) -> PromptFlags:

@@ -91,7 +91,7 @@ def training_from(args: argparse.Namespace, rollout_batch_size: int) -> Training
     if args.prompt_data is None:
         raise ConfigError("--hf-checkpoint", "has no prompts to train on", "add --prompt-data")
     from backends.common.training.hf_checkpoint import inspect_checkpoint
-    from backends.common.training.losses import LossConfig
+    from backends.common.training.loss_config import LossConfig
     from backends.common.training.policy import HFPolicy
     from backends.common.training.prompt_data import PromptFlags, load_prompts
     from backends.common.training.prompt_length import context_length, keep_fitting, prompt_bound

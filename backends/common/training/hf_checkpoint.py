@@ -38,16 +38,15 @@ from transformers import (
     Qwen3Config,
 )
 
+from backends.common.training.architectures import ARCHITECTURE_NAMES
 from backends.common.training.char_tokenizer import build_tokenizer
 from backends.common.training.safetensors_header import TensorEntry, read_header
 from miles_core.errors import ConfigError
 
 FLAG = "--hf-checkpoint"
-ARCHITECTURES: dict[str, type[PretrainedConfig]] = {
-    "llama": LlamaConfig,
-    "qwen2": Qwen2Config,
-    "qwen3": Qwen3Config,
-}
+ARCHITECTURES: dict[str, type[PretrainedConfig]] = dict(
+    zip(ARCHITECTURE_NAMES, (LlamaConfig, Qwen2Config, Qwen3Config), strict=True)
+)
 _MAKE = "write one with `python -m backends.tasks make --out DIR`"
 
 

@@ -27,7 +27,7 @@ from transformers import (
     PreTrainedModel,
 )
 
-from backends.common.training.losses import LossConfig
+from backends.common.training.loss_config import LossConfig
 from miles_core.scenario.seeds import derive_seed
 from miles_core.transfer import Bucket, ParamSpec, UpdateUnit, units_of
 
