@@ -19,7 +19,9 @@ from backends.common.session.process_tree import Proc
 
 PROC = Path("/proc")
 ROLES = ("driver", "actors", "daemons")
-METRICS = ("rss_mb", "fds", "threads")
+METRICS = ("processes", "rss_mb", "fds", "threads")
+"""A role's process count beside its sums: a sum that grows with the count is processes
+that came back from faults (or linger), one that grows without it is a leak."""
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,7 @@ class Usage:
     rss_mb: float
     fds: int
     threads: int
+    processes: int = 1
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,10 @@ def role(pid: int, driver: int) -> str:
 def total(usages: Iterable[Usage]) -> Usage:
     found = list(usages)
     return Usage(
-        sum(u.rss_mb for u in found), sum(u.fds for u in found), sum(u.threads for u in found)
+        sum(u.rss_mb for u in found),
+        sum(u.fds for u in found),
+        sum(u.threads for u in found),
+        len(found),
     )
 
 
