@@ -28,12 +28,14 @@ from backends.cpu.soak.draw import (
     schedule,
     steps_for,
 )
-from backends.cpu.soak.report import Growth, Verdict, growth
-from backends.cpu.soak.sample import sample, usage
-from backends.cpu.soak.tracker import Failure, FaultLine
+from backends.cpu.soak.report import Growth, Verdict, growth, history_growth, summary_lines
+from backends.cpu.soak.sample import Sample, Usage, role, sample, usage
+from backends.cpu.soak.tracker import Failure, FaultLine, Tracker
 from miles_core.fault_kinds import ROWS
 from miles_core.kinds import FaultKind
 from miles_core.scenario.faults import After
+from sim.run import run_scenario
+from sim.scenarios import SCENARIOS
 from tests.ray_cluster import session_processes
 
 SHAPE = Shape(cells=2, engines=2)
@@ -166,3 +168,86 @@ def test_the_next_motif_waits_for_the_last_to_recover_even_at_the_fastest_pace()
 def test_each_role_counts_its_processes_beside_its_sums() -> None:
     taken = sample(0.0, set(), os.getpid())
     assert taken.figures["driver"].processes == 1 and taken.figures["actors"].processes == 0
+
+
+def test_ray_s_own_workers_count_as_daemons_and_actors_as_actors() -> None:
+    """An idle pooled worker and Ray's agents are titled ``ray::`` too: counted as actors,
+    they hid which role grew (a soak's actors gained processes that were Ray's)."""
+    titles = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent", "ray::TrainerRank")
+    procs = [subprocess.Popen(["bash", "-c", f"exec -a {t} sleep 60"]) for t in titles]
+    try:
+        for proc in procs:  # until each has exec'd under its title
+            path = Path(f"/proc/{proc.pid}/cmdline")
+            for _ in range(200):
+                if path.read_bytes().startswith(b"ray::"):
+                    break
+                subprocess.run(["sleep", "0.01"], check=True)
+        found = [role(proc.pid, os.getpid()) for proc in procs]
+        assert found == ["daemons", "daemons", "daemons", "actors"]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def test_the_tracker_reads_the_runs_history_and_lines_each_recovered_fault() -> None:
+    """The tracker keeps no list of its own: its history is the one the run records into,
+    whose length the sampler reads as the run's."""
+    run = run_scenario(SCENARIOS["engine_restart"], seed=0)
+    lines: list[str] = []
+    tracker = Tracker(say=lines.append)
+    tracker.history.observe(tracker)
+    for event in run.history:
+        tracker.history.append(event)
+    faults = tracker.finish()
+    assert len(tracker.history) == len(run.history)
+    assert [(f.kind, f.recovered_at is not None) for f in faults] == [("restart_engine", True)]
+    assert lines and "recovered in" in lines[0] and tracker.judged >= 1 and not tracker.failures
+
+
+FREED = """
+import gc, json, tracemalloc
+from backends.cpu.soak.held import bytes_per_event
+from sim.run import run_scenario
+from sim.scenarios import SCENARIOS
+tracemalloc.start()
+events = list(run_scenario(SCENARIOS["no_failure"], 0, steps=40).history)
+estimate = bytes_per_event(events)
+gc.collect()  # the run's own History (its observers make a cycle): only `events` left
+before, count = tracemalloc.get_traced_memory()[0], len(events)
+del events
+gc.collect()
+print(json.dumps([estimate, (before - tracemalloc.get_traced_memory()[0]) / count]))
+"""
+
+
+def test_bytes_an_event_holds_match_what_freeing_the_history_gives_back() -> None:
+    """held.bytes_per_event against tracemalloc: the bytes freed when a history's events go,
+    in a fresh interpreter (in a long pytest process, values made before tracemalloc started
+    and kept by caches are not freed with the events)."""
+    done = subprocess.run(
+        [sys.executable, "-c", FREED], capture_output=True, text=True, timeout=120, check=True
+    )
+    estimate, freed = json.loads(done.stdout)
+    assert 100 < estimate < 400 and estimate == pytest.approx(freed, rel=0.15)
+
+
+def _sample(t: float, driver_mb: float, events: int) -> Sample:
+    figures = {"driver": Usage(driver_mb, 10, 5), "actors": Usage(0, 0, 0, 0)}
+    return Sample(t, figures | {"daemons": Usage(0, 0, 0, 0)}, 1, events)
+
+
+def test_the_driver_s_growth_is_told_apart_from_the_history_it_holds() -> None:
+    """A driver that grows by exactly its history's bytes grew by design; one that grows
+    beside it leaks, and the summary says which."""
+    per_event = 1024.0**2 / 1000  # a MB every 1,000 events
+    design = [_sample(t, 500.0 + t, int(t * 1000)) for t in range(100)]
+    found = history_growth(design, per_event)
+    assert found["mb"] is not None and found["mb"].last - found["mb"].first == pytest.approx(64)
+    net = found["driver_net_rss_mb"]
+    assert net is not None and net.percent == pytest.approx(0.0)
+    leak = [_sample(t, 500.0 + 3 * t, int(t * 1000)) for t in range(100)]
+    net = history_growth(leak, per_event)["driver_net_rss_mb"]
+    assert net is not None and net.percent > 10
+    text = "\n".join(summary_lines(_verdict(history=found, bytes_per_event=per_event), 1.0, 9))
+    assert "events at about 1049 B each" in text and "net of the history: rss_mb 500.0" in text

@@ -51,6 +51,7 @@ from miles_core.oracles.base import forget
 from miles_core.placement import LayoutConfig, compute_layout
 from miles_core.report.interrupt import CUT, judge_prefix
 from miles_core.scenario import Scenario, WorldShape
+from miles_core.scenario.model import DEFAULT_PROGRESS_WINDOW
 from miles_core.scenario.schedule import FaultSchedule, orchestrator_for, schedule_for
 from miles_core.scenario.world import MAX_TOKEN_SECONDS
 from miles_core.transfer import TransferMode
@@ -154,6 +155,7 @@ class _Options:
     interruptible: bool = False
     show_start: bool = False
     task: Task | None = None
+    history: History | None = None
 
 
 async def _drive(
@@ -273,7 +275,7 @@ async def _run(
     rt = AsyncioRuntime(seed)
     schedule = schedule_for(scenario)
     cluster = _cluster(rt, schedule, scenario, pg, placement, options)
-    history = History()
+    history = History() if options.history is None else options.history
     metrics = StepMetrics(cluster, options.on_line)
     wall, saved = 0.0, None
     try:
@@ -305,7 +307,8 @@ async def _run(
     finally:
         await _cancel_leftovers()  # generation still in flight must not outlive the run
         await cluster.close()
-    verdicts, not_judged = _judge(history, report, scenario.progress_window)
+    window = scenario.progress_window or DEFAULT_PROGRESS_WINDOW
+    verdicts, not_judged = _judge(history, report, window)
     scenario = dataclasses.replace(scenario, loop=loop)
     return RealResult(
         scenario,
@@ -374,6 +377,7 @@ def run_in_ray(
     interruptible: bool = False,
     show_start: bool = False,
     task: Task | None = None,
+    history: History | None = None,
 ) -> RealResult:
     """One run on the Ray this process is connected to; its actors and placement group
     are gone when it returns. ``task``: the prompts and reward (task.py; None: the tiny
@@ -385,7 +389,10 @@ def run_in_ray(
     ``interruptible``: Ctrl-C ends the run as interrupted, its world
     closed, and the safety oracles judge what ran (a command's choice: in a test, Ctrl-C
     stops the tests); ``show_start``: stderr says that the world's processes are starting
-    (tens of seconds: each imports torch)."""
+    (tens of seconds: each imports torch); ``history``: an empty History the run records
+    into, for an observer that judges it as it goes without a list of its own (the soak)."""
+    if history is not None and len(history):
+        raise ValueError(f"history: got one of {len(history)} events; pass an empty History")
     scenario = check_real(scenario.with_run(steps=steps, seed=seed))
     check_token_seconds(engine_token_seconds)
     options = _Options(
@@ -405,6 +412,7 @@ def run_in_ray(
         interruptible,
         show_start,
         task,
+        history,
     )
     pg, placement = placed_bundles(_layout(scenario))
     try:

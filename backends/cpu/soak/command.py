@@ -25,7 +25,8 @@ from backends.common.run.ray_run import TRAIN, _layout, run_in_ray
 from backends.common.session.process_tree import alive
 from backends.common.session.ray_session import ray_session, session_processes
 from backends.cpu.soak.draw import SECONDS_PER_STEP, Shape, draw_motifs, schedule, steps_for
-from backends.cpu.soak.report import Verdict, growths, summary_lines, to_json
+from backends.cpu.soak.held import bytes_per_event
+from backends.cpu.soak.report import Verdict, growths, history_growth, summary_lines, to_json
 from backends.cpu.soak.sample import PROC, Sampler
 from backends.cpu.soak.tracker import Tracker
 from miles_core.errors import ConfigError
@@ -91,24 +92,30 @@ def run_soak(args: argparse.Namespace) -> int:
     steps = scenario.loop.steps
     print(f"soak: seed {args.seed}, {steps} steps, {len(scenario.faults)} faults drawn")
     tracker = Tracker(say=lambda text: print(text, flush=True))
-    sampler = Sampler(session_processes, every=args.sample_seconds)
+    sampler = Sampler(session_processes, args.sample_seconds, lambda: len(tracker.history))
     began = time.monotonic()
     timeout = max(600.0, 10 * args.minutes * 60.0)
     with ray_session(_layout(scenario).total_gpus, show_start=True):
         sampler.start()
         try:
-            result = run_in_ray(scenario, args.seed, timeout=timeout, observers=[tracker])
+            result = run_in_ray(
+                scenario, args.seed, timeout=timeout, observers=[tracker], history=tracker.history
+            )
         finally:
             samples = sampler.stop()
     left = _left(sampler.seen)
     minutes = (time.monotonic() - began) / 60.0
+    running_from = sampler.since_start(tracker.first_step_at or began)
+    per_event = bytes_per_event(list(tracker.history))
     verdict = Verdict(
         faults=tuple(tracker.finish()),
         oracles={name: None if v is None else str(v) for name, v in result.verdicts.items()},
         failures_as_it_went=tuple(tracker.failures),
         left=left,
-        growth=growths(samples, sampler.since_start(tracker.first_step_at or began)),
+        growth=growths(samples, running_from),
         status=result.report.status.value,
+        history=history_growth(samples, per_event, running_from),
+        bytes_per_event=per_event,
     )
     print("\n".join(summary_lines(verdict, minutes, result.report.steps_done)))
     print(f"  samples: {len(samples)}, judged as it went: {tracker.judged} time(s)")

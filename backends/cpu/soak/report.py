@@ -3,6 +3,7 @@ what the faults and oracles came to, the processes left, and the exit code."""
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -60,6 +61,26 @@ def growths(
     }
 
 
+MIB = 1024.0**2
+
+
+def history_growth(
+    samples: Sequence[Sample], bytes_per_event: float, running_from: float = 0.0
+) -> dict[str, Growth | None]:
+    """The history's growth, in events and in MB at ``bytes_per_event`` (held.py), and the
+    driver's RSS net of it: the driver keeps every event for the oracles at the end by
+    design, so its RSS grows with the run, and a leak is what grows beside the history."""
+    samples = [s for s in samples if s.t >= running_from]
+    held = [s.events * bytes_per_event / MIB for s in samples]
+    return {
+        "events": growth([float(s.events) for s in samples]),
+        "mb": growth(held),
+        "driver_net_rss_mb": growth(
+            [s.figures["driver"].rss_mb - mb for s, mb in zip(samples, held, strict=True)]
+        ),
+    }
+
+
 @dataclass(frozen=True)
 class Verdict:
     """What the soak came to."""
@@ -72,6 +93,9 @@ class Verdict:
     """The processes of the session still alive after Ray shut down (pid and title)."""
     growth: dict[str, dict[str, Growth | None]]
     status: str
+    history: dict[str, Growth | None] = dataclasses.field(default_factory=dict)
+    """history_growth's figures (empty: not measured)."""
+    bytes_per_event: float = 0.0
 
     @property
     def survived(self) -> int:
@@ -88,10 +112,11 @@ class Verdict:
         return 0 if self.ok else 1
 
 
-def _pct(g: Growth | None) -> str:
+def _pct(g: Growth | None, judged: bool = True) -> str:
+    """``first -> last (+p %)``, marked when a judged figure grew past the goal."""
     if g is None:
         return "n/a"
-    mark = "" if g.percent < GROWTH_GOAL else " (over the goal)"
+    mark = "" if g.percent < GROWTH_GOAL or not judged else " (over the goal)"
     return f"{g.first:.1f} -> {g.last:.1f} ({g.percent:+.1f} %){mark}"
 
 
@@ -112,9 +137,21 @@ def summary_lines(v: Verdict, minutes: float, steps: int) -> list[str]:
     for role, figures in v.growth.items():
         parts = ", ".join(f"{metric} {_pct(g)}" for metric, g in figures.items())
         lines.append(f"    {role:8s} {parts}")
+    lines += _history_lines(v)
     lines.append(f"  processes left after shutdown: {len(v.left)}")
     lines += [f"    {proc}" for proc in v.left]
     return lines
+
+
+def _history_lines(v: Verdict) -> list[str]:
+    events, net = v.history.get("events"), v.history.get("driver_net_rss_mb")
+    if events is None or net is None:
+        return []
+    return [
+        f"    history  {events.first:,.0f} -> {events.last:,.0f} events at about "
+        f"{v.bytes_per_event:.0f} B each: {_pct(v.history['mb'], judged=False)} MB, by design",
+        f"    driver net of the history: rss_mb {_pct(net)}",
+    ]
 
 
 def to_json(v: Verdict, minutes: float, steps: int, seed: int) -> dict[str, object]:
@@ -140,4 +177,6 @@ def to_json(v: Verdict, minutes: float, steps: int, seed: int) -> dict[str, obje
             for role, figs in v.growth.items()
         },
         "left": list(v.left),
+        "bytes_per_event": v.bytes_per_event,
+        "history": {m: None if g is None else [g.first, g.last] for m, g in v.history.items()},
     }

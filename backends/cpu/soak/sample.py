@@ -41,6 +41,8 @@ class Sample:
     t: float
     figures: dict[str, Usage]
     processes: int
+    events: int = 0
+    """The run's history's length then: the driver holds every event (held.py)."""
 
 
 def usage(pid: int) -> Usage | None:
@@ -55,15 +57,22 @@ def usage(pid: int) -> Usage | None:
     return Usage(rss_kb / 1024.0, fds, int(fields.get("Threads", "0").strip()))
 
 
+RAYS_OWN = (b"ray::IDLE", b"ray::DashboardAgent", b"ray::RuntimeEnvAgent")
+"""Titles of Ray's own worker processes: a pooled worker with no task, and its agents."""
+
+
 def role(pid: int, driver: int) -> str:
-    """driver (this process), actors (Ray workers: their title begins ``ray::``), daemons."""
+    """driver (this process), actors (Ray workers titled ``ray::`` and the actor's class),
+    daemons (Ray's own: its servers, agents and idle pooled workers)."""
     if pid == driver:
         return "driver"
     try:
         title = (PROC / str(pid) / "cmdline").read_bytes()
     except OSError:
         return "daemons"
-    return "actors" if title.startswith(b"ray::") else "daemons"
+    if title.startswith(RAYS_OWN) or not title.startswith(b"ray::"):
+        return "daemons"
+    return "actors"
 
 
 def total(usages: Iterable[Usage]) -> Usage:
@@ -76,8 +85,9 @@ def total(usages: Iterable[Usage]) -> Usage:
     )
 
 
-def sample(t: float, procs: Iterable[Proc], driver: int) -> Sample:
-    """One sample of the driver and ``procs`` (the session's processes), summed by role."""
+def sample(t: float, procs: Iterable[Proc], driver: int, events: int = 0) -> Sample:
+    """One sample of the driver and ``procs`` (the session's processes), summed by role;
+    ``events``: the history's length."""
     by_role: dict[str, list[Usage]] = {name: [] for name in ROLES}
     count = 0
     for pid in {p.pid for p in procs} | {driver}:
@@ -85,15 +95,21 @@ def sample(t: float, procs: Iterable[Proc], driver: int) -> Sample:
         if found is not None:
             by_role[role(pid, driver)].append(found)
             count += 1
-    return Sample(t, {name: total(found) for name, found in by_role.items()}, count)
+    return Sample(t, {name: total(found) for name, found in by_role.items()}, count, events)
 
 
 class Sampler:
     """A thread that samples every ``every`` seconds until stopped; it keeps every process
     it saw (``seen``), to find after shutdown any still alive."""
 
-    def __init__(self, processes: Callable[[], set[Proc]], every: float = 3.0) -> None:
+    def __init__(
+        self,
+        processes: Callable[[], set[Proc]],
+        every: float = 3.0,
+        events: Callable[[], int] = lambda: 0,
+    ) -> None:
         self.processes = processes
+        self.events = events
         self.every = every
         self.samples: list[Sample] = []
         self.seen: set[Proc] = set()
@@ -110,7 +126,8 @@ class Sampler:
         while True:
             procs = self.processes()
             self.seen |= procs
-            self.samples.append(sample(time.monotonic() - self._start, procs, driver))
+            now = time.monotonic() - self._start
+            self.samples.append(sample(now, procs, driver, self.events()))
             if self._stop.wait(self.every):
                 return
 

@@ -64,8 +64,11 @@ class Failure:
 
 
 class Tracker:
-    """Keeps its own copy of the history (the run's is the run's), tells ``say`` of each
-    recovered fault and records the oracles that fail as it goes."""
+    """Reads the run's history (``history``, given to the run to record into, and this an
+    observer of it), tells ``say`` of each recovered fault and records the oracles that fail
+    as it goes. One history rather than a second list of the same events: a pointer an
+    event saved (the events themselves were always shared), and the sampler reads its
+    length as the run's."""
 
     def __init__(self, say: Callable[[str], None] = print) -> None:
         self.history = History()
@@ -81,8 +84,8 @@ class Tracker:
         """time.monotonic() when the first step committed: the world is up."""
 
     def __call__(self, event: Event) -> None:
-        seq = len(self.history)
-        self.history.append(event)
+        """Called by the history once ``event`` is its last."""
+        seq = len(self.history) - 1
         if isinstance(event, FaultInjected):
             self.open[event.index] = (seq, event)
         elif isinstance(event, CellStateChanged):
