@@ -10,14 +10,16 @@ from dataclasses import dataclass, field
 
 from miles_core.errors import ConfigError
 from miles_core.events import Event, History, StepCommitted
-from miles_core.kinds import FaultKind, RunStatus
+from miles_core.kinds import RunStatus
 from miles_core.loop import Orchestrator, RunReport
 from miles_core.oracles import SAFETY, WHOLE_RUN, Violation, check_all
 from miles_core.oracles.base import forget
 from miles_core.report.interrupt import CUT, ctrl_c_calls, judge_prefix
+from miles_core.report.judged import JudgedRun
 from miles_core.scenario import Scenario
 from miles_core.scenario.schedule import orchestrator_for, schedule_for
 from miles_core.versions import VersionLedger
+from sim.horizon import horizon, progress_window
 from sim.world.cluster import SimCluster
 from sim.world.faults import SimFaultActions
 from sim.world.job import SimJob, kills_jobs
@@ -25,7 +27,7 @@ from sim.world.runtime import Deadlock, Livelock, RunInterrupted, SimRuntime
 
 
 @dataclass
-class SimResult:
+class SimResult(JudgedRun):
     scenario: Scenario
     """The scenario as this run saw it (``--steps`` and the seed applied)."""
     seed: int
@@ -37,16 +39,6 @@ class SimResult:
     not_judged: dict[str, str] = field(default_factory=dict)
     """Oracles that gave no verdict, by name, and why (an interrupted run's: see
     miles_core.report.interrupt); a run that ended by itself has every verdict."""
-
-    @property
-    def interrupted(self) -> bool:
-        """Ctrl-C stopped the run, or cut short the judging of a run that ended by itself."""
-        return self.report.status is RunStatus.INTERRUPTED or bool(self.not_judged)
-
-    @property
-    def ok(self) -> bool:
-        """Every oracle passed (an interrupted run has not: some never judged it)."""
-        return not self.interrupted and all(v is None for v in self.verdicts.values())
 
     @property
     def hash(self) -> str:
@@ -177,14 +169,12 @@ def _run(
     most_steps = scenario.until_witnessed or scenario.loop.steps
     if live is not None:  # the run goes on past its steps until liveness is met
         most_steps = max(most_steps, live.heal_step) + live.steps + 1
-    horizon = scenario.max_seconds or 50.0 * most_steps * scenario.timing.train_step_seconds
-    if scenario.max_seconds is None and isinstance(control, SimJob):  # a kill redoes steps
-        horizon *= 1 + sum(f.kind is FaultKind.KILL_JOB for f in scenario.faults)
+    until = horizon(scenario, most_steps, isinstance(control, SimJob))
     stops = (RunInterrupted, KeyboardInterrupt) if interruptible else RunInterrupted
     try:
         with ctrl_c_calls(rt.interrupt_soon) if interruptible else nullcontext():
             schedule.install(rt, history, actions)
-            report = rt.run(control.run(), until=horizon)
+            report = rt.run(control.run(), until=until)
     except stops:  # Ctrl-C: between two events (a second Ctrl-C: wherever it came)
         report = control.end(RunStatus.INTERRUPTED, f"interrupted (Ctrl-C) at t={rt.now():g}")
     except OracleStop as stop:
@@ -195,7 +185,7 @@ def _run(
         report = control.end(RunStatus.STALLED, str(stuck))
     except Exception as error:  # a world's or an injector's own failure: a crash, kept whole
         report = control.end_with(error, "raised in the simulated world")
-    verdicts, not_judged = _judge(history, report, scenario.progress_window, interruptible)
+    verdicts, not_judged = _judge(history, report, progress_window(scenario), interruptible)
     return SimResult(scenario, seed, history, report, verdicts, rt.env.processed, not_judged)
 
 

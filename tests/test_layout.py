@@ -26,6 +26,7 @@ FLOORS: dict[str, list[set[str]]] = {
         {"sim.scenarios"},
         {"sim.search", "sim.timing"},
         {"sim.run"},
+        {"sim.horizon"},
         {"sim.world"},
     ],
     "backends.common": [

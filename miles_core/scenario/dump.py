@@ -66,7 +66,8 @@ def scenario_to_toml(scenario: Scenario) -> str:
             f"{k} = {_value(v)}" for k, v in _changed(scenario.expect, Expect()).items()
         )
         lines.append(f"expect = {{ {inner} }}")
-    lines.append(f"progress_window = {_value(scenario.progress_window)}")
+    if scenario.progress_window is not None:
+        lines.append(f"progress_window = {_value(scenario.progress_window)}")
     if scenario.max_seconds is not None:
         lines.append(f"max_seconds = {_value(scenario.max_seconds)}")
     if scenario.until_witnessed is not None:

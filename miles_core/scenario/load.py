@@ -5,6 +5,7 @@
     preset = "small"              # optional: the world to start from (PRESETS)
     expect = { status = "completed" }   # or { status = "failed", error = "NoAliveCellError" }
     progress_window = 600.0       # optional: seconds within which steps must resume
+                                  # (default: 600, or 4 nominal steps if that is longer)
     until_witnessed = 100         # optional: past [loop].steps, more steps while a fault
                                   # has not fired or had its effect yet, up to 100 in all
     [limits]                      # optional: raise a bound on the world, the run or the

@@ -90,6 +90,10 @@ class Expect:
         return f"failed with {self.error}"
 
 
+DEFAULT_PROGRESS_WINDOW = 600.0
+"""The progress oracle's window when a scenario sets none (a real world's steps take seconds)."""
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -100,11 +104,13 @@ class Scenario:
     loop: LoopConfig = field(default_factory=lambda: LoopConfig(steps=8))
     faults: tuple[AnyFault, ...] = ()
     expect: Expect = field(default_factory=Expect)
-    progress_window: float = 600.0
-    """Seconds within which a step must commit after the last fault (the progress oracle)."""
+    progress_window: float | None = None
+    """Seconds within which a step must commit after the last fault (the progress oracle).
+    None: ``DEFAULT_PROGRESS_WINDOW``, which the simulator raises to four nominal steps of
+    its time model where a step is expected to take longer (sim/horizon.py)."""
     max_seconds: float | None = None
-    """Virtual-time horizon; a run still going then is STALLED (default: 50 train-step
-    times per step)."""
+    """Virtual-time horizon; a run still going then is STALLED (default: 50 steps' time a
+    step, the longer of a cell's training and a batch's generation: sim/horizon.py)."""
     preset: str = "small"
     until_witnessed: int | None = None
     """Run past ``loop.steps`` while a fault has not fired yet or has not had its witnessed

@@ -20,10 +20,10 @@ from miles_core.events import (
     UpdateBegan,
     VersionPublished,
 )
-from miles_core.kinds import RunStatus
 from miles_core.loop import RunReport
 from miles_core.oracles import Violation
 from miles_core.report import summary
+from miles_core.report.judged import JudgedRun
 from miles_core.scenario import Scenario
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ class StepLine:
 
 
 @dataclass
-class RealResult:
+class RealResult(JudgedRun):
     scenario: Scenario
     seed: int
     history: History
@@ -70,16 +70,6 @@ class RealResult:
     """The Ray node each GPU bundle (so each trainer rank and engine) landed on, by index."""
     not_judged: dict[str, str] = field(default_factory=dict)
     """Oracles that gave no verdict, by name, and why (an interrupted run's)."""
-
-    @property
-    def interrupted(self) -> bool:
-        """Ctrl-C stopped the run, or cut short the judging of a run that ended by itself."""
-        return self.report.status is RunStatus.INTERRUPTED or bool(self.not_judged)
-
-    @property
-    def ok(self) -> bool:
-        """Every oracle passed (an interrupted run has not: some never judged it)."""
-        return not self.interrupted and all(v is None for v in self.verdicts.values())
 
     def summary(self) -> dict[str, Any]:
         """The simulator's summary of the run (its seconds are wall time), with the training
