@@ -244,3 +244,19 @@ def test_an_out_folder_that_cannot_be_made_exits_2_naming_out(tmp_path, capsys, 
         err = capsys.readouterr().err
         assert "--out: cannot write" in err and out in err and "Traceback" not in err
         assert "devcheck: environment" not in err  # no check ran
+
+
+@pytest.mark.parametrize("budget", ["1e300", "inf", "nan", "-5"])
+@pytest.mark.parametrize("entry", [devcheck.main, None], ids=["devcheck-main", "gpu-cli"])
+def test_a_budget_past_a_day_or_not_a_number_exits_2_naming_it(tmp_path, capsys, entry, budget):
+    """--budget was unbounded (issue 52): inf let every check run with no time cap."""
+    from backends.gpu.__main__ import main as gpu_main
+
+    with pytest.raises(SystemExit) as exit_:
+        (entry or (lambda argv: gpu_main(["devcheck", *argv])))(
+            ["--out", str(tmp_path / "out"), "--budget", budget]
+        )
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--budget: got" in err and "86400" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()  # refused before anything was written

@@ -14,7 +14,7 @@ import pytest
 
 from miles_core.errors import ConfigError
 from miles_core.scenario import scenario_from_toml
-from miles_core.scenario.limits import Limits
+from miles_core.scenario.limits import ATTEMPT_KEYS, Limits
 
 ROOT = Path(__file__).resolve().parent.parent
 HUGE = "1000000000"
@@ -33,6 +33,13 @@ def sim_scenario(*argv: str) -> object:
         ("--n-samples-per-prompt", "samples", 4 * 10**9),
         ("--async-max-concurrent-samples", "samples", 10**9),
         ("--async-data-buffer-capacity-factor", "buffered_samples", 8 * 10**9),
+        ("--max-step-attempts", "attempts", 10**9),
+        ("--max-route-attempts", "attempts", 10**9),
+        ("--request-max-retries", "attempts", 10**9),
+        ("--flush-cache-max-retries", "attempts", 10**9),
+        ("--trainer-heartbeat-checker-failure-threshold", "attempts", 10**9),
+        ("--save-interval", "steps", 10**9),
+        ("--max-weight-staleness", "steps", 10**9),
     ],
 )
 def test_a_huge_loop_flag_is_refused_naming_it_the_bound_and_the_limits_key(
@@ -69,6 +76,8 @@ def test_the_library_and_the_defaults_sit_inside_the_bounds() -> None:
         loop = scenario.loop
         assert loop.rollout_batch_size * loop.n_samples_per_prompt <= limits.samples
     assert limits.samples >= 512 * 16  # miles' large runs: 512 prompts x 16 samples
+    for scenario in SCENARIOS.values():
+        assert max(getattr(scenario.loop, key) for key in ATTEMPT_KEYS) <= limits.attempts
 
 
 def test_the_cpu_backend_refuses_a_huge_batch_before_ray() -> None:

@@ -57,6 +57,9 @@ PLAN: dict[str, Planned] = {
 }
 CHECKS: tuple[str, ...] = tuple(PLAN)
 MIN_SECONDS = 10.0  # no check starts with less time than this left
+MAX_BUDGET_S = 86_400.0
+"""A day: a device session lends 15 minutes; a larger --budget is a typo, and a budget of
+inf or 1e300 would let every check run on with no time cap."""
 NOTHING_CHECKED = 3  # the exit code when every check that needs a GPU was skipped
 
 
@@ -147,6 +150,12 @@ def run_devcheck(
 ) -> tuple[int, dict[str, Any]]:
     """Run the checks (all of ``CHECKS``, or those named, in ``CHECKS`` order) into
     ``out/devcheck.json``; returns (exit code, the report)."""
+    if not 0.0 <= budget_s <= MAX_BUDGET_S:  # NaN fails both
+        raise ConfigError(
+            "--budget",
+            f"got {budget_s:g} seconds",
+            f"pass 0 <= S <= {MAX_BUDGET_S:g} (the checks' time in all)",
+        )
     unknown = sorted(set(checks or ()) - set(CHECKS))
     if unknown:
         raise ValueError(f"unknown checks {unknown}; known: {', '.join(CHECKS)}")

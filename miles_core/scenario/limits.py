@@ -77,6 +77,11 @@ class Limits:
     buffered_samples: int = 1_048_576
     """Samples the buffer may hold: floor(``capacity_factor`` x ``rollout_batch_size``)
     groups of ``n_samples_per_prompt`` (16 steps of samples at the ``samples`` bound)."""
+    attempts: int = 10_000
+    """How many times one thing is tried: ``[loop].max_step_attempts``,
+    ``max_route_attempts``, ``request_max_retries``, ``flush_cache_max_retries`` and
+    ``heartbeat_failure_threshold`` (miles: 30, 60 and 3). Each try costs time, not memory:
+    10**18 tries of a dead router is a run that never ends rather than one that fails."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -168,6 +173,32 @@ def check_loop(loop: LoopConfig, limits: Limits, spell: Callable[[str], str] = l
             f"rollout_batch_size {batch}) groups of {n})"
         )
         raise over(spell("capacity_factor"), what, buffered, limits, "buffered_samples")
+    check_counts(loop, limits, spell)
+
+
+ATTEMPT_KEYS = (
+    "max_step_attempts",
+    "max_route_attempts",
+    "request_max_retries",
+    "flush_cache_max_retries",
+    "heartbeat_failure_threshold",
+)
+STEP_KEYS = ("save_interval", "max_weight_staleness")
+"""Counts of steps: a save every 10**18 steps or a staleness of 10**18 steps is no save and no
+bound, which a run of at most ``[limits] steps`` steps says better."""
+
+
+def check_counts(loop: LoopConfig, limits: Limits, spell: Callable[[str], str] = loop_key) -> None:
+    """The loop's tries within ``limits.attempts`` and its counts of steps within
+    ``limits.steps``, each error naming the field as the user wrote it."""
+    for key in ATTEMPT_KEYS:
+        value = getattr(loop, key)
+        if value > limits.attempts:
+            raise over(spell(key), "tries", value, limits, "attempts")
+    for key in STEP_KEYS:
+        value = getattr(loop, key)
+        if value is not None and value > limits.steps:
+            raise over(spell(key), "steps", value, limits, "steps")
 
 
 def check_depth(data: object, source: str) -> None:
