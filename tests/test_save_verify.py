@@ -227,3 +227,37 @@ def test_a_truncated_end_of_run_checkpoint_is_refused_before_ray(
         cpu_main(["run", "--steps", "1", "--load", str(tmp_path)])
     err = capsys.readouterr().err
     assert caught.value.code == 2 and "checkpoint.pt is not a whole torch save" in err, err
+
+
+def settle(folder: Path) -> None:
+    """Every file of the saves last written two seconds ago, as a save loaded later is."""
+    import os
+    import time
+
+    then = time.time() - 2.0
+    for path in folder.rglob("*"):
+        if path.is_file():
+            os.utime(path, (then, then))
+
+
+def test_a_settled_save_is_hashed_once_for_the_preflight_and_the_restore(
+    saves: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--load hashed the chosen save twice (the preflight, then the run's restore: 0.6 s a
+    GB each); a file rewritten since, even in place at its size, is hashed anew."""
+    from backends.common.run import save_verify
+
+    settle(saves)
+    hashed: list[str] = []
+    real = save_verify._hash
+    monkeypatch.setattr(save_verify, "_hash", lambda path: hashed.append(path) or real(path))
+    save_verify._settled_hash.cache_clear()
+    save_verify.plan_load(saves)
+    first = len(hashed)
+    assert restored(saves) == (2, 2.0) and first > 0 and len(hashed) == first
+    rank = saves / "save-000002" / "rank-0.pt"
+    body = bytearray(rank.read_bytes())
+    body[-40] ^= 0xFF  # a byte flipped in place, inside the zip's data: same size
+    rank.write_bytes(bytes(body))
+    plan = save_verify.plan_load(saves)
+    assert plan.chosen is not None and plan.chosen.step == 1 and len(hashed) > first

@@ -14,9 +14,11 @@ Imports neither Ray nor torch: the check runs in the ``run`` command's preflight
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,9 +85,29 @@ class LoadPlan:
 
 def file_record(path: Path) -> dict[str, Any]:
     """What a tracker records of one file: its size and sha256."""
+    stat = path.stat()
+    if time.time() - stat.st_mtime_ns / 1e9 < SETTLED_S:  # may change within one clock tick
+        digest = _hash(str(path))
+    else:
+        digest = _settled_hash(str(path), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    return {"size": stat.st_size, "sha256": digest}
+
+
+SETTLED_S = 1.0
+"""A file last written this long ago is hashed once per version (path, inode, size, mtime):
+any later write stamps a later mtime, as the file system's clock (a tick of a few ms) has
+moved on. ``--load`` verifies a save in the preflight and again as the run restores it, at
+0.6 s a GB each; a file written within the last second is hashed each time."""
+
+
+def _hash(path: str) -> str:
     with open(path, "rb") as f:
-        digest = hashlib.file_digest(f, "sha256").hexdigest()
-    return {"size": path.stat().st_size, "sha256": digest}
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+@functools.lru_cache(maxsize=1024)
+def _settled_hash(path: str, inode: int, size: int, mtime_ns: int) -> str:
+    return _hash(path)
 
 
 def tracker_text(folder: Path, step: int, names: list[str]) -> str:
