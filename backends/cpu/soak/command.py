@@ -30,6 +30,7 @@ from backends.cpu.soak.report import Verdict, growths, history_growth, summary_l
 from backends.cpu.soak.sample import PROC, Sampler
 from backends.cpu.soak.tracker import Tracker
 from miles_core.errors import ConfigError
+from miles_core.event_index import index_bytes
 from miles_core.scenario import Scenario
 
 MAX_MINUTES = 24 * 60.0
@@ -106,7 +107,8 @@ def run_soak(args: argparse.Namespace) -> int:
     left = _left(sampler.seen)
     minutes = (time.monotonic() - began) / 60.0
     running_from = sampler.since_start(tracker.first_step_at or began)
-    per_event = bytes_per_event(list(tracker.history))
+    indexed = index_bytes(tracker.history) / max(1, len(tracker.history))
+    per_event = bytes_per_event(list(tracker.history)) + indexed
     verdict = Verdict(
         faults=tuple(tracker.finish()),
         oracles={name: None if v is None else str(v) for name, v in result.verdicts.items()},
@@ -116,6 +118,7 @@ def run_soak(args: argparse.Namespace) -> int:
         status=result.report.status.value,
         history=history_growth(samples, per_event, running_from),
         bytes_per_event=per_event,
+        indexed_per_event=indexed,
     )
     print("\n".join(summary_lines(verdict, minutes, result.report.steps_done)))
     print(f"  samples: {len(samples)}, judged as it went: {tracker.judged} time(s)")

@@ -96,6 +96,8 @@ class Verdict:
     history: dict[str, Growth | None] = dataclasses.field(default_factory=dict)
     """history_growth's figures (empty: not measured)."""
     bytes_per_event: float = 0.0
+    """The events' bytes an event (held.py) and the oracles' index over them (its share)."""
+    indexed_per_event: float = 0.0
 
     @property
     def survived(self) -> int:
@@ -149,7 +151,8 @@ def _history_lines(v: Verdict) -> list[str]:
         return []
     return [
         f"    history  {events.first:,.0f} -> {events.last:,.0f} events at about "
-        f"{v.bytes_per_event:.0f} B each: {_pct(v.history['mb'], judged=False)} MB, by design",
+        f"{v.bytes_per_event:.0f} B each (the oracles' index {v.indexed_per_event:.0f} of them): "
+        f"{_pct(v.history['mb'], judged=False)} MB, by design",
         f"    driver net of the history: rss_mb {_pct(net)}",
     ]
 
@@ -178,5 +181,6 @@ def to_json(v: Verdict, minutes: float, steps: int, seed: int) -> dict[str, obje
         },
         "left": list(v.left),
         "bytes_per_event": v.bytes_per_event,
+        "indexed_per_event": v.indexed_per_event,
         "history": {m: None if g is None else [g.first, g.last] for m, g in v.history.items()},
     }
