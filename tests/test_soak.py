@@ -148,6 +148,7 @@ def test_a_short_real_soak_survives_a_fault() -> None:
         assert set(info["oracles"].values()) == {None} and len(info["oracles"]) >= 10
         assert info["left"] == [] and session_processes(tmp) == []
         assert info["growth"]["actors"]["rss_mb"] is not None  # the actors were sampled
+        assert 40 < info["indexed_per_event"] < info["bytes_per_event"] < 2000
     finally:
         for pid in session_processes(tmp):  # only after a failed test: do not leak them
             with contextlib.suppress(OSError):
@@ -203,6 +204,7 @@ def test_the_tracker_reads_the_runs_history_and_lines_each_recovered_fault() -> 
     assert len(tracker.history) == len(run.history)
     assert [(f.kind, f.recovered_at is not None) for f in faults] == [("restart_engine", True)]
     assert lines and "recovered in" in lines[0] and tracker.judged >= 1 and not tracker.failures
+    assert 40 < tracker.indexed_per_event < 60  # read as it judged (a pointer and an int)
 
 
 FREED = """

@@ -30,7 +30,6 @@ from backends.cpu.soak.report import Verdict, growths, history_growth, summary_l
 from backends.cpu.soak.sample import PROC, Sampler
 from backends.cpu.soak.tracker import Tracker
 from miles_core.errors import ConfigError
-from miles_core.event_index import index_bytes
 from miles_core.scenario import Scenario
 
 MAX_MINUTES = 24 * 60.0
@@ -107,7 +106,7 @@ def run_soak(args: argparse.Namespace) -> int:
     left = _left(sampler.seen)
     minutes = (time.monotonic() - began) / 60.0
     running_from = sampler.since_start(tracker.first_step_at or began)
-    indexed = index_bytes(tracker.history) / max(1, len(tracker.history))
+    indexed = tracker.indexed_per_event  # the run's judging at the end dropped the index
     per_event = bytes_per_event(list(tracker.history)) + indexed
     verdict = Verdict(
         faults=tuple(tracker.finish()),

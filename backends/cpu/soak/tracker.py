@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from miles_core.cells import CellState
 from miles_core.engines import EngineState
+from miles_core.event_index import index_bytes
 from miles_core.events import (
     CellStateChanged,
     EngineStateChanged,
@@ -80,6 +81,9 @@ class Tracker:
         self.cells: dict[int, CellState] = {}
         self.engines: dict[str, EngineState] = {}
         self._since_judged = 0
+        self.indexed_per_event = 0.0
+        """The oracles' index over the history, in bytes an event, as the last judgement left
+        it (the run's own judging at the end drops it, so it is read here)."""
         self.first_step_at: float | None = None
         """time.monotonic() when the first step committed: the world is up."""
 
@@ -137,6 +141,7 @@ class Tracker:
             if found is not None and name not in {f.oracle for f in self.failures}:
                 self.failures.append(Failure(name, now, str(found)))
                 self.say(f"oracle {name} FAILED at t={now:.2f}: {found}")
+        self.indexed_per_event = index_bytes(self.history) / max(1, len(self.history))
 
     def finish(self) -> list[FaultLine]:
         """The run ended: every fault still open is not recovered; the lines in fault order."""
