@@ -29,7 +29,7 @@ import pytest
 
 pytest.importorskip("ray", reason="the CPU backend needs the cpu extra (see the README)")
 
-from backends.common.run.ray_run import TRAIN, RealResult, _layout, run_in_ray
+from backends.common.run.ray_run import TRAIN, RealResult, layout_of, run_in_ray
 from backends.common.session.ray_session import (
     node_addresses,
     placed_bundles,
@@ -355,7 +355,7 @@ def _steps_run(scenario: Scenario, steps: int | None, real: RealResult) -> int |
 
 
 def test_placement_orders_what_ray_reports(ray_cluster) -> None:
-    layout = _layout(load_scenario_file(ROOT / "scenarios" / "files" / "heal_twice.toml"))
+    layout = layout_of(load_scenario_file(ROOT / "scenarios" / "files" / "heal_twice.toml"))
     pg, placement = placed_bundles(layout)
     try:
         keys = [(b.node, b.gpu_id) for b in placement.bundles]

@@ -48,7 +48,7 @@ from miles_core.kinds import FaultKind, RunStatus
 from miles_core.loop import LoopConfig, Orchestrator, RunReport
 from miles_core.oracles import WHOLE_RUN, Violation, check_all
 from miles_core.oracles.base import forget
-from miles_core.placement import LayoutConfig, compute_layout
+from miles_core.placement import Layout, LayoutConfig, compute_layout
 from miles_core.report.interrupt import CUT, judge_prefix
 from miles_core.scenario import Scenario, WorldShape
 from miles_core.scenario.model import DEFAULT_PROGRESS_WINDOW
@@ -337,7 +337,7 @@ def run_real(
     """Start Ray (or join ``address``; ``show_start``: saying so on stderr), run, and shut Ray
     down, errors included."""
     scenario = check_real(scenario.with_run(steps=steps, seed=seed))
-    layout = _layout(scenario)
+    layout = layout_of(scenario)
     if options.get("stack", CPU_STACK).device == "cuda":
         # Ray's GPUs here may be virtual (several per physical GPU): every actor keeps the
         # host's CUDA devices instead of Ray's ids, which need not exist
@@ -346,7 +346,9 @@ def run_real(
         return run_in_ray(scenario, seed, steps, show_start=show_start, **options)
 
 
-def _layout(scenario: Scenario) -> Any:
+def layout_of(scenario: Scenario) -> Layout:
+    """Where a real run of ``scenario`` places its trainer ranks and engines (miles' layout:
+    one node of the cells' GPUs, an engine a GPU): what its Ray session must hold."""
     world = scenario.world
     return compute_layout(
         LayoutConfig(
@@ -414,7 +416,7 @@ def run_in_ray(
         task,
         history,
     )
-    pg, placement = placed_bundles(_layout(scenario))
+    pg, placement = placed_bundles(layout_of(scenario))
     try:
         result = asyncio.run(_run(scenario, seed, pg, placement, options))
         return dataclasses.replace(result, bundle_nodes=bundle_nodes(pg))

@@ -21,7 +21,7 @@ import math
 import sys
 import time
 
-from backends.common.run.ray_run import TRAIN, _layout, run_in_ray
+from backends.common.run.ray_run import TRAIN, layout_of, run_in_ray
 from backends.common.session.process_tree import alive
 from backends.common.session.ray_session import ray_session, session_processes
 from backends.cpu.soak.draw import SECONDS_PER_STEP, Shape, draw_motifs, schedule, steps_for
@@ -95,7 +95,7 @@ def run_soak(args: argparse.Namespace) -> int:
     sampler = Sampler(session_processes, args.sample_seconds, lambda: len(tracker.history))
     began = time.monotonic()
     timeout = max(600.0, 10 * args.minutes * 60.0)
-    with ray_session(_layout(scenario).total_gpus, show_start=True):
+    with ray_session(layout_of(scenario).total_gpus, show_start=True):
         sampler.start()
         try:
             result = run_in_ray(
