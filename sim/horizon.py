@@ -21,7 +21,8 @@ from miles_core.scenario.model import DEFAULT_PROGRESS_WINDOW
 STEPS_OF_SLACK = 50.0
 """Steps' time a step past which a run is called stalled."""
 PROGRESS_STEPS = 4.0
-"""Nominal steps within which a step must commit (the planner's point runs take as many)."""
+"""Nominal steps (a batch's p99 generation, training and the update) within which a step
+must commit, and never less than the scenarios' default window."""
 
 
 def rollout_seconds(scenario: Scenario) -> float:
@@ -48,5 +49,10 @@ def progress_window(scenario: Scenario) -> float:
     steps, the longer (no step could commit within a window shorter than one)."""
     if scenario.progress_window is not None:
         return scenario.progress_window
-    nominal = sum(step_parts(scenario.world, scenario.timing, scenario.loop).values())
+    return window_for(sum(step_parts(scenario.world, scenario.timing, scenario.loop).values()))
+
+
+def window_for(nominal: float) -> float:
+    """The progress window of a world whose nominal step takes ``nominal`` seconds (the
+    planner's point runs take it too)."""
     return max(DEFAULT_PROGRESS_WINDOW, PROGRESS_STEPS * nominal)

@@ -74,6 +74,7 @@ from miles_core.scenario.liveness import step_parts
 from miles_core.scenario.world import TIME_KEYS
 from miles_core.transfer import TransferMode
 from miles_core.user_files import JSON_BYTES, read_user_text
+from sim.horizon import window_for
 
 TRAIN_FIGURES = (
     "train_seconds_per_step",
@@ -317,18 +318,15 @@ def scenario_of(plan: Plan, settings: Mapping[str, Any]) -> Scenario:
         timing=timing,
         loop=loop,
         until_witnessed=UNTIL_WITNESSED * plan.steps,
-        progress_window=max(600.0, PROGRESS_STEPS * nominal),
+        progress_window=window_for(nominal),
         max_seconds=HORIZON_STEPS * UNTIL_WITNESSED * plan.steps * nominal,
     )
 
 
-PROGRESS_STEPS = 4
-"""A point's run must commit a step within this many nominal steps (its p99 generation,
-training and update: miles_core/scenario/liveness.py) of the last fault, and never less
-than the scenarios' default window."""
 HORIZON_STEPS = 50
 """A point's run that has not ended by this many nominal steps per step stalled (the
-simulator's own default counts training only, which a run that generation bounds outlasts)."""
+simulator's own default takes the longer of training and generation, sim/horizon.py, not
+the whole nominal step with its update)."""
 
 
 def _check_sync_bound(plan: Plan, settings: Mapping[str, Any]) -> None:
