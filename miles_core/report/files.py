@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from miles_core.ctrl_c import INTERRUPTED_EXIT, ctrl_c_raises
+from miles_core.ctrl_c import INTERRUPTED_EXIT, ctrl_c_counted, exit_code
 from miles_core.errors import ConfigError
 
 
@@ -64,17 +64,17 @@ def run_cli(main: Callable[[], int]) -> int:
     ends it with one line and 130, as a shell reports a Ctrl-C, instead of a
     KeyboardInterrupt traceback. Ctrl-C raises it again from here (``main`` handles it):
     before, while the command imported, it ended the process at once (miles_core/ctrl_c.py)."""
-    ctrl_c_raises()
-    try:
-        code = main()
-        sys.stdout.flush()
-    except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)  # the interpreter's final flush goes here
-        os.dup2(devnull, sys.stdout.fileno())
-        code = SIGPIPE_EXIT
-    except KeyboardInterrupt:
-        print("\ninterrupted (Ctrl-C)", file=sys.stderr)
-        code = INTERRUPTED_EXIT
+    with ctrl_c_counted():
+        try:
+            code = exit_code(main())
+            sys.stdout.flush()
+        except BrokenPipeError:
+            devnull = os.open(os.devnull, os.O_WRONLY)  # the interpreter's final flush goes here
+            os.dup2(devnull, sys.stdout.fileno())
+            code = SIGPIPE_EXIT
+        except KeyboardInterrupt:
+            print("\ninterrupted (Ctrl-C)", file=sys.stderr)
+            code = INTERRUPTED_EXIT
     # the process ends: what it made dies with it. Collected at exit instead, a long
     # simulated run's objects (cycles of tasks and events) took 0.7 s after the last line
     gc.freeze()

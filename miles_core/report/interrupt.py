@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from miles_core.ctrl_c import INTERRUPTED_EXIT as INTERRUPTED_EXIT
+from miles_core.ctrl_c import lost_ctrl_c
 from miles_core.events import History
 from miles_core.loop import RunReport
 from miles_core.oracles import SAFETY, WHOLE_RUN, Violation, verdict_lines
@@ -63,7 +64,8 @@ def ctrl_c_calls(action: Callable[[], None]) -> Iterator[None]:
     """While the block runs, Ctrl-C calls ``action`` (which must only ask the owner to stop:
     it runs between two lines of whatever was running) instead of raising KeyboardInterrupt
     there. A second Ctrl-C raises it: the first did not stop what runs. Outside the main
-    thread, where Python delivers no signal, the block runs as it is."""
+    thread, where Python delivers no signal, the block runs as it is. A Ctrl-C that Python
+    dropped before the block (``lost_ctrl_c``) asks at once: what runs stops at its start."""
     asked: list[int] = []
 
     def handler(signum: int, frame: object) -> None:
@@ -75,7 +77,9 @@ def ctrl_c_calls(action: Callable[[], None]) -> Iterator[None]:
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         yield  # (a shell's background job ignores Ctrl-C: so does the run)
         return
-    with _handled(signal.SIGINT, handler):
+    with _handled(signal.SIGINT, handler) as handled:
+        if handled and lost_ctrl_c():
+            handler(signal.SIGINT, None)
         yield
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from miles_core.ctrl_c import ctrl_c_counted, exit_code
 from miles_core.errors import ConfigError
 from miles_core.events import StepCommitted
 from miles_core.loop.flags import RUN_OWN_FLAGS, add_loop_flags, flags_argv, given_flags
@@ -290,7 +291,8 @@ def main(argv: list[str]) -> int:
     if args.command == "list":
         return _list()
     try:
-        return _run(args)
+        with ctrl_c_counted():  # (run_cli's already, but not when called from Python)
+            return exit_code(_run(args))
     except ConfigError as error:
         top.error(str(error))
     return 2  # unreachable: parser.error exits

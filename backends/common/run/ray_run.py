@@ -39,6 +39,7 @@ from backends.common.training.task import Task
 from backends.common.world.cluster import RayCluster, buffer_size_for
 from backends.common.world.faults import RayFaultActions
 from backends.common.world.runtime import AsyncioRuntime
+from miles_core.ctrl_c import lost_ctrl_c
 from miles_core.errors import ConfigError
 from miles_core.events import (
     Event,
@@ -201,6 +202,8 @@ def _ctrl_c_sets(interruptible: bool) -> Iterator[asyncio.Future[None]]:
         ctrl_c.set_result(None)
 
     loop.add_signal_handler(signal.SIGINT, on_sigint)
+    if lost_ctrl_c():  # one Python dropped while the world started: the run stops at once
+        on_sigint()
     try:
         yield ctrl_c
     finally:
