@@ -85,10 +85,10 @@ SYSTEMS: Mapping[str, TimeModel] = {
     # checkpoint-engine (MoonshotAI/checkpoint-engine README): host memory -> GPU ->
     # NCCL broadcast -> reload, pipelined; one fitted rate per GPU and a fixed cost.
     "checkpoint-engine-broadcast": TimeModel(
-        link_bytes_per_second=88.2e9, update_fixed_seconds=1.07, pipelined_buckets=True
+        link_bytes_per_second=70.45e9, update_fixed_seconds=0.334, pipelined_buckets=True
     ),
     "checkpoint-engine-p2p": TimeModel(
-        link_bytes_per_second=66.5e9, update_fixed_seconds=0.779, pipelined_buckets=True
+        link_bytes_per_second=64.0e9, update_fixed_seconds=0.640, pipelined_buckets=True
     ),
     # Perplexity's static RDMA schedule: every trainer GPU gathers and writes its own
     # share, pipelined; nothing of it is fitted (miles' link and gather rates).
@@ -122,6 +122,7 @@ CLUSTERS: Mapping[str, Cluster] = {
     "qwen3-235b-a22b-8xh800": Cluster(235, 2.0, 8, 1, 1, 8, 1),
     "deepseek-v3.1-fp8-16xh20": Cluster(671, 1.0, 16, 1, 1, 16, 1),
     "kimi-k2-fp8-16xh20": Cluster(1040, 1.0, 16, 1, 1, 16, 1),
+    "deepseek-v3.1-fp8-256xh20": Cluster(671, 1.0, 256, 1, 16, 16, 1),
     "kimi-k2-fp8-256xh20": Cluster(1040, 1.0, 256, 1, 16, 16, 1),
     # Perplexity: 256 BF16 trainer GPUs -> 128 FP8 inference GPUs (FP8 on the wire), as
     # 8 engines of 16 GPUs with 16 expert shards; every trainer GPU its own share
@@ -151,7 +152,7 @@ ANCHOR_PRESETS: Mapping[str, tuple[str, str]] = {
     **{f"miles-{c}-{s}": (c, f"miles-{s}") for c in list(CLUSTERS)[:6] for s in ("nccl", "rdma")},
     **{
         f"checkpoint-engine-{c}-{s}": (c, f"checkpoint-engine-{s}")
-        for c in list(CLUSTERS)[6:11]
+        for c in list(CLUSTERS)[6:12]
         for s in ("broadcast", "p2p")
     },
     "perplexity-kimi-k2-fp8-256+128": ("kimi-k2-fp8-256+128", "perplexity-rdma"),

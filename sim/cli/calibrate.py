@@ -193,7 +193,7 @@ def _history_main(argv: Sequence[str]) -> int:
         if r["ratio"] is None:
             print(f"  {r['figure']:20s} (not in both runs)")
             continue
-        mark = "within 25%" if r["within"] else "OFF by more than 25%"
+        mark = "within 1.25x" if r["within"] else "OFF by more than 1.25x"
         print(
             f"  {r['figure']:20s} {r['real']:8.2f}s {r['predicted']:8.2f}s {r['ratio']:6.2f}"
             f"  {mark}"
