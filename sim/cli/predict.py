@@ -1,13 +1,16 @@
-"""``python -m sim predict``: a preset's weight-update time by the simulator's model, or
-(``--anchors``) every published row against its prediction; its help is calibrate's
-(sim/cli/calibrate.py), which says how the model is fitted."""
+"""``python -m sim predict``: a preset's weight-update time by the simulator's model,
+(``--anchors``) every published row against its prediction, or (``--cluster FILE.toml``)
+any cluster described in a file, term by term (sim/timing/cluster_file.py and cluster_setup.py,
+docs/clusters.md); its help is calibrate's (sim/cli/calibrate.py), which says how the model
+is fitted."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from miles_core.errors import ConfigError
 from miles_core.scenario.anchor_presets import ANCHOR_PRESETS, SYSTEM_MODES
@@ -34,7 +37,7 @@ def main(argv: Sequence[str]) -> int:
         type=int,
         default=None,
         help=f"bucket size (default: {DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE >> 20}; "
-        "an anchor preset's, 1024)",
+        "an anchor preset's, 1024; with --cluster, the file's bucket_mib)",
     )
     parser.add_argument(
         "--mode",
@@ -44,8 +47,16 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument(
         "--calibration", default=None, help="a fit.json from python -m sim calibrate"
     )
+    parser.add_argument(
+        "--cluster",
+        metavar="FILE.toml",
+        help="a cluster from a file: model, trainer, engines, links, transfer "
+        "(docs/clusters.md; clusters/ holds every anchor preset as one)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.cluster is not None:
+        return _predict_cluster(parser, args)
     if args.anchors:
         from sim.timing.anchor_report import predict_anchors_main
 
@@ -84,6 +95,60 @@ def main(argv: Sequence[str]) -> int:
         f"{result['seconds']:.2f} s ({result['effective_gbps']:.1f} GB/s)"
     )
     return 0
+
+
+def _predict_cluster(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """--cluster: the file's update, checked before any work, printed term by term."""
+    from sim.timing.cluster_file import load_cluster
+    from sim.timing.cluster_setup import cluster_setup, predict_cluster
+
+    try:
+        for flag, given in (("preset", args.preset), ("--anchors", args.anchors)):
+            if given:
+                raise ConfigError(flag, "given with --cluster", "pass one of them")
+        for flag, given in (("--mode", args.mode), ("--calibration", args.calibration)):
+            if given is not None:
+                raise ConfigError(flag, "given with --cluster", "set it in the file's [transfer]")
+        if args.bucket_mib is not None and args.bucket_mib < 1:
+            raise ConfigError("--bucket-mib", f"got {args.bucket_mib}", "pass a size >= 1 MiB")
+        result = predict_cluster(cluster_setup(load_cluster(args.cluster), args.bucket_mib))
+    except ConfigError as error:
+        parser.error(str(error))
+    print(json.dumps(result, sort_keys=True) if args.json else "\n".join(cluster_lines(result)))
+    return 0
+
+
+TERMS = {
+    "fixed": "per update, on the source",
+    "prepare": "pack + gather + convert, on the trainer",
+    "wire": "buckets on the link",
+    "land": "requantize + load, on the engines",
+}
+
+
+def cluster_lines(r: Mapping[str, Any]) -> list[str]:
+    """--cluster's report: the layout, the update's time, each term and each rate's origin."""
+    m, tr, en = r["model"], r["trainer"], r["engines"]
+    experts = f", {m['experts']} experts" if m["experts"] else ""
+    how = "many-source p2p" if r["many_source_p2p"] and r["mode"] == "p2p" else r["mode"]
+    how += ", buckets pipelined" if r["pipelined_buckets"] else ", stages in turn"
+    lines = [
+        f"{r['cluster']}: {m['name']}, {m['params_billions']:g}B parameters in {m['dtype']} "
+        f"({m['layers']} layers{experts})",
+        f"  trainer: {tr['gpus']} GPUs ({tr['nodes']} nodes x {tr['gpus_per_node']}), TP "
+        f"{tr['tp']} PP {tr['pp']} CP {tr['cp']} EP {tr['ep']}",
+        f"  engines: {en['count']} x {en['gpus']} GPUs, TP {en['tp']} EP {en['ep']}"
+        + (", colocated with the trainer" if en["colocated"] else ""),
+        f"  transfer: {r['system'] or 'no system (the links alone)'}, {how}",
+        f"  weights: {r['bytes'] / 1e9:,.1f} GB in {r['buckets']:,} buckets of "
+        f"{r['bucket_mib']} MiB",
+        f"  update: {r['seconds']:.3f} s ({r['effective_gbps']:.1f} GB/s)",
+    ]
+    lines += [f"    {k:<8} {v:8.3f} s   {TERMS[k]}" for k, v in r["terms"].items()]
+    lines.append("  rates:")
+    for name, rate in r["rates"].items():
+        lines.append(f"    {name:<20} {rate['value']:>9.4g} {rate['unit']:<5} {rate['source']}")
+    return lines
 
 
 if __name__ == "__main__":

@@ -25,11 +25,10 @@ from miles_core.scenario.anchor_presets import ANCHOR_PRESETS, SYSTEM_MODES, SYS
 from miles_core.scenario.world import TimeModel
 from miles_core.transfer import plan_buckets
 from sim.timing.basis import Basis
+from sim.timing.cluster_setup import cluster_terms
 from sim.world.update_cost import (
     Route,
-    bucket_cost,
     gather_seconds,
-    update_fixed_seconds,
     wire_seconds,
 )
 
@@ -280,15 +279,8 @@ def _route(preset: Preset) -> Route:
 
 def update_terms(preset: Preset, system: str, bucket_bytes: int) -> dict[str, float]:
     """The update's seconds by term, summed over its buckets (the simulator's own functions:
-    sim/world/update_cost.py), at the preset's figures."""
-    t, route = preset.timing, _route(preset)
-    p2p = SYSTEM_MODES[system] == "p2p"
-    terms = {"fixed": update_fixed_seconds(t), "prepare": 0.0, "wire": 0.0, "land": 0.0}
-    for i, bucket in enumerate(plan_buckets(preset.world.units(), bucket_bytes)):
-        cost = bucket_cost(t, bucket.nbytes, route, p2p)
-        for stage, seconds in cost.charged(t.pipelined_buckets, first=i == 0).items():
-            terms[stage] += seconds
-    return terms
+    sim/world/update_cost.py), at the preset's figures, in the system's mode."""
+    return cluster_terms(preset, SYSTEM_MODES[system], bucket_bytes)
 
 
 @functools.cache
