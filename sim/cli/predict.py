@@ -53,8 +53,29 @@ def main(argv: Sequence[str]) -> int:
         help="a cluster from a file: model, trainer, engines, links, transfer "
         "(docs/clusters.md; clusters/ holds every anchor preset as one)",
     )
+    parser.add_argument(
+        "--register",
+        action="store_true",
+        help="the register of predictions (docs/predictions.md), each predicted again today",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.register:
+        from sim.timing.register import print_register
+
+        others = [
+            f
+            for f, v in (
+                ("preset", args.preset),
+                ("--anchors", args.anchors),
+                ("--cluster", args.cluster),
+                ("--json", args.json),
+            )
+            if v
+        ]
+        if others:
+            parser.error(f"--register: goes alone, without {', '.join(others)}")
+        return print_register()
     if args.cluster is not None:
         return _predict_cluster(parser, args)
     if args.anchors:
