@@ -165,6 +165,11 @@ class Delivery:
     """The source's checksum of the whole model this update sends, where the world can read
     weights (the Ray world); the engines' stamps answer theirs, and the updater records
     both (WeightsChecked). None where it cannot (the simulator, no weights)."""
+    group_seconds: float | None = None
+    """How long making the group this bucket went over took, where this send made it (the
+    first bucket after the cell connected; the updater records it, UpdateGroupMade); None
+    where the group was made before, or (the simulator) its making is not charged. Not part
+    of ``seconds``."""
 
 
 class TrainCell(Protocol):

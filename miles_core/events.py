@@ -426,6 +426,25 @@ class UpdateGroupConnected(Event):
 
 
 @frozen_value(kw_only=True)
+class UpdateGroupMade(Event):
+    """The world made a weight-update group that the updater connected (the cell's
+    ``init_update_group`` and every member engine's /init_weights_update_group, all at
+    once), as the first bucket over it went: recorded with that bucket, before its
+    BucketReceived. The price of a (re)connect at scale, which the bucket's own seconds do
+    not include. p2p makes one pair group per engine, each recorded. The simulator records
+    it only where its time model charges for it (TimeModel ``group_make_seconds``), so a
+    history made without that term is as it was."""
+
+    update_id: int
+    updater: int
+    engines: tuple[str, ...]
+    incarnations: tuple[int, ...]
+    """The process of each engine, in the same order."""
+    seconds: float
+    """How long making it took, as the world measured it (the simulator: what it charged)."""
+
+
+@frozen_value(kw_only=True)
 class EnginesPaused(Event):
     """The engine processes that answered the update's pause."""
 

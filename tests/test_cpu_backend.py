@@ -69,6 +69,7 @@ from miles_core.events import (
     UpdateAborted,
     UpdateBegan,
     UpdateGroupConnected,
+    UpdateGroupMade,
     VersionPublished,
     WeightsChecked,
 )
@@ -239,6 +240,20 @@ def _the_stale_group_is_made_afresh(history: History) -> None:
     assert connects[-1] == (1, ConnectReason.STALE, {"engine-0": 1}), connects
     updates = [e for e in history if isinstance(e, UpdateBegan)]
     assert len(updates) > len(connects)  # most updates kept their cell's group
+    # the world timed the making of each group it made, and of none it kept: every
+    # (re)connect whose update sent a bucket made its group once, as that bucket went
+    sent = {e.update_id for e in history if isinstance(e, BucketReceived)}
+    made = [
+        (e.update_id, e.updater, dict(zip(e.engines, e.incarnations, strict=True)))
+        for e in history
+        if isinstance(e, UpdateGroupMade)
+    ]
+    assert made == [
+        (e.update_id, e.updater, dict(zip(e.engines, e.incarnations, strict=True)))
+        for e in history
+        if isinstance(e, UpdateGroupConnected) and e.update_id in sent
+    ]
+    assert all(e.seconds > 0 for e in history if isinstance(e, UpdateGroupMade))
 
 
 def _the_cut_stalls_then_fails_the_sender(history: History) -> None:

@@ -18,7 +18,7 @@ from miles_core.errors import ConfigError
 from miles_core.events import History
 from miles_core.scenario import Scenario, load_scenario_file
 from sim.run import run_scenario
-from sim.timing.run_fit import check, compare, figures, fit_timing, read_history
+from sim.timing.run_fit import _update_overheads, check, compare, figures, fit_timing, read_history
 
 ROOT = Path(__file__).resolve().parent.parent
 FIT, CHECK = ROOT / "scenarios/timing/fit.toml", ROOT / "scenarios/timing/check.toml"
@@ -70,6 +70,40 @@ def test_a_fit_from_a_history_with_no_restart_keeps_the_scenarios_start_time() -
     scenario = dataclasses.replace(_with_costs(load_scenario_file(FIT)), faults=())
     timing, how = fit_timing([run_scenario(scenario, 0).history], scenario)
     assert "engine_start_seconds" not in how and timing.engine_start_seconds == 3.0
+
+
+def test_a_fit_gives_back_what_making_a_group_cost_apart_from_the_updates_fixed_cost() -> None:
+    """UpdateGroupMade: the fit run's group of two engines alone shows one size, so all of
+    it is the fixed cost; pooled with the check run's group of three, the fixed cost and
+    each engine's share come apart. The update's fixed cost leaves the groups' making out,
+    as the simulator charges them apart."""
+
+    def made(path: Path) -> tuple[Scenario, History]:
+        scenario = _with_costs(load_scenario_file(path))
+        timing = dataclasses.replace(
+            scenario.timing, group_make_seconds=0.8, group_make_seconds_per_engine=0.3
+        )
+        scenario = dataclasses.replace(scenario, timing=timing)
+        return scenario, run_scenario(scenario, 0).history
+
+    (fit, two), (_, three) = made(FIT), made(CHECK)
+    # every update's time beyond its sends and its groups' making is the fixed cost, the
+    # updates that made a group included
+    assert max(_update_overheads(two)) == pytest.approx(0.5, rel=1e-9)
+    one_size, how = fit_timing([two], fit)
+    assert one_size.group_make_seconds == pytest.approx(0.8 + 2 * 0.3, rel=1e-9)
+    assert one_size.group_make_seconds_per_engine == 0.0 and "one size" in how["group_make_seconds"]
+    assert one_size.update_fixed_seconds == pytest.approx(0.5, rel=1e-3)
+    pooled, _ = fit_timing([two, three], fit)
+    assert pooled.group_make_seconds == pytest.approx(0.8, rel=1e-9)
+    assert pooled.group_make_seconds_per_engine == pytest.approx(0.3, rel=1e-9)
+    assert pooled.update_fixed_seconds == pytest.approx(0.5, rel=1e-3)
+
+
+def test_a_fit_from_a_history_with_no_group_made_keeps_the_scenarios_figures() -> None:
+    scenario = _with_costs(load_scenario_file(FIT))
+    timing, how = fit_timing([run_scenario(scenario, 0).history], scenario)
+    assert "group_make_seconds" not in how and timing.group_make_seconds == 0.0
 
 
 def test_compare_marks_a_figure_off_by_more_than_a_quarter() -> None:

@@ -10,6 +10,7 @@ sender in tests/test_transfer_bench.py.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from types import SimpleNamespace
 from typing import Any
 
@@ -94,7 +95,8 @@ def test_send_bucket_each_sends_once_on_every_pair_group_and_delivers_each_engin
     transport = CollectiveTransport(world)  # type: ignore[arg-type]
     engines = {"e1": 3, "e0": 2}
     delivered = _connected(transport, "send_bucket_each", 7, engines)
-    assert delivered == (Delivery(("e0",), 0.0, "c0"), Delivery(("e1",), 0.0, "c0"))
+    # each pair group made by this send (the stand-in's clock stands still: 0 s)
+    assert delivered == (Delivery(("e0",), 0.0, "c0", 0.0), Delivery(("e1",), 0.0, "c0", 0.0))
     groups = {
         e: c[3]["group_name"]
         for c in log
@@ -155,19 +157,27 @@ def test_a_cells_group_is_kept_across_updates_until_it_connects_again() -> None:
     """miles keeps its update group from update to update; a new connect destroys the old
     group on both sides (in the background) and the next bucket makes the new one."""
     world, log = _world()
+    world.rt = SimpleNamespace(now=itertools.count().__next__)  # a second per reading
     transport = CollectiveTransport(world)  # type: ignore[arg-type]
     engines = {"e0": 1, "e1": 1}
 
-    async def main() -> None:
+    async def main() -> list[float | None]:
+        made = []
         await transport.connect(1, 0, engines)
         for update_id in (1, 2, 3):  # three updates, one group
-            await transport.send_bucket(update_id, 0, _bucket(), engines)
+            made.append(
+                (await transport.send_bucket(update_id, 0, _bucket(), engines)).group_seconds
+            )
         assert len(_routed(log, "/init_weights_update_group")) == 2  # one join per engine
         await transport.connect(4, 0, {"e0": 1, "e1": 2})
-        await transport.send_bucket(4, 0, _bucket(), {"e0": 1, "e1": 2})
+        made.append(
+            (await transport.send_bucket(4, 0, _bucket(), {"e0": 1, "e1": 2})).group_seconds
+        )
         await asyncio.gather(*transport._destroying)
+        return made
 
-    asyncio.run(main())
+    # the first bucket over each new group reports its making (timed alone), no other
+    assert asyncio.run(main()) == [1, None, None, 1]
     joins = _routed(log, "/init_weights_update_group")
     assert [(c[0], c[1]) for c in joins[2:]] == [("e0", 1), ("e1", 2)]
     first, second = joins[0][3]["group_name"], joins[2][3]["group_name"]

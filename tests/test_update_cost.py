@@ -11,8 +11,19 @@ import sys
 import pytest
 
 from miles_core.errors import ConfigError
-from miles_core.scenario import PRESETS, TimeModel
+from miles_core.events import (
+    BucketReceived,
+    History,
+    UpdateBegan,
+    UpdateGroupConnected,
+    UpdateGroupMade,
+    VersionPublished,
+)
+from miles_core.scenario import PRESETS, SCENARIOS, Scenario, TimeModel
 from miles_core.scenario.anchor_presets import ANCHOR_PRESETS, SYSTEM_MODES, SYSTEMS
+from miles_core.transfer import TransferMode
+from miles_core.update_connections import ConnectReason
+from sim.run import run_scenario
 from sim.timing.anchor_report import predict_all
 from sim.timing.anchors import ANCHORS, FIT_GROUPS, fit_group, group_of, update_terms
 from sim.timing.calibration import predict_update_seconds
@@ -140,3 +151,58 @@ def test_a_switch_of_the_update_path_takes_true_or_false_only(field: str) -> Non
 def test_a_count_of_the_update_path_takes_a_positive_integer(field: str) -> None:
     with pytest.raises(ConfigError, match=f"{field}.*integer >= 1"):
         TimeModel(**{field: 1.5})
+
+
+def _made_afresh(scenario: Scenario, fixed: float, per_engine: float) -> History:
+    timing = dataclasses.replace(
+        scenario.timing, group_make_seconds=fixed, group_make_seconds_per_engine=per_engine
+    )
+    result = run_scenario(dataclasses.replace(scenario, timing=timing), 0)
+    assert result.ok
+    return result.history
+
+
+def _update_spans(history: History) -> dict[int, float]:
+    began = {e.update_id: e.t for e in history if isinstance(e, UpdateBegan)}
+    return {
+        e.update_id: e.t - began[e.update_id] for e in history if isinstance(e, VersionPublished)
+    }
+
+
+@pytest.mark.parametrize(("mode", "groups"), [(TransferMode.BROADCAST, 1), (TransferMode.P2P, 2)])
+def test_a_group_made_afresh_costs_its_term_on_its_first_bucket_and_is_recorded(
+    mode: TransferMode, groups: int
+) -> None:
+    """engine_restart: the first update and the one after engine-0's new process connect
+    (miles' has_new_engines) make the updater's group, the others keep it. Each of those two
+    takes exactly the term longer (broadcast: one group of both engines; p2p: a pair group
+    per engine, made in turn) and records what it charged; at 0 nothing is recorded, so the
+    histories made before the term are as they were."""
+    scenario = dataclasses.replace(
+        SCENARIOS["engine_restart"],
+        loop=dataclasses.replace(SCENARIOS["engine_restart"].loop, transfer_mode=mode),
+    )
+    free, charged = _made_afresh(scenario, 0.0, 0.0), _made_afresh(scenario, 2.0, 0.5)
+    assert not [e for e in free if isinstance(e, UpdateGroupMade)]
+    connects = {e.update_id: e.reason for e in charged if isinstance(e, UpdateGroupConnected)}
+    assert sorted(connects.values()) == [ConnectReason.FIRST, ConnectReason.NEW_ENGINES]
+    made = [e for e in charged if isinstance(e, UpdateGroupMade)]
+    per_group = 2.0 + 0.5 * (2 // groups)  # the fixed cost, and each engine in the group
+    assert [(e.update_id, e.seconds) for e in made] == [
+        (u, per_group) for u in sorted(connects) for _ in range(groups)
+    ]
+    renewed = {
+        (engine, process)
+        for e in made
+        if connects[e.update_id] == ConnectReason.NEW_ENGINES
+        for engine, process in zip(e.engines, e.incarnations, strict=True)
+    }
+    assert renewed == {("engine-0", 1), ("engine-1", 0)}  # engine-0's new process in it
+    before, after = _update_spans(free), _update_spans(charged)
+    assert before.keys() == after.keys() and len(before) > len(connects)
+    for update, span in after.items():
+        extra = groups * per_group if update in connects else 0.0
+        assert span - before[update] == pytest.approx(extra, abs=1e-9), update
+    # the bucket's own send does not include it
+    sent = lambda h: [e.seconds for e in h if isinstance(e, BucketReceived)]  # noqa: E731
+    assert sent(charged) == sent(free)

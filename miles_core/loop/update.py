@@ -53,6 +53,7 @@ from miles_core.events import (
     UpdateAborted,
     UpdateBegan,
     UpdateGroupConnected,
+    UpdateGroupMade,
     UpdateSessionClosed,
     UpdateSessionOpened,
     VersionPublished,
@@ -391,6 +392,15 @@ class Updater:
                 self._checksums[update_id] = delivery.trainer_checksum
             if ctx.config.lora_adapter is not None:  # the adapter's one unit is this bucket
                 self._holding.update((e, targets[e]) for e in delivery.engines)
+            if delivery.group_seconds is not None:  # the world made the group as it sent
+                ctx.emit(
+                    UpdateGroupMade,
+                    update_id=update_id,
+                    updater=cell,
+                    engines=delivery.engines,
+                    incarnations=tuple(map(targets.__getitem__, delivery.engines)),
+                    seconds=delivery.group_seconds,
+                )
             ctx.emit(
                 BucketReceived,
                 update_id=update_id,

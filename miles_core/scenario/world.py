@@ -165,6 +165,15 @@ class TimeModel:
     to."""
     bucket_fixed_seconds: float = 0.0
     """Each bucket's fixed cost on its source (packing it, one call per bucket)."""
+    group_make_seconds: float = 0.0
+    """Making a cell's weight-update group afresh (after it connects: first, new engines,
+    stale, a member failed), charged on the source with the first bucket over the new group:
+    the trainer's rendezvous and every engine's /init_weights_update_group, at once. miles
+    pays it on every reconnect, which at scale follows each engine change (0: not charged,
+    and not recorded; the CPU backend measures it, docs/timing.md)."""
+    group_make_seconds_per_engine: float = 0.0
+    """What each engine in the group adds to its making (a broadcast group of N engines pays
+    N of these; p2p's pair groups, made in turn, one each)."""
     gather_bytes_per_second: float = 0.0
     """Megatron's TP/EP all-gather of a bucket within each PP stage (0: not charged)."""
     convert_bytes_per_second: float = 0.0
@@ -207,6 +216,8 @@ class TimeModel:
             *UPDATE_COST_RATES,
             "update_fixed_seconds",
             "bucket_fixed_seconds",
+            "group_make_seconds",
+            "group_make_seconds_per_engine",
             "train_fixed_seconds",
         }
         rate = self.reward_success_rate

@@ -184,7 +184,7 @@ def _history_main(argv: Sequence[str]) -> int:
     size = f"a model of {sum(units)} bytes in {len(units)} units" if units else "no model"
     print(f"fitted from {runs} (time model of {args.scenario}; {size}):")
     for field, value in out["timing"].items():
-        print(f"  {field:26s} {value:12.6g}  {how.get(field, '(as the scenario has it)')}")
+        print(f"  {field:30s} {value:12.6g}  {how.get(field, '(as the scenario has it)')}")
     if rows is None:
         return 0
     print(f"\n{args.check_scenario}, real ({args.check}) and predicted (seed {args.seed}):")

@@ -8,7 +8,11 @@
 The history is what the world measured (events record what happened): each cell's
 forward/backward (CellTrained.seconds), each bucket's send (BucketReceived.seconds and
 bytes), each update from its start to its publication, each engine restart from the fault
-to the new process answering, each request from its send to its answer. Every TimeModel
+to the new process answering, each request from its send to its answer, and each
+weight-update group the world made as a cell (re)connected (UpdateGroupMade.seconds, where
+the history has any: ``group_make_seconds`` and, where groups of several sizes were made,
+``group_make_seconds_per_engine``; an update's time beyond its sends leaves them out, as the
+simulator charges them apart from ``update_fixed_seconds``). Every TimeModel
 figure the run shows is fitted from them (``fit_timing``, which says how for each); the
 rest keep the scenario's. The check runs the *other* scenario in the simulator with the
 fitted figures and the same seed, and sets the figures its history shows (``figures``)
@@ -40,6 +44,7 @@ from miles_core.events import (
     SampleGenerated,
     StepCommitted,
     UpdateBegan,
+    UpdateGroupMade,
     VersionPublished,
 )
 from miles_core.kinds import FaultKind
@@ -58,6 +63,8 @@ FITTED_FIELDS = (
     "link_bytes_per_second",
     "nvlink_bytes_per_second",
     "update_fixed_seconds",
+    "group_make_seconds",
+    "group_make_seconds_per_engine",
     "engine_start_seconds",
     "decode_seconds_per_token",
     "prefill_seconds_per_token",
@@ -156,12 +163,33 @@ def _bucket_fit(histories: Sequence[History]) -> tuple[float, float, int]:
 
 
 def _update_overheads(history: History) -> list[float]:
-    """Each publishing update's time beyond its buckets' sends: the pause and the other
-    control calls, the gather before each send."""
+    """Each publishing update's time beyond its buckets' sends and the making of its
+    groups: the pause and the other control calls, the gather before each send."""
     sent: dict[int, float] = defaultdict(float)
     for b in _of(history, BucketReceived):
         sent[b.update_id] += b.seconds
+    for g in _of(history, UpdateGroupMade):
+        sent[g.update_id] += g.seconds
     return [end - start - sent[u] for u, (start, end) in update_spans(history).items()]
+
+
+def _group_fit(made: Sequence[UpdateGroupMade]) -> tuple[float, float, str]:
+    """(fixed, per engine, how) of the groups' making: least squares of the median seconds
+    of each group size against its engines where the sizes differ (a median: one making the
+    scheduler held up is one of several), else the median of all as the fixed cost."""
+    by_size: dict[int, list[float]] = defaultdict(list)
+    for g in made:
+        by_size[len(g.engines)].append(g.seconds)
+    points = [(n, statistics.median(v)) for n, v in sorted(by_size.items())]
+    if len(points) > 1:
+        mean_n = statistics.fmean(n for n, _ in points)
+        mean_t = statistics.fmean(t for _, t in points)
+        sxx = sum((n - mean_n) ** 2 for n, _ in points)
+        slope = max(0.0, sum((n - mean_n) * (t - mean_t) for n, t in points) / sxx)
+        fixed = max(0.0, mean_t - slope * mean_n)
+        return fixed, slope, f"{len(made)} groups made, median seconds against engines"
+    how = f"median of {len(made)} groups made (one size: no per-engine cost to see)"
+    return statistics.median(g.seconds for g in made), 0.0, how
 
 
 def _attempt_overheads(histories: Sequence[History]) -> list[float]:
@@ -224,6 +252,11 @@ def fit_timing(
         if fixed:
             fitted["update_fixed_seconds"] = max(0.0, statistics.median(fixed))
             how["update_fixed_seconds"] = f"median of {len(fixed)} updates' time beyond sends"
+    made = [g for h in histories for g in _of(h, UpdateGroupMade)]
+    if made:
+        group_fixed, per_engine, how["group_make_seconds"] = _group_fit(made)
+        fitted |= {"group_make_seconds": group_fixed, "group_make_seconds_per_engine": per_engine}
+        how["group_make_seconds_per_engine"] = "the same fit"
     started = [x for h in histories for x in restarts(h)]
     if started:
         fitted["engine_start_seconds"] = statistics.fmean(started)

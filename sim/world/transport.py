@@ -16,7 +16,7 @@ from miles_core.transfer import LORA_UNIT_PREFIX, Bucket
 from sim.world.cells import SimCell
 from sim.world.engine import SimEngine
 from sim.world.runtime import SimRuntime, SimSignal
-from sim.world.update_cost import Route, bucket_seconds, update_fixed_seconds
+from sim.world.update_cost import Route, bucket_seconds, group_make_seconds, update_fixed_seconds
 
 
 class TransportCluster(Protocol):
@@ -46,12 +46,17 @@ class SimTransport:
         self._groups: dict[int, tuple[int, dict[str, int]]] = {}
         """Each cell's weight-update group: the cell process that made it, and the engine
         processes it was made for."""
+        self._made: dict[int, set[tuple[str, ...]]] = {}
+        """Each cell's collective groups made since it connected, by their engines: a
+        broadcast's one of every engine it sends to, p2p's a pair group per engine (as the
+        Ray world makes them)."""
 
     async def connect(self, update_id: int, source_cell: int, engines: Mapping[str, int]) -> None:
         """The cell's new group, in place of its old one; made as its first bucket goes (a
         dead or hung member fails that collective, as a real group's first use does), so
-        it takes no time of its own here."""
+        it takes no time of its own here: that bucket's source pays for the making."""
         self._groups[source_cell] = (self.cluster.cells[source_cell].incarnation, dict(engines))
+        self._made[source_cell] = set()
 
     async def send_bucket(
         self,
@@ -64,8 +69,13 @@ class SimTransport:
         """One collective to every engine: as slow as its slowest link."""
         seconds = self._bucket_seconds(source_cell, bucket, engines, p2p=False)
         setup = self._setup_seconds(bucket)
-        stalled = await self._send(source_cell, bucket, engines, seconds + setup)
-        return Delivery(tuple(engines), stalled + seconds)
+        group = tuple(sorted(engines))
+        making = self._making(source_cell, [group])
+        stalled = await self._send(
+            source_cell, bucket, engines, seconds + setup + sum(making.values())
+        )
+        self._made[source_cell].update(making)
+        return Delivery(tuple(engines), stalled + seconds, group_seconds=_charged(making, group))
 
     async def send_bucket_each(
         self,
@@ -84,8 +94,23 @@ class SimTransport:
             for e, i in engines.items()
         }
         setup = self._setup_seconds(bucket)
-        stalled = await self._send(source_cell, bucket, engines, max(links.values()) + setup)
-        return tuple(Delivery((e,), stalled + seconds) for e, seconds in links.items())
+        making = self._making(source_cell, [(e,) for e in engines])  # in turn, as the Ray world
+        busy = max(links.values()) + setup + sum(making.values())
+        stalled = await self._send(source_cell, bucket, engines, busy)
+        self._made[source_cell].update(making)
+        return tuple(
+            Delivery((e,), stalled + seconds, group_seconds=_charged(making, (e,)))
+            for e, seconds in links.items()
+        )
+
+    def _making(
+        self, source_cell: int, groups: list[tuple[str, ...]]
+    ) -> dict[tuple[str, ...], float]:
+        """The groups of ``groups`` this send makes (none made since the cell connected), each
+        with what its making costs (sim/world/update_cost.py ``group_make_seconds``)."""
+        made = self._made.setdefault(source_cell, set())
+        timing = self.cluster.timing
+        return {g: group_make_seconds(timing, len(g)) for g in groups if g not in made}
 
     def _setup_seconds(self, bucket: Bucket) -> float:
         """The update's fixed cost, which its source pays before the first bucket goes (the
@@ -175,6 +200,13 @@ class SimTransport:
                 raise self.cluster.engines[engine].failure(
                     f"process {incarnation} is not in cell {source_cell}'s weight-update group"
                 )
+
+
+def _charged(making: Mapping[tuple[str, ...], float], group: tuple[str, ...]) -> float | None:
+    """What making ``group`` was charged, as its Delivery reports it: None where this send
+    did not make it, or its making is not charged (a time model without the term records
+    no UpdateGroupMade, so the histories made before it existed are as they were)."""
+    return making.get(group) or None
 
 
 def _check_receivers(cluster: TransportCluster, engines: Mapping[str, int]) -> None:

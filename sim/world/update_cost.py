@@ -4,7 +4,9 @@ Each term is its own function and says where it comes from. The terms follow mil
 bucketed update path (``miles/backends/megatron_utils/update_weight/``; the stages are
 listed in ``docs/advanced/p2p-weight-transfer.md``, "Architecture"):
 
-1. a fixed cost per update (``update_fixed_seconds``), charged on the first bucket;
+1. a fixed cost per update (``update_fixed_seconds``), charged on the first bucket; and the
+   making of the cell's weight-update group where it connected afresh
+   (``group_make_seconds``), charged on the first bucket over the new group;
 2. on the source, per bucket: packing and the call (``bucket_fixed_seconds``), Megatron's
    TP/EP all-gather (``gather_bytes_per_second``) and the Megatron -> HF conversion
    (``convert_bytes_per_second``), each PP stage doing its own share at once (``gather_shares``:
@@ -79,6 +81,14 @@ def update_fixed_seconds(t: TimeModel) -> float:
     return t.update_fixed_seconds
 
 
+def group_make_seconds(t: TimeModel, engines: int) -> float:
+    """Making a weight-update group of ``engines`` engines and the source's rank (miles'
+    ``connect_rollout_engines``: the trainer's rendezvous while every engine serves
+    /init_weights_update_group), on its first bucket after a (re)connect. Fitted to the CPU
+    backend's UpdateGroupMade events (sim/timing/run_fit.py)."""
+    return t.group_make_seconds + t.group_make_seconds_per_engine * engines
+
+
 def pack_seconds(t: TimeModel) -> float:
     """Per bucket: flattening it into the buffer and the call that sends it."""
     return t.bucket_fixed_seconds
@@ -142,6 +152,7 @@ __all__ = [
     "bucket_seconds",
     "convert_seconds",
     "gather_seconds",
+    "group_make_seconds",
     "load_seconds",
     "pack_seconds",
     "quantize_seconds",

@@ -142,10 +142,16 @@ class Fanout:
             self._checksums[update_id] = (await cell.call("checksum"))[0]
 
     async def _delivered(
-        self, update_id: int, source_cell: int, bucket: Bucket, engines: Mapping[str, int], t: float
+        self,
+        update_id: int,
+        source_cell: int,
+        bucket: Bucket,
+        engines: Mapping[str, int],
+        t: float,
+        group_seconds: float | None = None,
     ) -> Delivery:
         await self._slow_link(t)
-        return self._arrived(update_id, source_cell, bucket, engines, t)
+        return self._arrived(update_id, source_cell, bucket, engines, t, group_seconds)
 
     async def _cut(self, source: int, bucket: Bucket) -> None:
         """The link to the engines is cut (a partition): nothing moves until the cut ends (or
@@ -169,14 +175,23 @@ class Fanout:
             await asyncio.sleep((cluster.rt.now() - t) * (cluster.slowdown("link") - 1))
 
     def _arrived(
-        self, update_id: int, source_cell: int, bucket: Bucket, engines: Mapping[str, int], t: float
+        self,
+        update_id: int,
+        source_cell: int,
+        bucket: Bucket,
+        engines: Mapping[str, int],
+        t: float,
+        group_seconds: float | None = None,
     ) -> Delivery:
+        """The bucket's Delivery; ``group_seconds``: how long making its group took, where
+        this send made it (the bucket's own ``t`` begins after)."""
         cluster = self.cluster
         wall = cluster.rt.now() - t
         cluster.transfers.add(update_id, bucket.payload_bytes, self.seconds, wall)
         # the bucket arrived; a fault here strikes before the updater's next step
         cluster.faults.fire(FaultPoint.AFTER_BUCKET, cell=source_cell, bucket=bucket.index)
-        return Delivery(tuple(sorted(engines)), wall, self._checksums.get(update_id))
+        checksum = self._checksums.get(update_id)
+        return Delivery(tuple(sorted(engines)), wall, checksum, group_seconds)
 
 
 def version_field(version: int | None) -> Any:

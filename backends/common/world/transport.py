@@ -109,7 +109,13 @@ class CollectiveTransport(Fanout):
             with contextlib.suppress(ComponentFailure, asyncio.TimeoutError):
                 await asyncio.wait_for(call, DESTROY_SECONDS)
 
-    async def _group(self, update_id: int, cell: RayCell, engines: Mapping[str, int]) -> str:
+    async def _group(
+        self, update_id: int, cell: RayCell, engines: Mapping[str, int]
+    ) -> tuple[str, float | None]:
+        """The cell's group for these processes, and how long making it took where this call
+        made it (None: made before). The making is timed alone: every member's join, at
+        once, from the first call to the last answer (the trainer's checksum after it is
+        not part of it)."""
         connected = self._connected.get(cell.index, {})
         for engine, incarnation in sorted(engines.items()):
             if connected.get(engine) != incarnation:
@@ -118,7 +124,7 @@ class CollectiveTransport(Fanout):
         key = (cell.index, tuple(sorted(engines.items())))
         if key in self._groups:
             await self._checked(update_id, cell)
-            return self._groups[key]
+            return self._groups[key], None
         name = f"cell{cell.index}-update{update_id}-" + "+".join(
             f"{e}.{i}" for e, i in sorted(engines.items())
         )
@@ -138,15 +144,17 @@ class CollectiveTransport(Fanout):
             )
         members = tuple(sorted(engines))
         joining = {name: (members, 0)}
+        began = self.cluster.rt.now()
         await self._all(
             calls,
             cell.index,
             lambda: self._absent(joining, cell.index, f"joining {name}", participation.JOINED),
         )
+        made = self.cluster.rt.now() - began
         self._members[name] = members
         await self._checked(update_id, cell)
         self._groups[key] = name
-        return name
+        return name, made
 
     async def send_bucket(
         self,
@@ -158,11 +166,11 @@ class CollectiveTransport(Fanout):
     ) -> Delivery:
         cluster = self.cluster
         cell = cluster.cells[source_cell]
-        name = await self._group(update_id, cell, engines)
+        name, made = await self._group(update_id, cell, engines)
         started = cluster.rt.now()
         await self._cut(source_cell, bucket)
         await self._send(cell, bucket, dict.fromkeys(engines, name), engines, version)
-        return await self._delivered(update_id, source_cell, bucket, engines, started)
+        return await self._delivered(update_id, source_cell, bucket, engines, started, made)
 
     async def send_bucket_each(
         self,
@@ -182,15 +190,15 @@ class CollectiveTransport(Fanout):
         engine, as that many ``send_bucket`` calls return."""
         cluster = self.cluster
         cell = cluster.cells[source_cell]
-        names = {}
+        names, made = {}, {}
         for engine, incarnation in sorted(engines.items()):
-            names[engine] = await self._group(update_id, cell, {engine: incarnation})
+            names[engine], made[engine] = await self._group(update_id, cell, {engine: incarnation})
         started = cluster.rt.now()
         await self._cut(source_cell, bucket)
         await self._send(cell, bucket, names, engines, version)
         await self._slow_link(started)
         return tuple(
-            self._arrived(update_id, source_cell, bucket, {e: i}, started)
+            self._arrived(update_id, source_cell, bucket, {e: i}, started, made[e])
             for e, i in sorted(engines.items())
         )
 
