@@ -9,8 +9,9 @@ the async-vs-sync rows of verl and AReaL, each plan file run in the simulator in
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -116,11 +117,13 @@ def predict_anchor(anchor: Anchor) -> Prediction:
     )
 
 
-def predict_all() -> list[Prediction]:
-    return [predict_anchor(a) for a in ANCHORS]
+@functools.cache
+def predict_all() -> tuple[Prediction, ...]:
+    """Every row's prediction (3 s of replays and refits; the anchors are fixed, so once)."""
+    return tuple(predict_anchor(a) for a in ANCHORS)
 
 
-def print_predictions(predictions: list[Prediction]) -> None:
+def print_predictions(predictions: Sequence[Prediction]) -> None:
     """The update rows: the ratio of the fit that saw the row ('fitted'), the ratio of the fit
     that left it out ('held out'), the row's label and the verdict on the ratio it counts by."""
     by_row = {a.row: a for a in ANCHORS}
