@@ -35,9 +35,22 @@ def test_the_register_holds_at_least_six_predictions_each_with_its_file_and_comm
 def test_a_registered_prediction_is_what_its_cluster_file_predicts_today(row: Registered):
     today = predict_today(row)
     assert not moved_since(row, today), (
-        f"{row.key}: the model now predicts {today:.3f} s for {row.cluster}, registered "
-        f"{row.predicted:.3f} s; keep the registered value and add when and why it moved"
+        f"{row.key}: the model now predicts {today:.3f} s for {row.cluster}, the register "
+        f"expects {row.expected_today:.3f} s; keep the registered value and add a "
+        f"'| {row.key} moved | commit | {today:.3f} s | why |' row"
     )
+
+
+def test_a_moved_row_keeps_its_registered_value_and_counts_by_it(tmp_path: Path) -> None:
+    page = tmp_path / "p.md"
+    page.write_text(
+        "| R1 | f | s | `c.toml` | 2 s | 1.0 s | `abc1234` | 0.50 | MISS |\n"
+        "| R1 moved | `def5678` | 1.9 s | a term refitted |\n"
+    )
+    (row,) = read_register(page)
+    assert (row.predicted, row.expected_today, row.ratio) == (1.0, 1.9, 0.5)
+    assert row.moved == (("def5678", 1.9),)
+    assert not moved_since(row, 1.9) and moved_since(row, 1.0)
 
 
 def test_each_rows_ratio_and_verdict_are_its_figures() -> None:

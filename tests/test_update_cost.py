@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import subprocess
 import sys
 
@@ -206,3 +207,16 @@ def test_a_group_made_afresh_costs_its_term_on_its_first_bucket_and_is_recorded(
     # the bucket's own send does not include it
     sent = lambda h: [e.seconds for e in h if isinstance(e, BucketReceived)]  # noqa: E731
     assert sent(charged) == sent(free)
+
+
+def test_a_broadcast_over_more_gpus_pays_its_hop_term_per_doubling_and_p2p_does_not() -> None:
+    t = TimeModel(link_bytes_per_second=1e9, broadcast_hop_seconds=0.01)
+    small, large = Route(False, 8, 1, 15), Route(False, 8, 16, 16)  # 16 and 257 members
+    base = 1e9 / 1e9 + t.link_latency_seconds
+    assert wire_seconds(t, 10**9, small, False, broadcast=True) == pytest.approx(base + 0.04)
+    assert wire_seconds(t, 10**9, large, False, broadcast=True) == pytest.approx(
+        base + 0.01 * math.log2(257)
+    )
+    assert wire_seconds(t, 10**9, large, False) == pytest.approx(base)  # p2p: one link each
+    off = TimeModel(link_bytes_per_second=1e9)
+    assert wire_seconds(off, 10**9, large, False, broadcast=True) == pytest.approx(base)

@@ -85,7 +85,10 @@ SYSTEMS: Mapping[str, TimeModel] = {
     # checkpoint-engine (MoonshotAI/checkpoint-engine README): host memory -> GPU ->
     # NCCL broadcast -> reload, pipelined; one fitted rate per GPU and a fixed cost.
     "checkpoint-engine-broadcast": TimeModel(
-        link_bytes_per_second=70.45e9, update_fixed_seconds=0.334, pipelined_buckets=True
+        link_bytes_per_second=96.33e9,
+        update_fixed_seconds=0.812,
+        broadcast_hop_seconds=0.000609,
+        pipelined_buckets=True,
     ),
     "checkpoint-engine-p2p": TimeModel(
         link_bytes_per_second=64.0e9, update_fixed_seconds=0.640, pipelined_buckets=True

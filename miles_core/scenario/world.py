@@ -165,6 +165,11 @@ class TimeModel:
     to."""
     bucket_fixed_seconds: float = 0.0
     """Each bucket's fixed cost on its source (packing it, one call per bucket)."""
+    broadcast_hop_seconds: float = 0.0
+    """A broadcast's time per bucket for each doubling of its members (log2 of the target
+    GPUs and the source): what makes one broadcast slower over more GPUs, as
+    checkpoint-engine's Kimi-K2 and DeepSeek-V3.1 rows are from 16 to 256 GPUs (0: not
+    charged; sim/world/update_cost.py)."""
     group_make_seconds: float = 0.0
     """Making a cell's weight-update group afresh (after it connects: first, new engines,
     stale, a member failed), charged on the source with the first bucket over the new group:
@@ -216,6 +221,7 @@ class TimeModel:
             *UPDATE_COST_RATES,
             "update_fixed_seconds",
             "bucket_fixed_seconds",
+            "broadcast_hop_seconds",
             "group_make_seconds",
             "group_make_seconds_per_engine",
             "train_fixed_seconds",

@@ -258,8 +258,8 @@ def calibrate_anchors_main(as_json: bool) -> int:
         for name, f in r["figures"].items():
             scale, unit = (1e9, "GB/s") if f["field"].endswith("per_second") else (1, "s")
             print(
-                f"  {name:28s} {f['field']:26s} fitted {f['fitted'] / scale:8.3f} {unit:4s}"
-                f" (table: {f['table'] / scale:.3f})"
+                f"  {name:28s} {f['field']:26s} fitted {f['fitted'] / scale:8.4g} {unit:4s}"
+                f" (table: {f['table'] / scale:.4g})"
             )
     print("the table: miles_core/scenario/anchor_presets.py SYSTEMS")
     print("the rows against it: python -m sim predict --anchors")

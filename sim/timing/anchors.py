@@ -26,11 +26,7 @@ from miles_core.scenario.world import TimeModel
 from miles_core.transfer import plan_buckets
 from sim.timing.basis import Basis
 from sim.timing.cluster_setup import cluster_terms
-from sim.world.update_cost import (
-    Route,
-    gather_seconds,
-    wire_seconds,
-)
+from sim.world.update_cost import Route, broadcast_hops, gather_seconds, wire_seconds
 
 GIB = 1 << 30
 MISS_FACTOR = 1.5
@@ -239,6 +235,7 @@ FIT_GROUPS: Mapping[str, tuple[Param, ...]] = {
     "checkpoint-engine-broadcast": (
         Param("fixed per update", "update_fixed_seconds", ("checkpoint-engine-broadcast",)),
         Param("per-GPU rate", "link_bytes_per_second", ("checkpoint-engine-broadcast",)),
+        Param("per bucket per doubling", "broadcast_hop_seconds", ("checkpoint-engine-broadcast",)),
     ),
     "checkpoint-engine-p2p": (
         Param("fixed per update", "update_fixed_seconds", ("checkpoint-engine-p2p",)),
@@ -304,6 +301,8 @@ def _coefficients(anchor: Anchor, params: tuple[Param, ...]) -> tuple[tuple[floa
             row.append(1.0)
         elif p.field == "gather_bytes_per_second":
             row.append(sum(gather_seconds(unit, b.nbytes) for b in buckets))
+        elif p.field == "broadcast_hop_seconds":
+            row.append(0.0 if p2p else len(buckets) * broadcast_hops(route))
         else:
             row.append(sum(wire_seconds(unit, b.nbytes, route, p2p and many) for b in buckets))
     current = [1.0 / p.value() if p.is_rate else p.value() for p in params]

@@ -105,6 +105,7 @@ RATES = (
     ("load", "load_bytes_per_second"),
     ("fixed per update", "update_fixed_seconds"),
     ("fixed per bucket", "bucket_fixed_seconds"),
+    ("per bucket per doubling", "broadcast_hop_seconds"),
     ("latency per bucket", "link_latency_seconds"),
 )
 """The figures the update's terms use, as the output names them (those at 0 are not)."""

@@ -12,7 +12,9 @@ listed in ``docs/advanced/p2p-weight-transfer.md``, "Architecture"):
    (``convert_bytes_per_second``), each PP stage doing its own share at once (``gather_shares``:
    "Each pipeline-parallel stage updates its own weights independently");
 3. the wire: a broadcast reaches every target GPU with the whole bucket, so the bucket
-   takes one link's send; p2p gives each engine a link of its own; many-source p2p (miles'
+   takes one link's send, plus ``broadcast_hop_seconds`` for each doubling of its members
+   (a broadcast over more GPUs is slower: checkpoint-engine's rows from 16 to 256 GPUs);
+   p2p gives each engine a link of its own; many-source p2p (miles'
    RDMA path, Perplexity's static schedule) has every trainer GPU write its share, so the
    source side has one NIC per GPU and each target rank takes 1 / ``engine_ep`` of the bucket
    ("utilizes M // src_pp times more source transmission bandwidth", "each target rank
@@ -31,6 +33,7 @@ values fitted in sim/timing/anchors.py.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from miles_core.scenario.world import TimeModel
@@ -104,11 +107,20 @@ def convert_seconds(t: TimeModel, nbytes: int) -> float:
     return _per(t.convert_bytes_per_second, nbytes / t.gather_shares)
 
 
-def wire_seconds(t: TimeModel, nbytes: int, route: Route, many_source: bool) -> float:
-    """The bucket on the wire to one engine (broadcast: to all, as slow as one link)."""
+def broadcast_hops(route: Route) -> float:
+    """Doublings of a broadcast's members: log2 of its target GPUs and its source."""
+    return math.log2(route.engines * route.gpus_per_engine + 1)
+
+
+def wire_seconds(
+    t: TimeModel, nbytes: int, route: Route, many_source: bool, broadcast: bool = False
+) -> float:
+    """The bucket on the wire to one engine (broadcast: to all, as slow as one link, and
+    ``broadcast_hop_seconds`` more per doubling of its members)."""
     rate = t.nvlink_bytes_per_second if route.within_a_node else t.link_bytes_per_second
     if not many_source:
-        return t.link_latency_seconds + nbytes / rate
+        hops = t.broadcast_hop_seconds * broadcast_hops(route) if broadcast else 0.0
+        return t.link_latency_seconds + nbytes / rate + hops
     sent = route.engines * nbytes / (route.source_gpus * rate)  # every source NIC at once
     taken = nbytes / (t.engine_ep * rate)  # each target rank its shard
     return t.link_latency_seconds + max(sent, taken)
@@ -129,7 +141,7 @@ def bucket_cost(
 ) -> BucketCost:
     """A bucket's stages; ``link_slowdown`` is a slow link's factor (the wire only)."""
     prepare = pack_seconds(t) + gather_seconds(t, nbytes) + convert_seconds(t, nbytes)
-    wire = wire_seconds(t, nbytes, route, many_source=p2p and t.many_source_p2p)
+    wire = wire_seconds(t, nbytes, route, p2p and t.many_source_p2p, broadcast=not p2p)
     land = quantize_seconds(t, nbytes, route.gpus_per_engine)
     land += load_seconds(t, nbytes, route.gpus_per_engine)
     return BucketCost(prepare, wire * link_slowdown, land)
@@ -148,6 +160,7 @@ def bucket_seconds(
 __all__ = [
     "BucketCost",
     "Route",
+    "broadcast_hops",
     "bucket_cost",
     "bucket_seconds",
     "convert_seconds",
