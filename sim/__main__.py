@@ -8,7 +8,10 @@ imports Ray.
     python -m sim shrink REPLAY_OR_SCENARIO (a failing run made small; sim/search/shrinker.py)
     python -m sim findability [--seeds N]   (seeds that catch each planted bug; on Ray)
     python -m sim bench                     (simulator speed; see sim/cli/bench.py)
-    python -m sim plan PLAN.toml [--out DIR] (search settings; the front; sim/timing/plan_file.py)
+    python -m sim plan PLAN.toml [--out DIR] [--sensitivity] (search settings and the split; the
+                          front; where the published point lands; docs/planner.md)
+    python -m sim predict --cluster FILE.toml   (any cluster's update, term by term)
+    python -m sim predict --register          (the register of predictions)
     python -m sim calibrate bench.json      (fit the transfer model; sim/timing/calibration.py)
     python -m sim predict PRESET            (a weight update's time by that model)
     python -m sim predict --anchors         (every published update time; docs/timing.md)

@@ -33,7 +33,7 @@ settings to search, and the scenario each point of the search runs.
     cell_restart_seconds = 60.0
 
     [search]                   # every combination is a point (invalid ones say why)
-    rollout_share = [0.25, 0.5, 0.75]
+    rollout_share = [0.25, 0.5, 0.75]  # or trainer_gpus = {step = 4}: every split
     max_weight_staleness = [1, 2]
     pause_generation_mode = ["retract", "in_place"]
     transfer_mode = ["broadcast", "p2p"]
@@ -41,6 +41,12 @@ settings to search, and the scenario each point of the search runs.
     use_fault_tolerance = [true]
     mini_ft_controller_enable = [false, true]
     mode = ["fully_async", "one_step_off", "sync"]
+
+    [published]                # optional: where the source's own choice lands
+    [sensitivity]              # optional: the inputs --sensitivity moves
+
+``trainer_gpus`` (every split the cluster allows) in sim/timing/plan_split.py; ``[published]``
+and ``[sensitivity]`` in sim/timing/plan_published.py.
 
 A point's trainer is the GPUs the rollout share leaves, as replicas of ``gpus_per_cell``
 (miles' --indep-dp cells, each training its share of the batch); its engines the rollout
@@ -75,6 +81,8 @@ from miles_core.scenario.world import TIME_KEYS
 from miles_core.transfer import TransferMode
 from miles_core.user_files import JSON_BYTES, read_user_text
 from sim.horizon import window_for
+from sim.timing.plan_published import check_published, check_sensitivity
+from sim.timing.plan_split import expand_trainer_gpus, point_split, split_key
 
 TRAIN_FIGURES = (
     "train_seconds_per_step",
@@ -116,13 +124,16 @@ SECTIONS = {
         "use_fault_tolerance",
         "mini_ft_controller_enable",
         "mode",
+        "trainer_gpus",
     },
+    "published": set(),  # filled below: the searched keys
+    "sensitivity": {"assumed", "factors"},
 }
+SECTIONS["published"] = set(SECTIONS["search"])
 REQUIRED = {
     "cluster": {"gpus"},
     "model": {"param_bytes", "gpus_per_cell", "gpus_per_engine", "train_seconds_per_sample"},
     "workload": {"rollout_batch_size", "n_samples_per_prompt"},
-    "search": {"rollout_share"},
 }
 SEARCH_DEFAULTS: Mapping[str, list[Any]] = {
     "max_weight_staleness": [1],
@@ -182,9 +193,6 @@ def load_plan(path: str) -> Plan:
         if missing:
             raise ConfigError(f"[{section}]", f"missing {missing}", "give every one of them")
         tables[section] = table
-    for key, values in tables["search"].items():
-        if not isinstance(values, list) or not values:
-            raise ConfigError(f"[search].{key}", f"got {values!r}", "pass a non-empty list")
     counts = [("cluster", k) for k in ("gpus", "gpus_per_node") if k in tables["cluster"]]
     counts += [("model", k) for k in ("param_bytes", "gpus_per_cell", "gpus_per_engine")]
     for section, key in counts:  # 15e9 bytes is a float in TOML: whole numbers only
@@ -200,6 +208,7 @@ def load_plan(path: str) -> Plan:
     for key in SECTIONS["faults"] & set(tables["faults"]):
         _number(tables["faults"], key, "faults")
     _check_workload(tables)
+    tables["search"] = _check_search(tables)
     steps, seeds = data.get("steps", 8), data.get("seeds", 1)
     for key, value in (("steps", steps), ("seeds", seeds)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -222,6 +231,21 @@ def _check_workload(tables: Mapping[str, Mapping[str, Any]]) -> None:
             raise ConfigError(f"[{section}].{error.field}", error.problem, error.fix) from None
 
 
+def _check_search(tables: Mapping[str, Mapping[str, Any]]) -> dict[str, list[Any]]:
+    """The searched lists (trainer_gpus expanded to its counts), the published configuration
+    among them, and the assumed inputs (sim/timing/plan_split.py, plan_published.py)."""
+    search = dict(tables["search"])
+    key = split_key(search)
+    if key == "trainer_gpus":
+        search[key] = expand_trainer_gpus(tables)
+    for name, values in search.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"[search].{name}", f"got {values!r}", "pass a non-empty list")
+    check_published(tables["published"], {**SEARCH_DEFAULTS, **search}, key)
+    check_sensitivity(tables)
+    return search
+
+
 def points(plan: Plan) -> list[Point]:
     """Every combination of the searched settings, in order."""
     search = {**SEARCH_DEFAULTS, **plan.tables["search"]}
@@ -236,42 +260,11 @@ def points(plan: Plan) -> list[Point]:
     return out
 
 
-def _split(plan: Plan, settings: Mapping[str, Any]) -> tuple[int, int]:
-    """(engines, cells) of the point: the rollout share's GPUs as engines and the rest as
-    cells, or (sync, colocated) every GPU as both."""
-    gpus = int(plan.tables["cluster"]["gpus"])
-    model = plan.tables["model"]
-    per_cell, per_engine = int(model["gpus_per_cell"]), int(model["gpus_per_engine"])
-    share = settings["rollout_share"]
-    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share < 1:
-        raise ConfigError("[search].rollout_share", f"got {share!r}", "pass fractions in (0, 1)")
-    if settings["mode"] == "sync":  # colocated: every GPU generates, then every GPU trains
-        first = plan.tables["search"]["rollout_share"][0]
-        if share != first:
-            raise ConfigError(
-                "[search].rollout_share",
-                f"sync runs colocated on all {gpus} GPUs: the share does not apply",
-                f"the point with rollout_share = {first} runs it",
-            )
-        engines, cells = gpus // per_engine, gpus // per_cell
-    else:
-        engines = int(share * gpus) // per_engine
-        cells = (gpus - engines * per_engine) // per_cell
-    if engines < 1 or cells < 1:
-        raise ConfigError(
-            "[search].rollout_share",
-            f"{share} of {gpus} GPUs leaves {engines} engine(s) of {per_engine} and {cells} "
-            f"cell(s) of {per_cell}",
-            "pick a share that leaves room for both",
-        )
-    return engines, cells
-
-
 def scenario_of(plan: Plan, settings: Mapping[str, Any]) -> Scenario:
     """The point's world, time model and loop (no faults: they are drawn per seed)."""
     cluster, model, work = plan.tables["cluster"], plan.tables["model"], plan.tables["workload"]
     per_cell, per_engine = int(model["gpus_per_cell"]), int(model["gpus_per_engine"])
-    engines, cells = _split(plan, settings)
+    engines, cells = point_split(plan.tables, settings)
     _check_sync_bound(plan, settings)
     world = WorldShape(
         num_cells=cells,

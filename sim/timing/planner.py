@@ -153,4 +153,13 @@ def mark_front(results: Sequence[PointResult]) -> None:
         )
 
 
-__all__ = ["PointResult", "SeedRun", "mark_front", "run_point"]
+def judge_here(plan: Plan, pts: Sequence[Point]) -> list[PointResult]:
+    """Every valid point's seeds run in this process, one after another, and the front
+    marked: what ``sim plan`` does over Ray, for a plan small enough not to need it."""
+    seeds = range(plan.seeds)
+    results = [PointResult(p, run_point(plan, p, seeds) if p.scenario else []) for p in pts]
+    mark_front(results)
+    return results
+
+
+__all__ = ["PointResult", "SeedRun", "judge_here", "mark_front", "run_point"]
