@@ -135,11 +135,12 @@ def _print(rows: list[dict[str, Any]], varying: Sequence[str]) -> None:
             why.setdefault(row["invalid"], []).append(row["point"])
     for reason, numbers in why.items():
         print(f"  not run ({len(numbers)}: points {', '.join(map(str, numbers))}): {reason}")
-    print("* on the front (throughput, ETTR up; staleness, waste down); replay any point with")
-    print(
-        "  the line in the JSON (--out), e.g. "
-        + next((r["replay"] for r in rows if r["replay"]), "-")
-    )
+    print("* on the front (throughput, ETTR up; staleness, waste down)")
+    example = next((r["replay"] for r in rows if r["replay"]), None)
+    if example is None:  # no files were written: nothing to replay from yet
+        print("  --out DIR writes each point's scenario and the line that replays it")
+    else:
+        print(f"  replay any point with the line in the JSON, e.g. {example}")
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:
