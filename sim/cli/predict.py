@@ -168,7 +168,7 @@ def cluster_lines(r: Mapping[str, Any]) -> list[str]:
     lines += [f"    {k:<8} {v:8.3f} s   {TERMS[k]}" for k, v in r["terms"].items()]
     lines.append("  rates:")
     for name, rate in r["rates"].items():
-        lines.append(f"    {name:<20} {rate['value']:>9.4g} {rate['unit']:<5} {rate['source']}")
+        lines.append(f"    {name:<24} {rate['value']:>9.4g} {rate['unit']:<5} {rate['source']}")
     return lines
 
 
