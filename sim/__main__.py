@@ -11,7 +11,7 @@ imports Ray.
     python -m sim plan PLAN.toml [--out DIR] [--sensitivity] (search settings and the split; the
                           front; where the published point lands; docs/planner.md)
     python -m sim predict --cluster FILE.toml   (any cluster's update, term by term)
-    python -m sim predict --register          (the register of predictions)
+    python -m sim predict --register [--json] (the register of predictions)
     python -m sim calibrate bench.json      (fit the transfer model; sim/timing/calibration.py)
     python -m sim predict PRESET            (a weight update's time by that model)
     python -m sim predict --anchors         (every published update time; docs/timing.md)

@@ -4,6 +4,7 @@ its rows give."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -85,5 +86,15 @@ def test_the_register_flag_goes_alone() -> None:
     from sim.cli.predict import main
 
     with pytest.raises(SystemExit) as stop:
-        main(["--register", "--json"])
+        main(["--register", "--anchors"])
     assert stop.value.code == 2
+
+
+def test_the_register_as_json_gives_every_row_and_the_hit_rate(capsys) -> None:
+    from sim.cli.predict import main
+
+    assert main(["--register", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [r["key"] for r in data["rows"]] == [r.key for r in ROWS]
+    assert data["within"]["1.5"] == sum(within(r.ratio, 1.5) for r in ROWS)
+    assert not any(r["moved_today"] for r in data["rows"])

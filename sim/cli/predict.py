@@ -61,20 +61,15 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.register:
-        from sim.timing.register import print_register
+        from sim.timing.register import print_register, register_json
 
-        others = [
-            f
-            for f, v in (
-                ("preset", args.preset),
-                ("--anchors", args.anchors),
-                ("--cluster", args.cluster),
-                ("--json", args.json),
-            )
-            if v
-        ]
+        given = (("preset", args.preset), ("--anchors", args.anchors), ("--cluster", args.cluster))
+        others = [flag for flag, value in given if value]
         if others:
-            parser.error(f"--register: goes alone, without {', '.join(others)}")
+            parser.error(f"--register: goes alone (or with --json), without {', '.join(others)}")
+        if args.json:
+            print(json.dumps(register_json(), sort_keys=True))
+            return 0
         return print_register()
     if args.cluster is not None:
         return _predict_cluster(parser, args)

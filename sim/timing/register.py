@@ -12,8 +12,9 @@ register cannot drift silently.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from sim.timing.basis import TOLERANCES, within
 
@@ -122,6 +123,18 @@ def hit_rate(rows: list[Registered]) -> str:
     )
 
 
+def register_json(path: Path = REGISTER) -> dict[str, Any]:
+    """The register as data: each row with today's prediction, and the hit rate by factor."""
+    rows = read_register(path)
+    out = []
+    for r in rows:
+        today = predict_today(r)
+        row = asdict(r) | {"ratio": r.ratio, "today": today}
+        out.append(row | {"moved_today": moved_since(r, today)})
+    met = {str(f): sum(within(r.ratio, f) for r in rows) for f in TOLERANCES}
+    return {"rows": out, "registered": len(rows), "within": met}
+
+
 def print_register(path: Path = REGISTER) -> int:
     rows = read_register(path)
     print(f"{'key':4s} {'figure':58s} {'published':>12s} {'registered':>10s} {'ratio':>6s} today")
@@ -149,4 +162,5 @@ __all__ = [
     "predict_today",
     "print_register",
     "read_register",
+    "register_json",
 ]
