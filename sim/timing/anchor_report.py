@@ -43,7 +43,6 @@ from sim.timing.recovery_anchors import (
 from sim.timing.recovery_loops import loop_checks
 from sim.timing.speedup_anchors import (
     AREAL,
-    AREAL_DERIVED_ETA,
     COMPARISONS,
     VERL,
     SpeedupPrediction,
@@ -52,6 +51,7 @@ from sim.timing.speedup_anchors import (
     run_all,
     runs_needed,
     speedups,
+    staleness_basis,
     train_held_out,
 )
 
@@ -180,7 +180,7 @@ def print_staleness(rows: list[StalenessPrediction]) -> None:
         verdict = "meets" if _meets(r.ratio) else "MISS"
         if r.failed:
             verdict = f"FAILED {', '.join(r.failed)}"
-        label = "restated: the async step's run" if r.eta == AREAL_DERIVED_ETA else "predicted"
+        label = staleness_basis(r.eta)[0].value
         print(
             f"{r.eta:3d} {r.published_tokens_per_second / 1e3:8.1f} k "
             f"{r.tokens_per_second / 1e3:8.1f} k {r.ratio:5.2f}  {verdict} ({label})"

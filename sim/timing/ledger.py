@@ -19,6 +19,7 @@ from sim.timing.speedup_anchors import (
     COMPARISONS,
     SpeedupPrediction,
     StalenessPrediction,
+    staleness_basis,
 )
 
 
@@ -80,16 +81,10 @@ def async_rows(speedups: Sequence[SpeedupPrediction]) -> list[Compared]:
 def staleness_rows(curve: Sequence[StalenessPrediction]) -> list[Compared]:
     out = []
     for r in curve:
+        derived = AREAL_ASYNC if r.eta == AREAL_DERIVED_ETA else ""
+        basis, why = staleness_basis(r.eta)
         figure = f"AReaL Fig. 5c throughput, eta {r.eta}"
-        if r.eta == AREAL_DERIVED_ETA:
-            why = "the async step's own run, read as tokens per second"
-            out.append(Compared(figure, "staleness", r.ratio, Basis.RESTATED, why, AREAL_ASYNC))
-            continue
-        why = (
-            "the plan's decode figure (set on the sync step) and mean length (from eta 8): "
-            "nothing of this eta's"
-        )
-        out.append(Compared(figure, "staleness", r.ratio, Basis.PREDICTED, why))
+        out.append(Compared(figure, "staleness", r.ratio, basis, why, derived))
     return out
 
 

@@ -185,6 +185,17 @@ AREAL_DERIVED_ETA = 8
 """Fig. 5c's throughput at this eta is the async step's run read as tokens per second: the
 same figure, counted with the step."""
 
+
+def staleness_basis(eta: int) -> tuple[Basis, str]:
+    """How Fig. 5c's throughput at ``eta`` is obtained (sim/timing/basis.py), and why."""
+    if eta == AREAL_DERIVED_ETA:
+        return Basis.RESTATED, "the async step's own run, read as tokens per second"
+    return Basis.PREDICTED, (
+        "the plan's decode figure (set on the sync step) and mean length (from eta 8): "
+        "nothing of this eta's"
+    )
+
+
 SKIP_COMMITS = 3
 """Steps left out of a steady step: the pipeline's fill (a fully-async run's first steps
 train what the producer generated before the first commit, and come fast)."""
@@ -340,6 +351,7 @@ __all__ = [
     "run_all",
     "run_mode",
     "speedups",
+    "staleness_basis",
     "steady_step",
     "train_held_out",
 ]
