@@ -76,13 +76,30 @@ def gloo_group(
 ) -> Any:
     """A gloo process group of its own (not the default world), as torchft builds them;
     each collective fails after ``timeout`` if a member never takes part, the rendezvous
-    after ``rendezvous`` (default: ``timeout``) if one never comes."""
+    after ``rendezvous`` (default: ``timeout``) if one never comes.
+
+    Gloo's rendezvous waits for the others' addresses with the *group's* timeout, not the
+    store's (measured: a store of 3 s under a group of 12 s waited 12 s), so the group is
+    made with the rendezvous's timeout and given ``timeout`` for its collectives after."""
     store = group_store(store_addr, prefix, rendezvous or timeout)
-    return dist.ProcessGroupGloo(store, rank, size, timeout)
+    group = dist.ProcessGroupGloo(store, rank, size, rendezvous or timeout)
+    if rendezvous is not None:
+        group.set_timeout(timeout)
+    return group
 
 
 ATTEMPT_RENDEZVOUS = datetime.timedelta(seconds=10)
 """How long an attempt's group waits at its rendezvous once every member has arrived."""
+JOIN_BOUND = GLOO_TIMEOUT + ATTEMPT_RENDEZVOUS
+"""The longest a rank spends joining its attempt's group: the others' arrival, then the
+rendezvous (``attempt_group``)."""
+CELL_TIMEOUT = 2 * GLOO_TIMEOUT
+"""The timeout of a cell's own collectives (its torch world: FSDP2's, the ranks'
+agreement). Between two of them a rank may spend a whole join (JOIN_BOUND) or a whole
+cross-cell exchange (GLOO_TIMEOUT) waiting on another cell, and its cell-mates wait for it
+meanwhile: a cell timeout no longer than that fails the cell for another cell's death
+(a CI run: a peer that arrived and died before its rendezvous held rank 1 of cell 0 for
+30 s, and rank 0 timed out in FSDP2's all-gather at the same 30 s)."""
 JOIN_POLL_S = 0.01
 """How often a member waiting for the others of an attempt's group looks again."""
 
@@ -114,9 +131,9 @@ def attempt_group(
     looking for the driver's ``abandoned`` mark (``abandon_attempt``) as they wait, and
     only then make the group, whose rendezvous finds everyone there (one that dies in
     between fails it after ATTEMPT_RENDEZVOUS, well inside the cell's own collectives'
-    timeout, which a cell-mate waiting for this rank would otherwise run out: seen when
-    a cell was killed whole right after one of its ranks had arrived). RuntimeError (as
-    gloo's own) when the attempt was abandoned or a member never came."""
+    timeout, CELL_TIMEOUT, which a cell-mate waiting for this rank would otherwise run
+    out: seen when a cell was killed whole right after one of its ranks had arrived).
+    RuntimeError (as gloo's own) when the attempt was abandoned or a member never came."""
     store = client_store(store_addr, timeout)
     prefix = attempt_key(step, attempt)
     arrived, abandoned = f"{prefix}/rank{rank}/arrived", f"{prefix}/abandoned"

@@ -47,6 +47,7 @@ from backends.common.training.policy_loss import checkpoint_loss
 from backends.common.wire.buckets import BucketViews, pack_into, payload_of, wire_layout
 from backends.common.wire.devices import prepare_process
 from backends.common.wire.groups import (
+    CELL_TIMEOUT,
     GLOO_TIMEOUT,
     attempt_group,
     client_store,
@@ -119,7 +120,7 @@ class TrainerRank:
             store = dist.PrefixStore(world, client_store(store_addr))
             backend = "nccl" if stack.device == "cuda" else "gloo"
             dist.init_process_group(
-                backend, store=store, rank=rank, world_size=ranks, timeout=GLOO_TIMEOUT
+                backend, store=store, rank=rank, world_size=ranks, timeout=CELL_TIMEOUT
             )
         self.model = self.build(policy, stack)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=policy.lr)
