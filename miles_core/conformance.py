@@ -14,7 +14,9 @@ Which groups are in flight when an update pauses the engines, and whether an
 engine dies before or during an update, depend on generation latencies, which
 the simulator draws from its own model; these are reported side by side, not
 required to match. An update aborted by a *cell* failure is a decision (the
-fault strikes at a named point of the update) and is compared. So is the
+fault strikes at a named point of the update) and is compared. So is the staleness gate:
+whether it armed, and that under it no group was refused as stale (its guarantee, which
+holds whatever the timing); how long it held the producer is timing, and reported. So is the
 engines' final state, but not the path to it: a real restart takes seconds, in
 which requests to the old process fail and take the engine down before the
 new process is reported; the simulator's restart is instant.
@@ -33,6 +35,8 @@ from miles_core.events import (
     EngineStarted,
     EngineStateChanged,
     Event,
+    GateArmed,
+    GateReleased,
     GroupDropped,
     GroupRecycled,
     HealBegan,
@@ -63,6 +67,8 @@ class Decisions:
     engines: tuple[tuple[str, tuple[int, ...], str], ...]
     """(engine, new processes the world reported, its state at the end) per engine."""
     status: str
+    gate: tuple[bool, int] = (False, 0)
+    """(--staleness-policy gate_submission armed, groups refused as stale after it armed)."""
 
     def differences(self, other: Decisions) -> list[str]:
         """The fields where two runs decided differently, each with both values."""
@@ -79,6 +85,8 @@ class Rollout:
     """(reason, groups) recycled, sorted by reason."""
     dropped: tuple[tuple[str, int], ...]
     updates_aborted_by_engines: int = 0
+    gate_held: tuple[int, float] = (0, 0.0)
+    """(groups that waited at the staleness gate, seconds it held the producer)."""
 
 
 def decisions(history: Iterable[Event]) -> Decisions:
@@ -88,7 +96,12 @@ def decisions(history: Iterable[Event]) -> Decisions:
     updaters: dict[int, tuple[int, bool]] = {}
     heal_sources: dict[int, int] = {}
     status = "running"
+    armed, stale_under_gate = False, 0
     for e in history:
+        if isinstance(e, GateArmed):
+            armed = True
+        elif armed and isinstance(e, GroupDropped | GroupRecycled) and e.reason == "stale":
+            stale_under_gate += 1
         if isinstance(e, AttemptEnded):
             attempts.append((e.step, e.attempt, e.decision.value, e.discarded, e.errored))
         elif isinstance(e, CellStateChanged):
@@ -130,18 +143,26 @@ def decisions(history: Iterable[Event]) -> Decisions:
         tuple(aborted),
         engines,
         status,
+        (armed, stale_under_gate),
     )
 
 
 def rollout(history: Iterable[Event]) -> Rollout:
     recycled: Counter[str] = Counter()
     dropped: Counter[str] = Counter()
-    by_engines = 0
+    by_engines, held_groups, held = 0, 0, 0.0
     for e in history:
-        if isinstance(e, GroupRecycled):
+        if isinstance(e, GateReleased):
+            held_groups, held = held_groups + e.groups, held + e.t - e.held_since
+        elif isinstance(e, GroupRecycled):
             recycled[e.reason] += 1
         elif isinstance(e, GroupDropped):
             dropped[e.reason] += 1
         elif isinstance(e, UpdateAborted) and e.cause is AbortCause.ENGINE:
             by_engines += 1
-    return Rollout(tuple(sorted(recycled.items())), tuple(sorted(dropped.items())), by_engines)
+    return Rollout(
+        tuple(sorted(recycled.items())),
+        tuple(sorted(dropped.items())),
+        by_engines,
+        (held_groups, round(held, 3)),
+    )

@@ -737,6 +737,37 @@ class GroupDropped(Event):
 
 
 @frozen_value(kw_only=True)
+class GateArmed(Event):
+    """The producer gates its submissions by version (--staleness-policy gate_submission,
+    AReaL's StalenessManager; miles_core.staleness_gate): a group goes out only while
+    accepted + running < (max_staleness + version + 1) x batch_size. Recorded only under
+    that policy, so a run without it has none."""
+
+    max_staleness: int
+    batch_size: int
+
+
+@frozen_value(kw_only=True)
+class GateHeld(Event):
+    """The producer had room for another group and the gate refused it: ``accepted +
+    running`` groups had reached ``limit``, counted from ``version``."""
+
+    version: int
+    accepted: int
+    running: int
+    limit: int
+
+
+@frozen_value(kw_only=True)
+class GateReleased(Event):
+    """The hold that began at ``held_since`` ended: ``groups`` went out as the gate opened
+    (0: the producer's own room closed first)."""
+
+    held_since: float
+    groups: int
+
+
+@frozen_value(kw_only=True)
 class StepMetrics(Event):
     """miles' rollout metrics for a step (rollout/fully_async/*, rollout/dynamic_filter/*),
     collected once per step, so each step's window covers that step only."""

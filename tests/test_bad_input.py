@@ -1226,6 +1226,7 @@ PLAUSIBLE = {
     "steps": st.integers(-1, 12),
     "mode": st.sampled_from(["fully_async", "one_step_off", "sync"]),
     "unused_samples_handler": st.sampled_from(["retry", "drop", "keep"]),
+    "staleness_policy": st.sampled_from(["drop_at_buffer", "gate_submission", "gate"]),
     "transfer_mode": st.sampled_from(["broadcast", "p2p", "rdt", "nccl"]),
     "preset": st.sampled_from(["small", "qwen3-30b-a3b-4x8-h100"]),
     "progress_window": st.floats(0.0, 1000.0),

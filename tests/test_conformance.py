@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from miles_core.conformance import decisions, rollout
 from miles_core.events import History, UpdateAborted
 from miles_core.kinds import AbortCause
 from sim.run import run_scenario
-from sim.scenarios import SCENARIOS
+from sim.scenarios import SCENARIOS, load_scenario_file
 
 
 def test_same_scenario_other_seed_decides_the_same() -> None:
@@ -51,6 +53,19 @@ def test_engines_are_compared_by_the_processes_the_world_reported_and_where_they
     assert restart.engines == (("engine-0", (1,), "serving"), ("engine-1", (), "serving"))
     crash = decisions(run_scenario(SCENARIOS["engine_crash_mid_generation"], 0).history)
     assert crash.engines == (("engine-0", (), "serving"), ("engine-1", (), "down"))
+
+
+def test_the_staleness_gate_is_a_decision_and_its_holds_are_timing() -> None:
+    """Whether the gate armed, and that nothing was refused as stale under it, hold in any
+    world; how long it held the producer is timing (reported, not compared)."""
+    files = Path(__file__).resolve().parents[1] / "scenarios" / "files"
+    gated = run_scenario(load_scenario_file(files / "staleness_gate_submission.toml"), 0)
+    dropped = run_scenario(load_scenario_file(files / "staleness_drop_at_buffer.toml"), 0)
+    assert decisions(gated.history).gate == (True, 0)
+    assert decisions(dropped.history).gate == (False, 0)  # its drops are timing
+    groups, seconds = rollout(gated.history).gate_held
+    assert groups > 0 and seconds > 0
+    assert rollout(dropped.history).gate_held == (0, 0.0)
 
 
 def test_rollout_counts_reasons() -> None:

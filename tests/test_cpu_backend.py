@@ -54,6 +54,8 @@ from miles_core.events import (
     EngineStateChanged,
     FaultInjected,
     FaultsHealed,
+    GateArmed,
+    GateReleased,
     GroupDropped,
     GroupGot,
     GroupRecycled,
@@ -154,6 +156,9 @@ def _conformance_cases() -> list[tuple[Scenario, int | None]]:
     orphan = load_scenario_file(ROOT / "scenarios" / "files" / "orphan_engine_in_router.toml")
     # NeMo-RL #3938: a prompt past the engines' context, refused with a real 400
     over_long = load_scenario_file(ROOT / "scenarios" / "files" / "over_long_prompt.toml")
+    # AReaL's staleness gate (--staleness-policy gate_submission): the producer, far ahead of
+    # the trainer, is held at the gate instead of generating groups the buffer would drop
+    gate = load_scenario_file(ROOT / "scenarios" / "files" / "staleness_gate_submission.toml")
     return [
         (SCENARIOS["no_failure"], None),
         (SCENARIOS["cell_crash_before_allreduce"], None),
@@ -169,6 +174,7 @@ def _conformance_cases() -> list[tuple[Scenario, int | None]]:
         (prefix, None),
         (orphan, None),
         (over_long, None),
+        (gate, None),
         # a cut between trainers and engines mid-update: a bucket waits out the collective
         # timeout and its cell fails; the retry on the other cell waits out the rest
         (cut, None),
@@ -301,7 +307,15 @@ def _the_over_long_prompt_is_dropped(history: History) -> None:
     assert not any(isinstance(e, EngineStateChanged) and not e.up for e in history)
 
 
+def _the_gate_holds_instead_of_dropping(history: History) -> None:
+    assert any(isinstance(e, GateArmed) for e in history)
+    stale = [e for e in history if isinstance(e, GroupDropped | GroupRecycled)]
+    assert stale == [], stale  # nothing generated only to be refused as stale
+    assert sum(e.groups for e in history if isinstance(e, GateReleased)) > 0  # held, then let go
+
+
 STORIES: dict[str, Callable[[History], None]] = {
+    "staleness_gate_submission": _the_gate_holds_instead_of_dropping,
     "over_long_prompt": _the_over_long_prompt_is_dropped,
     "orphan_engine_in_router": _the_orphan_leaves_the_router,
     "prefix_cache_across_updates": _prompt_kv_reused_under_its_own_weights,

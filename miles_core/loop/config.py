@@ -16,6 +16,7 @@ from miles_core.buffer import DEFAULT_UNUSED_HANDLER, BufferConfig, UnusedHandle
 from miles_core.errors import ConfigError, int_at_least
 from miles_core.filters import dynamic_filter
 from miles_core.kinds import PauseMode, SubmissionGranularity
+from miles_core.staleness_gate import DEFAULT_STALENESS_POLICY, StalenessPolicy
 from miles_core.transfer import DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE, TransferMode
 
 MODES = ("fully_async", "one_step_off", "sync")
@@ -32,6 +33,11 @@ class LoopConfig:
     n_samples_per_prompt: int = 2
     max_weight_staleness: int | None = None
     unused_samples_handler: UnusedHandler = DEFAULT_UNUSED_HANDLER
+    staleness_policy: StalenessPolicy = DEFAULT_STALENESS_POLICY
+    """--staleness-policy: drop_at_buffer (miles: generate freely, the buffer drops or
+    recycles a group beyond --max-weight-staleness when it is taken) or gate_submission
+    (AReaL: a group is submitted only while it cannot be trained beyond the bound;
+    miles_core.staleness_gate). Ours: miles has no such flag."""
     capacity_factor: float = 2.0
     async_max_concurrent_samples: int | None = None
     """Samples generating at once; the producer keeps max(1, this // n_samples_per_prompt)
@@ -167,6 +173,7 @@ class LoopConfig:
         if self.mode not in MODES:
             raise ConfigError("mode", f"got {self.mode!r}", f"choose one of {MODES}")
         self._check_mode_and_pause()
+        self._check_staleness_policy()
         dynamic_filter(self.dynamic_sampling_filter)  # a built-in, or a path that imports
         self.buffer_config()  # the buffer's own checks, before anything runs
 
@@ -204,6 +211,34 @@ class LoopConfig:
                 f"{self.capacity_factor} holds less than one batch, but {self.mode} puts a "
                 "whole batch before it is drained",
                 f"use --async-data-buffer-capacity-factor >= 1 with {self.mode}",
+            )
+
+    def _check_staleness_policy(self) -> None:
+        try:
+            policy = StalenessPolicy(self.staleness_policy)
+        except ValueError:
+            raise ConfigError(
+                "staleness_policy",
+                f"got {self.staleness_policy!r}",
+                f"choose one of {[p.value for p in StalenessPolicy]}",
+            ) from None
+        object.__setattr__(self, "staleness_policy", policy)
+        if policy is not StalenessPolicy.GATE_SUBMISSION:
+            return
+        if self.max_weight_staleness is None:
+            raise ConfigError(
+                "staleness_policy",
+                "gate_submission gates submission by the staleness bound, but "
+                "--max-weight-staleness is unset",
+                "pass --max-weight-staleness N with --staleness-policy gate_submission, or "
+                "use --staleness-policy drop_at_buffer",
+            )
+        if self.mode != "fully_async":
+            raise ConfigError(
+                "staleness_policy",
+                f"gate_submission gates the fully_async producer, but mode is {self.mode}, "
+                "which generates each batch on demand",
+                "use --mode fully_async, or --staleness-policy drop_at_buffer",
             )
 
     @property
@@ -249,6 +284,7 @@ FLAGS: Mapping[str, str] = {
     "n_samples_per_prompt": "--n-samples-per-prompt",
     "max_weight_staleness": "--max-weight-staleness",
     "unused_samples_handler": "--async-unused-samples-handler",
+    "staleness_policy": "--staleness-policy",
     "capacity_factor": "--async-data-buffer-capacity-factor",
     "async_max_concurrent_samples": "--async-max-concurrent-samples",
     "rollout_submission_granularity": "--rollout-submission-granularity",

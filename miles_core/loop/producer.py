@@ -68,7 +68,9 @@ from miles_core.events import (
 from miles_core.kinds import PutFate, SampleOutcome, SubmissionGranularity
 from miles_core.loop.config import BATCH_MODES
 from miles_core.loop.context import RunContext
+from miles_core.loop.gate import ProducerGate
 from miles_core.loop.supervision import EngineSupervisor
+from miles_core.staleness_gate import StalenessPolicy
 from miles_core.sync import Notifier, join_all
 from miles_core.versions import untrusted_version
 
@@ -114,6 +116,9 @@ class Producer:
         self._arrived = Notifier(ctx.rt)
         self._space = Notifier(ctx.rt)
         self._progress = Notifier(ctx.rt)
+        gated = config.staleness_policy is StalenessPolicy.GATE_SUBMISSION
+        self.gate = ProducerGate(ctx) if gated else None
+        """AReaL's submission gate (--staleness-policy gate_submission), else None."""
 
     # -- generation ---------------------------------------------------------------------
 
@@ -298,6 +303,8 @@ class Producer:
         group = Group(group_id, prompt_id, tuple(samples))
         del self._in_flight[group_id]
         queued = await self._put(group)
+        if self.gate is not None:
+            self.gate.resolved(group_id, queued)
         self._progress.notify()
         return queued
 
@@ -312,16 +319,25 @@ class Producer:
         group_id, prompt_id = next(self._groups), self._next_prompt()
         self._in_flight[group_id] = prompt_id
         self._samples_in_flight += self._n
+        if self.gate is not None:
+            self.gate.submitted(group_id)
         self.ctx.emit(GroupStarted, group_id=group_id, prompt_id=prompt_id)
         return self.ctx.spawn(self._generate_group(group_id, prompt_id), f"group-{group_id}")
 
     async def run(self) -> None:
-        """fully_async: keep the budget of groups generating, for the whole run."""
-        ctx = self.ctx
+        """fully_async: keep the budget of groups generating, for the whole run (under
+        gate_submission, as far as the gate admits; the gate's counts: loop/gate.py)."""
+        ctx, gate = self.ctx, self.gate
         budget = ctx.config.in_flight_groups
+        if gate is not None:
+            gate.armed()
         while not ctx.stopping:
-            while self._has_room(budget):
+            started = 0
+            while self._has_room(budget) and (gate is None or gate.admits()):
                 self._start_group()
+                started += 1
+            if gate is not None:
+                gate.pass_ended(started, self._has_room(budget))
             await self._progress.wait()
 
     def _has_room(self, budget: int) -> bool:
@@ -388,6 +404,9 @@ class Producer:
         ctx = self.ctx
         batch: list[Group] = []
         self._drained = batch
+        if self.gate is not None:  # the consumer's version advances: the gate may open
+            self.gate.drain_began()
+            self._progress.notify()
         while len(batch) < ctx.config.rollout_batch_size:
             current = ctx.ledger.current
             verdicts = ctx.buffer.get(current)
@@ -406,6 +425,8 @@ class Producer:
                     batch.append(group)
                 else:
                     self._unused(verdict)
+                    if self.gate is not None:
+                        self.gate.refused_at_get()
             if not verdicts or verdicts[-1].fate is not Fate.TRAIN:
                 if ctx.config.mode in BATCH_MODES:  # no producer: top the batch up now
                     await self.rollout(ctx.config.rollout_batch_size - len(batch))

@@ -275,6 +275,8 @@ class Orchestrator:
         self.producer.batch = []
         metrics = ctx.buffer.metrics(ctx.ledger.current)
         metrics[f"{METRIC_PREFIX}samples_on_mixed_weights"] = mixed
+        if self.producer.gate is not None:  # gate_submission's waste: time held at the gate
+            metrics.update(self.producer.gate.metrics())
         ctx.emit(StepMetrics, step=step, metrics=tuple(sorted(metrics.items())))
 
     def _placed(self, placement: Placement) -> None:

@@ -8,7 +8,8 @@ first violation with the events that prove it, or None.
     end_state             the run ended as its scenario expects (completed, or failed with
                           a named error); a crash or a stall never passes
     monotonic_versions    versions never go backwards: published, per engine, at the consumer
-    bounded_staleness     every trained group has 0 <= staleness <= bound
+    bounded_staleness     every trained group has 0 <= staleness <= bound; under
+                          --staleness-policy gate_submission none is refused as stale
     cached_kv_fresh       no trained sample reused prompt KV (an engine's prefix cache) from
                           weights older than the staleness bound allows
     exactly_once          each prompt is trained at most once; at the end each drawn prompt

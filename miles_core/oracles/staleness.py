@@ -5,12 +5,26 @@ version any of its samples' tokens was generated under (a request an update
 retracted or froze spans several; miles' group_oldest_weight_version) (recomputed here from the
 samples, and compared with what the buffer reported). Before the first update
 there is no current version and the filter is off: nothing is judged.
+
+Under --staleness-policy gate_submission (a GateArmed event: AReaL's gate,
+miles_core.staleness_gate) the bound is kept by not submitting, so a group that
+reaches the buffer too old to train means the gate admitted one it should have held:
+no group may be dropped or recycled as stale after the gate armed.
 """
 
 from __future__ import annotations
 
+from miles_core.buffer import Reason
 from miles_core.event_index import Indexed, select
-from miles_core.events import GroupGot, GroupTrained, History, SampleGenerated
+from miles_core.events import (
+    GateArmed,
+    GroupDropped,
+    GroupGot,
+    GroupRecycled,
+    GroupTrained,
+    History,
+    SampleGenerated,
+)
 from miles_core.oracles.base import Violation, run_started, version_number
 
 NAME = "bounded_staleness"
@@ -85,4 +99,26 @@ def bounded_staleness(history: History, bound: int | None = None) -> Violation |
                     f"group {e.group_id} trained with staleness {age} > bound {bound}",
                     evidence,
                 )
+    return _gate_let_nothing_stale_through(history)
+
+
+def _gate_let_nothing_stale_through(history: History) -> Violation | None:
+    """Under gate_submission, no group was refused as stale after the gate armed."""
+    armed: tuple[int, GateArmed] | None = None
+    for seq, e in select(history, GateArmed, GroupDropped, GroupRecycled):
+        if isinstance(e, GateArmed):
+            armed = armed or (seq, e)
+        elif (
+            armed is not None
+            and isinstance(e, GroupDropped | GroupRecycled)
+            and e.reason.split(":")[0] == Reason.STALE
+        ):
+            fate = "dropped" if isinstance(e, GroupDropped) else "recycled"
+            return Violation(
+                NAME,
+                f"group {e.group_id} was {fate} as stale under --staleness-policy "
+                f"gate_submission: the gate (bound {armed[1].max_staleness}) admitted a "
+                "group it should have held",
+                (armed, (seq, e)),
+            )
     return None

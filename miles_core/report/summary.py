@@ -28,6 +28,7 @@ from miles_core.loop import RunReport
 from miles_core.loop.config import FLAGS, MILES_BUGS
 from miles_core.oracles import Violation, idle_faults, unfired_reason, verdict_lines
 from miles_core.report.story import step_stories, story_lines
+from miles_core.report.waste import staleness_waste, waste_line
 from miles_core.scenario import Scenario
 from miles_core.segments import timeline
 
@@ -53,6 +54,7 @@ def world_and_flags(scenario: Scenario, history: History | None = None) -> dict[
         "n_samples_per_prompt": loop.n_samples_per_prompt,
         "max_weight_staleness": loop.max_weight_staleness,
         "unused_samples_handler": loop.unused_samples_handler.value,
+        "staleness_policy": loop.staleness_policy.value,
         "transfer_mode": loop.transfer_mode.value,
         "buckets_per_update": began.n_buckets if began else scenario.n_buckets,
         "update_weight_buffer_size": loop.update_weight_buffer_size,
@@ -181,6 +183,7 @@ def summary(
         "requests_retried": sum(isinstance(e, RequestRetried) for e in history),
         "flushes_refused": sum(isinstance(e, FlushRefused) for e in history),
         "staleness_histogram": staleness_histogram(kept),
+        "staleness_waste": staleness_waste(kept),
         "faults": faults_report(history),
         "liveness": liveness_report(history),
         "waits": waits_report(history),
@@ -212,7 +215,13 @@ def text_lines(
         f"  world: {w['cells']} cells x {w['ranks_per_cell']} rank(s), {w['engines']} engine(s) "
         f"x {w['gpus_per_engine']} GPU(s) (preset {w['preset']})",
         f"  flags: {w['mode']}, batch {w['rollout_batch_size']} x {w['n_samples_per_prompt']} "
-        f"samples, staleness bound {'off' if bound is None else bound}, unused groups "
+        f"samples, staleness bound {'off' if bound is None else bound}"
+        + (
+            f" ({w['staleness_policy']})"
+            if w.get("staleness_policy", "drop_at_buffer") != "drop_at_buffer"
+            else ""
+        )
+        + ", unused groups "
         f"{w['unused_samples_handler']}, {w['transfer_mode']} in {w['buckets_per_update']} "
         f"buckets, heartbeats {'off' if w['heartbeat_interval'] is None else 'on'}, pause "
         f"{w['pause_generation_mode']}, engine fault tolerance "
@@ -259,6 +268,9 @@ def text_lines(
         f"dropped {info['groups_dropped']}; staleness of trained groups "
         f"{info['staleness_histogram']}"
     )
+    waste = waste_line(info["staleness_waste"]) if "staleness_waste" in info else None
+    if waste is not None:
+        lines.append(waste)
     if info["requests_retried"] or info["flushes_refused"]:  # what a router outage cost
         lines.append(
             f"  retried: {info['requests_retried']} request tries the router failed, "

@@ -32,6 +32,7 @@ from miles_core.loop.update import Updater
 from miles_core.transfer import TransferMode
 from miles_core.update_connections import UpdateConnections
 from miles_core.weight_update import FlushCache, PublishVersion
+from sim.search.plants_gate import GATE_PLANTS
 from sim.search.plants_resume import RESUME_PLANTS
 
 
@@ -431,6 +432,7 @@ PLANTS: dict[str, tuple[Plant, str]] = {
     "orphan_left_in_router": (orphan_left_in_router, "published_weights"),
     "refused_request_fails_engine": (refused_request_fails_engine, "recycled_regenerated"),
     **RESUME_PLANTS,
+    **GATE_PLANTS,
 }
 
 
