@@ -75,7 +75,10 @@ SYSTEMS: Mapping[str, TimeModel] = {
     ),
     # miles' RDMA P2P path: the same gather, every trainer GPU writing its share, each
     # target rank taking its expert shard (p2p.py); its transfer plan and CPU model replica
-    # are the larger fixed cost.
+    # are the larger fixed cost. A sender serving several engine ranks re-shards the bucket
+    # for each in turn (reshard_bytes_per_second), but no rate is charged: only GLM-5's own
+    # row asks for one (fitted without it, the rate comes out negative), and the rate its
+    # row gives moves Qwen3-235B's held-out ratio from 1.21 to 1.41 (docs/timing.md).
     "miles-rdma": TimeModel(
         link_bytes_per_second=H100_NIC,
         gather_bytes_per_second=MILES_GATHER,
@@ -141,7 +144,10 @@ def preset_timing(cluster_name: str, system: str) -> TimeModel:
     """The system's fitted terms with the cluster's layout."""
     cluster = CLUSTERS[cluster_name]
     timing = dataclasses.replace(
-        SYSTEMS[system], gather_shares=cluster.gather_shares, engine_ep=cluster.engine_ep
+        SYSTEMS[system],
+        gather_shares=cluster.gather_shares,
+        engine_ep=cluster.engine_ep,
+        engine_tp=cluster.gpus_per_engine,
     )
     if cluster_name == "kimi-k2-32+32":
         per_gpu = cluster.param_bytes / cluster.gpus_per_engine

@@ -17,6 +17,7 @@ must mean a hang, never a slow seed.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 
 from miles_core.errors import ConfigError
@@ -81,17 +82,89 @@ class LivenessBound:
         return f"{self.seconds:.1f} s = {self.slack:g} x ({terms})"
 
 
-def step_parts(world: WorldShape, timing: TimeModel, loop: LoopConfig) -> dict[str, float]:
-    """One step's nominal parts: its batch generated (p99 lengths, the engines' concurrency,
-    the dynamic filter's refills), trained, exchanged, and the weights sent and stamped."""
+@dataclass(frozen=True)
+class LengthQuantiles:
+    """A response length distribution's p50, p99 and max tokens (max: inf with no cap)."""
+
+    p50: float
+    p99: float
+    max: float
+
+
+def response_tokens_quantile(timing: TimeModel, q: float) -> float:
+    """The ``q`` quantile of a response's length as the simulator draws it: lognormal (mean
+    response_tokens_mean, sigma response_tokens_sigma) cut at response_tokens_max, with
+    response_tokens_max_fraction of responses run to response_tokens_max."""
+    if not 0 < q < 1:
+        raise ValueError(f"a quantile is in (0, 1), got {q!r}")
+    cap = timing.response_tokens_max or math.inf
+    lognormal = 1 - timing.response_tokens_max_fraction  # the share drawn from the lognormal
+    if q >= lognormal:
+        return cap
+    sigma = timing.response_tokens_sigma
+    mu = math.log(timing.response_tokens_mean) - sigma**2 / 2
+    return min(cap, math.exp(mu + sigma * statistics.NormalDist().inv_cdf(q / lognormal)))
+
+
+def response_length_quantiles(timing: TimeModel) -> LengthQuantiles:
+    """p50, p99 and max of a response's length (docs/generation.md states them)."""
+    return LengthQuantiles(
+        response_tokens_quantile(timing, 0.5),
+        response_tokens_quantile(timing, 0.99),
+        timing.response_tokens_max or math.inf,
+    )
+
+
+def _p99_tokens(timing: TimeModel) -> float:
+    """A response's p99 length: P99_Z's lognormal p99 (kept as it was, so bounds stay put),
+    or the exact quantile once a share of responses runs to the cap."""
+    if timing.response_tokens_max_fraction:
+        return response_tokens_quantile(timing, 0.99)
     sigma = timing.response_tokens_sigma
     p99_tokens = timing.response_tokens_mean * math.exp(P99_Z * sigma - sigma**2 / 2)
     if timing.response_tokens_max:  # the engines stop a response there
         p99_tokens = min(p99_tokens, timing.response_tokens_max)
+    return p99_tokens
+
+
+def _engine_rollout(timing: TimeModel, per_engine: int, token_floor: float) -> float:
+    """One engine's share of a step's batch with the generation model switched on (a cap on
+    running requests, the decode law, every prefill charged): the requests run in waves of
+    at most the cap, each as long as a p99 request with the wave's batch decoding beside it
+    and its prefill. FIFO admission ends request j by (floor((j - 1) / cap) + 1) of those,
+    so ceil(per_engine / cap) waves bound the share."""
+    p99 = _p99_tokens(timing)
+    cap = timing.running_cap() or per_engine
+    running = min(cap, per_engine)
+    waves = math.ceil(per_engine / running)
+    if timing.batch_law():
+        longest = timing.response_tokens_max or p99
+        step = (
+            timing.decode_step_fixed_seconds
+            + timing.decode_step_seconds_per_request * running
+            + timing.decode_step_seconds_per_kv_token * running * (timing.prompt_tokens + longest)
+        )
+        wave = p99 * max(step, token_floor)
+    else:
+        token = max(timing.decode_seconds_per_token, token_floor)
+        wave = p99 * token * (1 + timing.concurrency_slowdown * running)
+    if timing.charge_every_prefill:
+        wave += timing.prompt_tokens * timing.prefill_seconds_per_token
+    return waves * wave
+
+
+def step_parts(world: WorldShape, timing: TimeModel, loop: LoopConfig) -> dict[str, float]:
+    """One step's nominal parts: its batch generated (p99 lengths, the engines' concurrency
+    or the generation model's waves, the dynamic filter's refills), trained, exchanged, and
+    the weights sent and stamped."""
+    p99_tokens = _p99_tokens(timing)
     samples = loop.rollout_batch_size * loop.n_samples_per_prompt
     per_engine = math.ceil(samples / world.num_engines)
-    decode = p99_tokens * max(timing.decode_seconds_per_token, world.engine_token_seconds)
-    rollout = decode * (1 + timing.concurrency_slowdown * per_engine)
+    if timing.running_cap() or timing.batch_law() or timing.charge_every_prefill:
+        rollout = _engine_rollout(timing, per_engine, world.engine_token_seconds)
+    else:  # today's law, as it always was
+        decode = p99_tokens * max(timing.decode_seconds_per_token, world.engine_token_seconds)
+        rollout = decode * (1 + timing.concurrency_slowdown * per_engine)
     if loop.dynamic_sampling_filter is not None:
         rollout *= 4  # 0/1 rewards: a group is kept about half the time, often less
     prefill = (timing.prompt_tokens + p99_tokens) * timing.prefill_seconds_per_token

@@ -119,6 +119,40 @@ class TimeModel:
     prefill_seconds_per_token: float = 0.0002
     """A retracted request's KV is recomputed when it resumes: prefill of prompt and response
     so far, at this many seconds per token."""
+    charge_every_prefill: bool = False
+    """Every prefill is charged, a request's first too (prompt_tokens x
+    prefill_seconds_per_token), and the prefix cache saves a prefill's prompt part when it
+    reuses the prompt's KV (False: only a retracted request's recompute, in full, as
+    before). docs/generation.md."""
+    response_tokens_max_fraction: float = 0.0
+    """This fraction of responses run to response_tokens_max whatever the lognormal drew (a
+    model that rambles until max_new_tokens cuts it: RL rollouts' truncated tail); 0: none."""
+    max_running_requests: int = 0
+    """The most requests an engine decodes at once (SGLang's --max-running-requests); more
+    wait in its queue, first come first served. 0: no cap (the KV pool may still set one)."""
+    engine_gpu_memory_bytes: float = 0.0
+    """One engine GPU's memory: with model_weight_bytes_per_gpu, mem_fraction_static and
+    kv_bytes_per_token it sizes the KV pool, which caps the running requests at
+    prompt_tokens + response_tokens_max reserved each. 0: the KV pool sets no cap."""
+    mem_fraction_static: float = 0.88
+    """SGLang's --mem-fraction-static: the share of a GPU's memory for weights and the KV
+    pool. SGLang works it out from the GPU's memory when unset (about 0.835 on an 80 GB
+    H100, 0.907 on a 141 GB H200) and falls back to 0.88, the default here."""
+    model_weight_bytes_per_gpu: float = 0.0
+    """The model's weights on one engine GPU (its TP / EP shard)."""
+    kv_bytes_per_token: float = 0.0
+    """One token's KV on one engine GPU: layers x kv_heads x head_dim x 2 (K and V) x the
+    KV dtype's bytes, divided by the engine's TP where it splits the KV heads."""
+    decode_step_fixed_seconds: float = 0.0
+    """The decode law (docs/generation.md): one decode step of the running batch takes this
+    + decode_step_seconds_per_request x requests + decode_step_seconds_per_kv_token x their
+    context tokens, and makes one token for each. All three 0: each request's token time
+    is decode_seconds_per_token slowed by concurrency_slowdown, fixed at its start."""
+    decode_step_seconds_per_request: float = 0.0
+    """The decode law's cost of each running request in a step (its weights-side work)."""
+    decode_step_seconds_per_kv_token: float = 0.0
+    """The decode law's cost of each context token (prompt and tokens so far) of the
+    running requests in a step (attention reading their KV)."""
     train_step_seconds: float = 5.0
     train_jitter: float = 0.1
     """A step's compute time is uniform in [1 - jitter, 1 + jitter] x train_step_seconds."""
@@ -191,6 +225,15 @@ class TimeModel:
     """Pipeline stages of the trainer: each gathers and sends its own share at once."""
     engine_ep: int = 1
     """Expert shards of an engine: under many-source p2p each rank receives 1/engine_ep."""
+    engine_tp: int = 1
+    """Tensor-parallel shards of an engine: under many-source p2p each rank receives
+    1/max(engine_ep, engine_tp) (SGLang builds EP within TP, so a rank's share is its TP
+    shard; 1 with engine_ep 1: the whole bucket, the old model)."""
+    reshard_bytes_per_second: float = 0.0
+    """A p2p sender's re-shard of its stage's bucket into one target engine rank's layout,
+    once per engine rank it serves, in turn (miles' p2p.py send_bucket: load_weights into
+    that rank's CPU replica before its writes; sim/world/update_cost.py reshard_seconds).
+    0: not charged."""
     many_source_p2p: bool = False
     """p2p as miles' RDMA path sends: every trainer GPU writes its own share, so the source
     side has one NIC per GPU and each target rank takes its shard (False: each engine has a
@@ -225,6 +268,7 @@ class TimeModel:
             "group_make_seconds",
             "group_make_seconds_per_engine",
             "train_fixed_seconds",
+            *GENERATION_ZEROS,
         }
         rate = self.reward_success_rate
         if rate is not None and not (
@@ -245,9 +289,15 @@ class TimeModel:
         for name in TIME_COUNTS:
             if not int_at_least(getattr(self, name), 1):
                 raise ConfigError(name, f"got {getattr(self, name)!r}", "pass an integer >= 1")
+        for name in TIME_CAPS:
+            if not int_at_least(getattr(self, name), 0):
+                raise ConfigError(
+                    name, f"got {getattr(self, name)!r}", "pass an integer >= 0 (0: no cap)"
+                )
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("reward_success_rate", "node_addresses", *TIME_SWITCHES, *TIME_COUNTS):
+            skip = ("reward_success_rate", "node_addresses", *TIME_SWITCHES, *TIME_COUNTS)
+            if f.name in skip or f.name in TIME_CAPS:
                 continue
             ok = isinstance(value, int | float) and not isinstance(value, bool)
             ok = (
@@ -262,6 +312,33 @@ class TimeModel:
             raise ConfigError(
                 "train_jitter", f"got {self.train_jitter!r}", "pass a fraction below 1, e.g. 0.1"
             )
+        _check_generation(self)
+
+    def batch_law(self) -> bool:
+        """Decode steps follow the running batch (docs/generation.md), not the per-request law."""
+        return bool(
+            self.decode_step_fixed_seconds
+            or self.decode_step_seconds_per_request
+            or self.decode_step_seconds_per_kv_token
+        )
+
+    def kv_tokens(self) -> int:
+        """Tokens the KV pool of one engine holds (SGLang's max_total_num_tokens): the GPU's
+        static share less the weights, over one token's KV; 0: not modelled."""
+        if not self.engine_gpu_memory_bytes:
+            return 0
+        pool = self.engine_gpu_memory_bytes * self.mem_fraction_static
+        tokens = (pool - self.model_weight_bytes_per_gpu) / self.kv_bytes_per_token
+        return max(0, math.floor(min(tokens, MAX_KV_TOKENS)))  # a float past it would overflow
+
+    def running_cap(self) -> int | None:
+        """The most requests one engine runs at once: max_running_requests or as many as the KV
+        pool holds at prompt_tokens + response_tokens_max each, the smaller; None: no cap."""
+        caps = [self.max_running_requests] if self.max_running_requests else []
+        if self.engine_gpu_memory_bytes:
+            reserved = self.prompt_tokens + self.response_tokens_max
+            caps.append(math.floor(self.kv_tokens() / reserved))
+        return min(caps) if caps else None
 
 
 UPDATE_COST_RATES = (
@@ -269,10 +346,30 @@ UPDATE_COST_RATES = (
     "convert_bytes_per_second",
     "quantize_bytes_per_second",
     "load_bytes_per_second",
+    "reshard_bytes_per_second",
 )
 """Rates of the update path that 0 leaves uncharged (the simulator's default)."""
-TIME_SWITCHES = ("many_source_p2p", "pipelined_buckets", "batch_split_by_quorum")
-TIME_COUNTS = ("gather_shares", "engine_ep")
+TIME_SWITCHES = (
+    "many_source_p2p",
+    "pipelined_buckets",
+    "batch_split_by_quorum",
+    "charge_every_prefill",
+)
+TIME_CAPS = ("max_running_requests",)
+"""Counts where 0 means no cap."""
+MAX_KV_TOKENS = 1e15
+"""A KV pool is counted up to this many tokens (a PB of memory at one byte a token)."""
+GENERATION_ZEROS = (
+    "response_tokens_max_fraction",
+    "engine_gpu_memory_bytes",
+    "model_weight_bytes_per_gpu",
+    "kv_bytes_per_token",
+    "decode_step_fixed_seconds",
+    "decode_step_seconds_per_request",
+    "decode_step_seconds_per_kv_token",
+)
+"""The generation model's numbers that 0 leaves off (docs/generation.md)."""
+TIME_COUNTS = ("gather_shares", "engine_ep", "engine_tp")
 NODE_ADDRESSES = ("ipv4", "ipv6", "hostnames", "mixed")
 """How the simulator may name its nodes ([sim] node_addresses)."""
 PREFIX_CACHES = ("off", "shared", "by_version")
@@ -289,3 +386,41 @@ about an hour already."""
 SHAPE_KEYS = frozenset(f.name for f in fields(WorldShape)) - {"unit_bytes"}
 SHAPE_COUNTS = SHAPE_KEYS - SHAPE_SWITCHES - SHAPE_PACES - SHAPE_CHOICES.keys()
 TIME_KEYS = frozenset(f.name for f in fields(TimeModel))
+
+
+def _check_generation(timing: TimeModel) -> None:
+    """The generation model's keys that only make sense together, each error naming the key
+    that asked for what the others do not give (docs/generation.md)."""
+    fraction = timing.response_tokens_max_fraction
+    if fraction >= 1 or (fraction and not timing.response_tokens_max):
+        fix = "pass a fraction below 1 with response_tokens_max set (the length they run to)"
+        raise ConfigError("response_tokens_max_fraction", f"got {fraction!r}", fix)
+    if timing.mem_fraction_static > 1:
+        raise ConfigError(
+            "mem_fraction_static", f"got {timing.mem_fraction_static!r}", "pass a share in (0, 1]"
+        )
+    memory, kv = timing.engine_gpu_memory_bytes, timing.kv_bytes_per_token
+    if kv and not memory:
+        fix = "set engine_gpu_memory_bytes too (the KV pool is sized from it), or leave this 0"
+        raise ConfigError("kv_bytes_per_token", f"got {kv!r}", fix)
+    if timing.model_weight_bytes_per_gpu and not memory:
+        fix = "set engine_gpu_memory_bytes too (the weights take their share of it), or leave 0"
+        raise ConfigError(
+            "model_weight_bytes_per_gpu", f"got {timing.model_weight_bytes_per_gpu!r}", fix
+        )
+    if not memory:
+        return
+    if not kv:
+        fix = "set kv_bytes_per_token too (layers x kv_heads x head_dim x 2 x dtype bytes)"
+        raise ConfigError("engine_gpu_memory_bytes", f"got {memory!r}", fix)
+    if not timing.response_tokens_max:
+        fix = "set response_tokens_max too: each running request reserves prompt + it in KV"
+        raise ConfigError("engine_gpu_memory_bytes", f"got {memory!r}", fix)
+    reserved = timing.prompt_tokens + timing.response_tokens_max
+    if timing.kv_tokens() < reserved:
+        raise ConfigError(
+            "engine_gpu_memory_bytes",
+            f"got {memory!r}: its KV pool holds {timing.kv_tokens()} tokens, less than one "
+            f"request's prompt_tokens + response_tokens_max = {reserved:g}",
+            "pass more memory, or lower model_weight_bytes_per_gpu or kv_bytes_per_token",
+        )

@@ -1,5 +1,6 @@
 """``python -m sim predict``: a preset's weight-update time by the simulator's model,
-(``--anchors``) every published row against its prediction, or (``--cluster FILE.toml``)
+(``--anchors``) every published row against its prediction, (``--decode``) the engines'
+decode law against published throughput figures, or (``--cluster FILE.toml``)
 any cluster described in a file, term by term (sim/timing/cluster_file.py and cluster_setup.py,
 docs/clusters.md); its help is calibrate's (sim/cli/calibrate.py), which says how the model
 is fitted."""
@@ -58,8 +59,23 @@ def main(argv: Sequence[str]) -> int:
         action="store_true",
         help="the register of predictions (docs/predictions.md), each predicted again today",
     )
+    parser.add_argument(
+        "--decode",
+        action="store_true",
+        help="the engines' decode law against published throughput figures, held out by "
+        "source (docs/decode-law.md)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.decode:
+        from sim.timing.decode_report import report
+
+        given = (("preset", args.preset), ("--anchors", args.anchors), ("--cluster", args.cluster))
+        others = [flag for flag, value in given if value] + ["--json"] * args.json
+        if others or args.register:
+            parser.error(f"--decode: goes alone, without {', '.join(others or ['--register'])}")
+        print(report())
+        return 0
     if args.register:
         from sim.timing.register import print_register, register_json
 
@@ -136,7 +152,7 @@ def _predict_cluster(parser: argparse.ArgumentParser, args: argparse.Namespace) 
 
 TERMS = {
     "fixed": "per update, on the source",
-    "prepare": "pack + gather + convert, on the trainer",
+    "prepare": "pack + gather + convert (+ p2p re-shard), on the trainer",
     "wire": "buckets on the link",
     "land": "requantize + load, on the engines",
 }

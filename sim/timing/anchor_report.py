@@ -57,7 +57,7 @@ from sim.timing.speedup_anchors import (
 
 TERM_NAMES = {
     "fixed": "the fixed cost per update",
-    "prepare": "the gather and conversion",
+    "prepare": "the source's gather, conversion and re-shard",
     "wire": "the wire",
     "land": "the rollout side's load",
 }

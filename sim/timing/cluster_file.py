@@ -38,10 +38,10 @@ rules at length and worked examples; clusters/ holds every anchor preset as a fi
 
 The trainer (whole nodes, one GPU sending) and the engines (on the nodes after it) are
 anchor_presets.Cluster's world; ``gather_shares`` is pp (every trainer GPU under
-perplexity-rdma), ``engine_ep`` is [engines] ep. A system's fitted rates are the defaults,
-a rate in the file wins, and the output names each one's origin. Every refusal (the list is
-docs/clusters.md's) comes before any work and names the key as written, ``[trainer].tp``,
-and the fix.
+perplexity-rdma), ``engine_ep`` and ``engine_tp`` are [engines] ep and tp. A system's fitted
+rates are the defaults, a rate in the file wins, and the output names each one's origin.
+Every refusal (the list is docs/clusters.md's) comes before any work and names the key as
+written, ``[trainer].tp``, and the fix.
 """
 
 from __future__ import annotations

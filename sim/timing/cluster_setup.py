@@ -81,7 +81,11 @@ def _check_sends(f: ClusterFile, world: WorldShape) -> None:
 def _timing(f: ClusterFile, cluster: Cluster) -> tuple[TimeModel, dict[str, str]]:
     """The system's fitted terms (without one, the simulator's bare model) with the file's
     layout and rates; and the key that set each field the file set."""
-    changes: dict[str, Any] = {"gather_shares": cluster.gather_shares, "engine_ep": f.engines.ep}
+    changes: dict[str, Any] = {
+        "gather_shares": cluster.gather_shares,
+        "engine_ep": f.engines.ep,
+        "engine_tp": f.engines.tp,
+    }
     given: dict[str, str] = {}
     wire = next((k for k in wire_keys(f) if k in f.links), None)
     for field, key in (("link", wire), ("nvlink", "nvlink_gbps")):
@@ -100,6 +104,7 @@ def _timing(f: ClusterFile, cluster: Cluster) -> tuple[TimeModel, dict[str, str]
 RATES = (
     ("wire", "link_bytes_per_second"),
     ("gather + convert", "gather_bytes_per_second"),
+    ("re-shard per extra rank", "reshard_bytes_per_second"),
     ("convert", "convert_bytes_per_second"),
     ("requantize", "quantize_bytes_per_second"),
     ("load", "load_bytes_per_second"),

@@ -21,6 +21,10 @@ plane.
   reused. Entries live until a flush or the process's end (no eviction). An SGLang before #31962
   (``[sim] flush_refuses_while_queued``) also refuses while any request waits.
 - A hung engine (a fault) answers nothing until it is killed.
+- Opt-in, how engines batch (docs/generation.md; sim/world/engine_batch.py): a cap on
+  running requests (``max_running_requests``, or the KV pool's) with a first-come queue
+  behind it, the decode law (a step's time follows the running batch), a charge for every
+  prefill that the prefix cache saves, and a share of responses that run to the cap.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from miles_core.backend import (
 from miles_core.kinds import FaultPoint, PauseMode
 from miles_core.scenario import TimeModel, WorldShape
 from miles_core.scenario.schedule import FaultPoints
+from sim.world.engine_batch import DecodeClock, Slots
+from sim.world.engine_request import EngineRequest
 from sim.world.process import Mortal
 from sim.world.runtime import SimRuntime, SimSignal
 
@@ -65,51 +71,6 @@ _NONE = object()
 """No entry in the prefix cache (None is a version: the initial weights)."""
 
 
-class _Request:
-    """One generate request's progress: tokens done, the versions its spans came from."""
-
-    __slots__ = (
-        "aborted",
-        "cached",
-        "death",
-        "done",
-        "first",
-        "holds_pages",
-        "kept_kv",
-        "prompt",
-        "recompute",
-        "spans",
-        "started",
-        "total",
-    )
-
-    def __init__(self, total: float, started: float, death: SimSignal, prompt: int) -> None:
-        self.total = total
-        self.prompt = prompt
-        self.cached: list[int | None] = []
-        """The weights that computed the prompt KV it reused from the prefix cache."""
-        self.started = started
-        self.death = death
-        """The death of the process the request was sent to (not of a restarted one)."""
-        self.done = 0.0
-        self.spans: list[int | None] = []
-        self.kept_kv = False
-        self.recompute = False
-        self.first = True
-        self.aborted = False
-        """An abort of every request (an abort-mode pause, a version update that aborts)
-        reached it while the engine held it: it ends aborted, whatever woke it first."""
-        self.holds_pages = False
-        """It holds KV pages: decoding, or frozen in place (a retracted one holds none)."""
-
-    def on_weights(self, version: int | None) -> None:
-        """Tokens from here on come from ``version``; frozen KV across a change is kept KV."""
-        if self.spans and self.spans[-1] != version:
-            self.kept_kv = self.kept_kv or not self.recompute
-        if not self.spans or self.spans[-1] != version:
-            self.spans.append(version)
-
-
 class SimEngine(Mortal):
     """One engine slot; its process is replaced on restart."""
 
@@ -125,6 +86,10 @@ class SimEngine(Mortal):
         self._length_mu = math.log(t.response_tokens_mean) - self._length_sigma**2 / 2
         """The response length's lognormal parameters (mean response_tokens_mean), worked out
         once: the cluster's timing is fixed for its run, and every request draws one."""
+        self._cap = t.running_cap()
+        """The most requests it runs at once (None: no cap), and whether its decode steps
+        follow the batch: fixed for the run too."""
+        self._batch_law = t.batch_law()
         self._fresh()
 
     def _fresh(self) -> None:
@@ -140,12 +105,19 @@ class SimEngine(Mortal):
         self.in_flight = 0
         self.prefixes: dict[int, int | None] = {}
         """The prefix cache: prompt -> the weights that computed its KV."""
-        self.jobs: set[_Request] = set()
+        self.jobs: set[EngineRequest] = set()
         """Requests this process has admitted and not finished."""
         self._resumed: SimSignal = self.rt.signal()
         self._interrupt: SimSignal = self.rt.signal()
         self._interrupt_mode: PauseMode | None = None
         """What the last interrupt asked of running requests (None: abort them all)."""
+        self._slots = None if self._cap is None else Slots(self.rt, self._cap)
+        self._clock = (
+            DecodeClock(self.rt, self.cluster.timing, self.cluster.world.engine_token_seconds)
+            if self._batch_law
+            else None
+        )
+        """The process's running slots and decode clock (engine_batch.py), when asked for."""
 
     def failure(self, reason: str) -> EngineFailure:
         return EngineFailure(self.id, reason)
@@ -183,6 +155,13 @@ class SimEngine(Mortal):
         if mode is None or mode is PauseMode.ABORT:
             for job in self.jobs:
                 job.aborted = True
+        if self._clock is not None:  # every member stops decoding, its tokens so far kept
+            self._clock.stop_all()
+        if self._slots is not None:
+            if mode is None or mode is PauseMode.ABORT:
+                self._slots.drop_all()
+            elif mode is PauseMode.RETRACT:
+                self._slots.retract_all()
         self._interrupt.set_for_current_waiters()  # replaced at once: no later waiter
         self._interrupt = self.rt.signal()
 
@@ -196,13 +175,23 @@ class SimEngine(Mortal):
             await self.answer()
         if self.cluster.poisoned and request.prompt_id in self.cluster.poisoned:
             raise RequestRefused(self.id, OVER_LONG)
+        timing = self.cluster.timing
         length = self._lengths.lognormvariate(self._length_mu, self._length_sigma)
-        if self.cluster.timing.response_tokens_max:  # max_new_tokens: the tail is cut
-            length = min(length, self.cluster.timing.response_tokens_max)
-        job = _Request(length, self.rt.now(), self._death, request.prompt_id)
+        if timing.response_tokens_max:  # max_new_tokens: the tail is cut
+            length = min(length, timing.response_tokens_max)
+            fraction = timing.response_tokens_max_fraction
+            if fraction and self._lengths.random() < fraction:  # it rambles to the cap
+                length = timing.response_tokens_max
+        job = EngineRequest(length, self.rt.now(), self._death, request.prompt_id)
+        job.recompute = timing.charge_every_prefill  # its first prefill, charged as a recompute
         self.jobs.add(job)
+        slots, clock = self._slots, self._clock
+        if slots is not None:
+            slots.arrive(job, self.paused)
         try:
             while job.done < job.total:
+                if slots is not None and not job.running and await self._wait_slot(job):
+                    return self._result(job, aborted=True)  # abort_all while it queued
                 if self.paused and await self._wait_paused(job):
                     return self._result(job, aborted=True)  # abort_all while it waited
                 if job.death.is_set():  # its process was replaced while it waited to go on
@@ -210,7 +199,10 @@ class SimEngine(Mortal):
                 if self.hung:
                     await self.answer()
                 job.on_weights(self.version)
-                interrupted = await self._decode(job)
+                if clock is None:
+                    interrupted = await self._decode(job)
+                else:
+                    interrupted = await self._decode_stepped(job, clock)
                 if interrupted is None:
                     continue
                 if job.aborted:
@@ -224,26 +216,41 @@ class SimEngine(Mortal):
             return self._result(job, aborted=job.aborted)
         finally:
             self.jobs.discard(job)
+            if slots is not None:
+                slots.release(job, self.paused)
 
-    async def _decode(self, job: _Request) -> bool | None:
-        """Prefill (if retracted) and decode until done (None) or interrupted (True)."""
+    async def _prefill(self, job: EngineRequest, interrupt: SimSignal) -> bool:
+        """The KV of prompt and tokens so far, on these weights (a retracted request's, or with
+        charge_every_prefill a first one, whose prompt part a reused prefix saves); True when
+        an interrupt came first."""
         t = self.cluster.timing
-        interrupt = self._interrupt
-        if job.recompute:  # retracted: the KV of prompt and tokens so far, on these weights
-            self._prompt_kv(job)
-            prefill = (t.prompt_tokens + job.done) * t.prefill_seconds_per_token
+        reused = self._prompt_kv(job)
+        prompt = 0.0 if reused and t.charge_every_prefill else t.prompt_tokens
+        prefill = (prompt + job.done) * t.prefill_seconds_per_token
+        if prefill:
             outcome = await self.work(prefill, interrupt, death=job.death)
+            if outcome == 1 and job.first:  # charge_every_prefill's first prefill
+                raise self.failure("killed while computing a request's prompt KV")
             if outcome == 1:
                 raise self.failure("killed while recomputing a retracted request's KV")
             if outcome == 2:
                 return True
-            job.recompute = False
+        job.recompute = False
+        return False
+
+    async def _decode(self, job: EngineRequest) -> bool | None:
+        """Prefill (if retracted) and decode until done (None) or interrupted (True)."""
+        t = self.cluster.timing
+        interrupt = self._interrupt
+        if job.recompute and await self._prefill(job, interrupt):
+            return True
         per_token = self.token_seconds() * (1 + t.concurrency_slowdown * (self.in_flight + 1))
         seconds = (job.total - job.done) * per_token
         faults, strike = self.cluster.faults, False
         if job.first:
             job.first = False
-            self._prompt_kv(job)
+            if not t.charge_every_prefill:  # else its prefill looked the prompt up
+                self._prompt_kv(job)
             halfway = self.rt.now() + seconds / 2  # an after_time is judged then
             strike = faults.armed(FaultPoint.MID_GENERATION, by=halfway, engine=self.id)
         self.in_flight += 1
@@ -265,19 +272,69 @@ class SimEngine(Mortal):
         job.done = job.total if outcome == 0 else job.done + (self.rt.now() - began) / per_token
         return True if outcome == 2 else None
 
-    def _prompt_kv(self, job: _Request) -> None:
+    async def _decode_stepped(self, job: EngineRequest, clock: DecodeClock) -> bool | None:
+        """``_decode`` under the decode law: the request decodes in the clock's batch, its
+        token time following the batch (a mid-generation kill strikes when it has made half
+        of what it had left as it started)."""
+        interrupt = self._interrupt
+        if job.recompute and await self._prefill(job, interrupt):
+            return True
+        woken, strike, faults = clock.join(job, job.total), False, self.cluster.faults
+        if job.first:
+            job.first = False
+            if not self.cluster.timing.charge_every_prefill:
+                self._prompt_kv(job)
+            half = (job.total - job.done) / 2
+            halfway = self.rt.now() + clock.seconds_for(half)  # as the batch is now
+            strike = faults.armed(FaultPoint.MID_GENERATION, by=halfway, engine=self.id)
+            if strike:
+                woken = clock.join(job, job.done + half)
+        job.holds_pages = True
+        outcome = await self._decoded(job, clock, woken, interrupt)
+        if strike and outcome == 0:
+            faults.fire(FaultPoint.MID_GENERATION, engine=self.id)
+            outcome = await self._decoded(job, clock, clock.join(job, job.total), interrupt)
+        if outcome != 2:
+            job.holds_pages = False  # finished or killed: its pages go
+        if outcome == 1:
+            raise self.failure("killed mid-generation")
+        return True if outcome == 2 else None
+
+    async def _decoded(
+        self, job: EngineRequest, clock: DecodeClock, woken: SimSignal, interrupt: SimSignal
+    ) -> int:
+        """Wait for the clock to wake ``job`` (0), its process's death (1) or an interrupt
+        (2, which stopped the whole batch already)."""
+        outcome = await self.rt.wait_any([woken, job.death, interrupt])
+        if outcome == 1 and job in clock.members:
+            clock.leave(job)
+        return outcome
+
+    async def _wait_slot(self, job: EngineRequest) -> bool:
+        """Wait in the queue of a capped engine until admitted; True when an abort of every
+        request ended it meanwhile."""
+        while not job.running:
+            woke = await self.rt.wait_any([job.admitted, job.death, self._interrupt])  # type: ignore[list-item]
+            if woke == 1:
+                raise self.failure("killed while the request waited in the queue")
+            if job.aborted:
+                return True
+        return False
+
+    def _prompt_kv(self, job: EngineRequest) -> bool:
         """A prefill's prompt KV: reused from the prefix cache where its policy allows (the
-        weights that computed it recorded), else computed now and cached."""
+        weights that computed it recorded), else computed now and cached. True: reused."""
         policy = self.cluster.world.prefix_cache
         if policy == "off":
-            return
+            return False
         cached = self.prefixes.get(job.prompt, _NONE)
         if cached is not _NONE and (policy == "shared" or cached == self.version):
             job.cached.append(cached)  # type: ignore[arg-type]
-        else:
-            self.prefixes[job.prompt] = self.version
+            return True
+        self.prefixes[job.prompt] = self.version
+        return False
 
-    async def _wait_paused(self, job: _Request) -> bool:
+    async def _wait_paused(self, job: EngineRequest) -> bool:
         """Wait while the engine is paused (a queued, retracted or frozen request); True when
         an abort of every request ended it meanwhile (whether the abort's signal or the
         resume's woke it first)."""
@@ -287,7 +344,7 @@ class SimEngine(Mortal):
                 raise self.failure("killed while the request waited")
         return job.aborted
 
-    def _result(self, job: _Request, aborted: bool) -> GenerateResult:
+    def _result(self, job: EngineRequest, aborted: bool) -> GenerateResult:
         versions = tuple(job.spans) or (self.version,)
         versions = self.cluster.spans.setdefault(versions, versions)
         # by position, in field order: a type call with keywords builds a dict of them, and
@@ -324,6 +381,8 @@ class SimEngine(Mortal):
             await self.answer()
         self.paused = False
         self._resumed.set_for_current_waiters()  # awaited only while paused: no later waiter
+        if self._slots is not None:
+            self._slots.admit(paused=False)
 
     async def flush_cache(self) -> None:
         if self.hung:
@@ -464,12 +523,6 @@ class EngineHandle:
 
     def unload_adapter(self, adapter: str) -> Awaitable[None]:
         return self._control(None, lambda engine: engine.unload_adapter(adapter))
-
-    def token_seconds(self) -> float:
-        """One token's decode time alone: the time model's, or the world's pace if slower."""
-        return max(
-            self.cluster.timing.decode_seconds_per_token, self.cluster.world.engine_token_seconds
-        )
 
     async def health(self) -> None:  # spawned as a task: a gone process fails inside it
         await self._check().health()

@@ -16,9 +16,15 @@ listed in ``docs/advanced/p2p-weight-transfer.md``, "Architecture"):
    (a broadcast over more GPUs is slower: checkpoint-engine's rows from 16 to 256 GPUs);
    p2p gives each engine a link of its own; many-source p2p (miles'
    RDMA path, Perplexity's static schedule) has every trainer GPU write its share, so the
-   source side has one NIC per GPU and each target rank takes 1 / ``engine_ep`` of the bucket
-   ("utilizes M // src_pp times more source transmission bandwidth", "each target rank
-   receives sgl_ep times less data");
+   source side has one NIC per GPU and each target rank takes its shard, 1 /
+   max(``engine_ep``, ``engine_tp``) of the bucket ("utilizes M // src_pp times more source
+   transmission bandwidth", "each target rank receives sgl_ep times less data"; SGLang builds
+   EP within TP, so a TP-only engine's rank takes 1 / TP as well). Before its writes, a p2p
+   sender re-shards its stage's bucket into the layout of each engine rank it serves, one
+   rank after another (miles @31f1ca96, ``UpdateWeightP2P._update_weight_implementation``:
+   ``load_weights`` on the rank's CPU replica, a non-last rank's writes finished before the
+   next load); every rank beyond the first costs ``reshard_bytes_per_second``, charged with
+   the source's stages (the first is in every p2p update's fitted figures);
 4. on the rollout side, per engine GPU: requantization (``quantize_bytes_per_second``, miles'
    Kimi-K2 ``post_load_weights``, about 884 ms) and the load (``load_bytes_per_second``).
 
@@ -55,7 +61,7 @@ class BucketCost:
     """One bucket's stages, in seconds."""
 
     prepare: float
-    """On the source: packing, gather, conversion."""
+    """On the source: packing, gather, conversion (and p2p's re-shard per target rank)."""
     wire: float
     land: float
     """On the rollout side: requantization and load."""
@@ -122,8 +128,30 @@ def wire_seconds(
         hops = t.broadcast_hop_seconds * broadcast_hops(route) if broadcast else 0.0
         return t.link_latency_seconds + nbytes / rate + hops
     sent = route.engines * nbytes / (route.source_gpus * rate)  # every source NIC at once
-    taken = nbytes / (t.engine_ep * rate)  # each target rank its shard
+    taken = nbytes / (max(t.engine_ep, t.engine_tp) * rate)  # each target rank its shard
     return t.link_latency_seconds + max(sent, taken)
+
+
+def targets_per_sender(t: TimeModel, route: Route, many_source: bool) -> int:
+    """Engine ranks one p2p sender re-shards for, in turn. miles' plan
+    (``p2p_transfer_utils.py`` ``RemoteTransferPlan.plan_p2p``) spreads an engine's ranks
+    round robin over a stage's senders (its trainer GPUs, ``world_size // pp_size``, each
+    holding the stage's whole gathered bucket), then gives each further engine's rank to a
+    sender already serving that rank: a sender serves ceil(gpus per engine / senders)
+    ranks, one when the senders are at least an engine's GPUs. One source (not
+    many-source) serves every rank."""
+    senders = max(1, route.source_gpus // t.gather_shares) if many_source else 1
+    return -(-route.gpus_per_engine // senders)
+
+
+def reshard_seconds(t: TimeModel, nbytes: int, route: Route, many_source: bool) -> float:
+    """A p2p sender's re-shard of its stage's share of the bucket into each engine rank it
+    serves beyond the first, in turn (miles' ``load_weights`` on that rank's CPU replica,
+    the previous rank's writes finished first). The first rank's re-shard is in what every
+    p2p update pays, its fitted fixed cost and rates, so a sender of one rank pays nothing
+    here; 0 where ``reshard_bytes_per_second`` is 0."""
+    further = targets_per_sender(t, route, many_source) - 1
+    return further * _per(t.reshard_bytes_per_second, nbytes / t.gather_shares)
 
 
 def quantize_seconds(t: TimeModel, nbytes: int, gpus_per_engine: int) -> float:
@@ -141,6 +169,8 @@ def bucket_cost(
 ) -> BucketCost:
     """A bucket's stages; ``link_slowdown`` is a slow link's factor (the wire only)."""
     prepare = pack_seconds(t) + gather_seconds(t, nbytes) + convert_seconds(t, nbytes)
+    if p2p:
+        prepare += reshard_seconds(t, nbytes, route, t.many_source_p2p)
     wire = wire_seconds(t, nbytes, route, p2p and t.many_source_p2p, broadcast=not p2p)
     land = quantize_seconds(t, nbytes, route.gpus_per_engine)
     land += load_seconds(t, nbytes, route.gpus_per_engine)
@@ -169,6 +199,8 @@ __all__ = [
     "load_seconds",
     "pack_seconds",
     "quantize_seconds",
+    "reshard_seconds",
+    "targets_per_sender",
     "update_fixed_seconds",
     "wire_seconds",
 ]
