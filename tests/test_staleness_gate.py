@@ -199,3 +199,31 @@ def test_a_stale_drop_fails_only_under_the_gate() -> None:
     assert violation is not None and "group 7 was dropped as stale" in violation.message
     recycled = dataclasses.replace(dropped, reason="aborted")
     assert bounded_staleness(History([armed, GroupRecycled(**recycled.__dict__)])) is None
+
+
+def test_the_swarm_draws_the_gate_on_a_stream_of_its_own_and_its_seeds_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Some fully-async seeds with a bound run the gate; with the draw off each seed is the
+    same scenario but for the policy; and gated seeds pass every oracle."""
+    from sim.search import swarm_staleness
+    from sim.search.swarm import swarm_scenario
+
+    seeds = range(120)
+    drawn = {s: swarm_scenario(s) for s in seeds}
+    monkeypatch.setattr(swarm_staleness, "GATE_SHARE", 0.0)
+    plain = {s: swarm_scenario(s) for s in seeds}
+    gated = [s for s in seeds if drawn[s].loop.staleness_policy is StalenessPolicy.GATE_SUBMISSION]
+    assert len(gated) >= 5, gated
+    for s in seeds:
+        loop = drawn[s].loop
+        if s in gated:
+            assert loop.mode == "fully_async" and loop.max_weight_staleness is not None
+        policy = plain[s].loop.staleness_policy
+        assert (
+            dataclasses.replace(drawn[s], loop=dataclasses.replace(loop, staleness_policy=policy))
+            == plain[s]
+        )
+    for s in gated[:4]:
+        result = run_scenario(drawn[s], seed=s)
+        assert result.ok, (s, [str(v) for v in result.verdicts.values() if v])
