@@ -68,8 +68,8 @@ def test_the_headline_is_the_rows_hit_rate() -> None:
     met15 = sum(within(x, 1.5) for x in ratios)
     met125 = sum(within(x, 1.25) for x in ratios)
     headline = (
-        f"**Hit rate: {met15} of {len(ROWS)} within 1.5x, {met125} within 1.25x "
-        f"(ratios {min(ratios):.2f}-{max(ratios):.2f}).**"
+        f"**Hit rate, weight updates ({ROWS[0].key}-{ROWS[-1].key}): {met15} of {len(ROWS)} "
+        f"within 1.5x, {met125} within 1.25x (ratios {min(ratios):.2f}-{max(ratios):.2f}).**"
     )
     assert headline in REGISTER.read_text()
     assert f"{met15} within 1.5x" in hit_rate(ROWS)

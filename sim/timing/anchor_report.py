@@ -44,6 +44,7 @@ from sim.timing.recovery_loops import loop_checks
 from sim.timing.speedup_anchors import (
     AREAL,
     COMPARISONS,
+    SYNC_GENERATION,
     VERL,
     SpeedupPrediction,
     StalenessPrediction,
@@ -168,6 +169,13 @@ def print_speedups(rows: list[SpeedupPrediction], held_out: Mapping[int, float])
         c = declared[p.row]
         for mode, (basis, why) in (("sync", c.sync_basis), ("async", c.async_basis)):
             print(f"{'':4s}{mode} step {basis.value}: {why}")
+        if p.sync_generation is not None and p.published_sync_generation:
+            ratio = p.sync_generation / p.published_sync_generation
+            verdict = "meets" if _meets(ratio) else "MISS"
+            print(
+                f"{'':4s}sync generation {p.sync_generation:.1f}/{p.published_sync_generation:.1f}"
+                f" s {ratio:.2f} {verdict} ({SYNC_GENERATION[0].value}: {SYNC_GENERATION[1]})"
+            )
     print(f"sources: {VERL}; {AREAL}")
     trainer = ", ".join(f"{g} GPUs {r:.2f}" for g, r in held_out.items())
     print(f"verl's async trainer step, fitted without its row, over verl's: {trainer}")

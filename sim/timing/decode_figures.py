@@ -68,6 +68,16 @@ processors/h100, from NVIDIA's datasheet, whose figures with sparsity are twice 
 A100 = Gpu("A100-SXM-80GB", 80 * GIB, 2.039e12, flops_16=312e12)
 """2,039 GB/s HBM2e; dense FP16 312 TFLOPS (https://www.thundercompute.com/blog/
 nvidia-a100-specs-full-guide; https://glennklockwood.com/garden/processors/A100)."""
+H800 = Gpu("H800-SXM", 80 * GIB, 3.35e12, flops_16=989.4e12, flops_8=1978.9e12)
+"""The H100 SXM's GH100 die and 80 GB of HBM3 with its NVLink cut to 400 GB/s and FP64 to 1
+TFLOPS; HBM bandwidth and the FP16/BF16/FP8 tensor peaks are the H100's
+(https://www.philisun.com/technical-analysis/nvidia-h800-vs-h100-a-technical-deep-dive-into-
+politically-defined-ai-chips/; https://aiwiki.ai/wiki/nvidia_h800). No published decode figure
+is on it: AReaL's plan (sim/timing/anchor_generation.py) predicts with it."""
+H20 = Gpu("H20", 96 * GIB, 4.0e12, flops_16=148e12, flops_8=296e12)
+"""96 GB HBM3 at 4.0 TB/s; dense FP16/BF16 148 TFLOPS, INT8/FP8 296 (about 15 % of the H100's
+compute: https://willitrunai.com/es/gpus/h20-96gb; https://zangshuxian.com/new/
+674733024499207168). Taken as 96 GiB as the H100 is taken as 80. verl's plans predict with it."""
 
 
 @dataclass(frozen=True)
@@ -311,7 +321,9 @@ __all__ = [
     "FALCON_180B",
     "FIGURES",
     "GPTJ_6B",
+    "H20",
     "H100",
+    "H800",
     "LLAMA2_7B",
     "LLAMA2_13B",
     "LLAMA2_70B",

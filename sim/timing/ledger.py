@@ -1,8 +1,9 @@
 """Every figure ``python -m sim predict --anchors`` sets beside a published one, labelled
 (sim/timing/basis.py) from the labels each table declares beside its rows: the update rows
-(anchors.py), verl's and AReaL's async-vs-sync runs (speedup_anchors.py), AReaL's throughput
-by staleness, verl's trainer law left out by size, and miles' recovery windows
-(recovery_anchors.py). The headline is counted from this list and nothing else.
+(anchors.py), verl's and AReaL's async-vs-sync runs and verl's colocated generation phases
+(speedup_anchors.py), AReaL's throughput by staleness, verl's trainer law left out by size,
+and miles' recovery windows (recovery_anchors.py). The headline is counted from this list
+and nothing else.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from sim.timing.speedup_anchors import (
     AREAL,
     AREAL_DERIVED_ETA,
     COMPARISONS,
+    SYNC_GENERATION,
     SpeedupPrediction,
     StalenessPrediction,
     staleness_basis,
@@ -55,7 +57,9 @@ def _weaker(a: Basis, b: Basis) -> Basis:
 
 
 def async_rows(speedups: Sequence[SpeedupPrediction]) -> list[Compared]:
-    """Each mode's step is a figure; the speedup is their quotient, counted with them."""
+    """Each mode's step is a figure, and the sync step's generation phase where it is
+    published (a part of the step, but its own column: the one the decode law predicts);
+    the speedup is the steps' quotient, counted with them."""
     declared = {c.row: c for c in COMPARISONS}
     out = []
     for s in speedups:
@@ -63,6 +67,10 @@ def async_rows(speedups: Sequence[SpeedupPrediction]) -> list[Compared]:
         ratios = s.ratios
         sync, fast = f"{s.row}: sync step", f"{s.row}: async step"
         out.append(Compared(sync, "async vs sync", ratios["sync step"], *c.sync_basis))
+        if s.sync_generation is not None and s.published_sync_generation:
+            ratio = s.sync_generation / s.published_sync_generation
+            gen = f"{s.row}: sync generation"
+            out.append(Compared(gen, "async vs sync", ratio, *SYNC_GENERATION))
         out.append(Compared(fast, "async vs sync", ratios["async step"], *c.async_basis))
         weaker = _weaker(c.sync_basis[0], c.async_basis[0])
         out.append(

@@ -25,7 +25,12 @@ settings to search, and the scenario each point of the search runs.
     response_tokens_sigma = 0.8
     decode_seconds_per_token = 0.01
 
-    [timing]                   # any [sim] time key (link rates, engine_start_seconds, ...)
+    [timing]                   # any [sim] time key (link rates, engine_start_seconds, ...),
+                               # the generation model's too (docs/generation.md): decode_step_*
+                               # (the decode law; decode_seconds_per_token then does nothing),
+                               # engine_gpu_memory_bytes, mem_fraction_static,
+                               # model_weight_bytes_per_gpu, kv_bytes_per_token (the KV pool,
+                               # with [workload] response_tokens_max); checked together
 
     [faults]                   # mean seconds between failures (absent: none)
     cell_mtbf_seconds = 600.0
@@ -224,11 +229,11 @@ def _check_workload(tables: Mapping[str, Mapping[str, Any]]) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"[workload].{key}", f"got {value!r}", "pass an integer >= 1")
     figures = {k: v for k, v in work.items() if k in TIME_KEYS}
-    for section, keys in (("timing", tables["timing"]), ("workload", figures)):
-        try:
-            TimeModel(**keys)
-        except ConfigError as error:
-            raise ConfigError(f"[{section}].{error.field}", error.problem, error.fix) from None
+    try:  # together, as a point's time model has them: the KV pool needs the response cap
+        TimeModel(**{**tables["timing"], **figures})
+    except ConfigError as error:
+        section = "workload" if error.field in figures else "timing"
+        raise ConfigError(f"[{section}].{error.field}", error.problem, error.fix) from None
 
 
 def _check_search(tables: Mapping[str, Mapping[str, Any]]) -> dict[str, list[Any]]:

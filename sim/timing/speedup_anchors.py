@@ -12,7 +12,9 @@ What the plan files take from the table, and what they do not (docs/timing.md):
 - the dedicated trainer's step: a law ``a + b / GPUs`` fitted here to the fully-async rows'
   update_actor (one law for all three sizes; ``held_out`` refits it without the row);
 - the colocated training: each colocated row's old_log_prob + update_actor, an input;
-- the generation: one decode figure, set on the 128-GPU colocated row.
+- the generation: nothing of the table. The engines' decode law and KV pool are derived from
+  the model, the GPU and published engine figures (sim/timing/anchor_generation.py), so each
+  colocated row's "gen" column is a figure the runs predict (``SYNC_GENERATION``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from miles_core.events import StepCommitted
+from miles_core.events import GroupStarted, StepBegan, StepCommitted
 from sim.timing.basis import Basis
 from sim.timing.plan_file import load_plan, points
 
@@ -121,18 +123,28 @@ class Comparison:
     sync_basis: tuple[Basis, str]
     """How the sync step's prediction was obtained (sim/timing/basis.py), and why."""
     async_basis: tuple[Basis, str]
+    sync_generation: float | None = None
+    """The published generation phase of the sync step, where the source gives it."""
+
+
+SYNC_GENERATION = (
+    Basis.PREDICTED,
+    "the engines' decode law and KV pool derived from the model, the GPU and published "
+    "engine figures (sim/timing/anchor_generation.py), and the plan's assumed response "
+    "lengths: nothing of this row's",
+)
+"""How a colocated row's generation phase is obtained."""
 
 
 TRAIN_LAW_SAW = (
     Basis.FITTED,
     "the trainer's law a + b / GPUs was fitted with this row's update_actor; the generation "
-    "is predicted from the 128-GPU row's decode figure",
+    "is predicted (the decode law from engine figures, no RL row)",
 )
 
 
 def _verl_sync_basis(row: VerlRow) -> tuple[Basis, str]:
-    if row.gpus == 128:
-        return Basis.FITTED, "the decode figure was set on this row's generation (177.85 s)"
+    """Every size alike: the generation is predicted; the training phase is the row's own."""
     return Basis.RESTATED, (
         f"the colocated training phase ({row.colocated_train:.2f} s of {row.sync_step:.2f}) "
         "is this row's own old_log_prob + update_actor"
@@ -163,6 +175,7 @@ COMPARISONS: tuple[Comparison, ...] = (
             VERL,
             _verl_sync_basis(r),
             TRAIN_LAW_SAW,
+            r.sync_gen,
         )
         for r in VERL_7B
     ),
@@ -173,7 +186,11 @@ COMPARISONS: tuple[Comparison, ...] = (
         14.8 * 3600 / 250,
         8,
         AREAL,
-        (Basis.FITTED, "the decode figure was set so that this step is Table 1's 590.4 s"),
+        (
+            Basis.PREDICTED,
+            "the decode law from engine figures (no RL row); training from verl's law scaled; "
+            "the mean length from the async step and Fig. 5c, not from this step",
+        ),
         (
             Basis.RESTATED,
             "the mean response length is Fig. 5c's eta-8 throughput times this step "
@@ -191,7 +208,7 @@ def staleness_basis(eta: int) -> tuple[Basis, str]:
     if eta == AREAL_DERIVED_ETA:
         return Basis.RESTATED, "the async step's own run, read as tokens per second"
     return Basis.PREDICTED, (
-        "the plan's decode figure (set on the sync step) and mean length (from eta 8): "
+        "the decode law from engine figures and the plan's mean length (from eta 8): "
         "nothing of this eta's"
     )
 
@@ -209,6 +226,25 @@ def steady_step(history: Sequence[object], skip: int = SKIP_COMMITS) -> float:
     return (commits[-1] - commits[0]) / (len(commits) - 1)
 
 
+def steady_generation(history: Sequence[object], skip: int = SKIP_COMMITS) -> float:
+    """A sync run's generation phase, averaged over the steps ``steady_step`` spans: from the
+    first group started after the previous commit to the step's start (train.py generates
+    the whole batch, then trains it)."""
+    spans: list[float] = []
+    began: float | None = None
+    for e in history:
+        if isinstance(e, GroupStarted) and began is None:
+            began = e.t
+        elif isinstance(e, StepBegan) and began is not None:
+            spans.append(e.t - began)
+        elif isinstance(e, StepCommitted):
+            began = None
+    steady = spans[skip + 1 :]
+    if not steady:
+        raise ValueError(f"a steady generation needs {skip + 2} generated steps")
+    return sum(steady) / len(steady)
+
+
 @dataclass(frozen=True)
 class ModeRun:
     """One point of a plan run to its steady step, and the oracles it failed."""
@@ -218,6 +254,8 @@ class ModeRun:
     bound: int
     step: float
     failed: tuple[str, ...]
+    generation: float = 0.0
+    """A sync run's steady generation phase (0 for the other modes)."""
 
 
 def run_mode(plan: str, mode: str, bound: int, seed: int = 0, steps: int | None = None) -> ModeRun:
@@ -232,7 +270,9 @@ def run_mode(plan: str, mode: str, bound: int, seed: int = 0, steps: int | None 
             continue
         result = run_scenario(point.scenario, seed, steps)
         failed = tuple(name for name, v in result.verdicts.items() if v)
-        return ModeRun(plan, mode, bound, steady_step(list(result.history)), failed)
+        history = list(result.history)
+        generation = steady_generation(history) if mode == "sync" else 0.0
+        return ModeRun(plan, mode, bound, steady_step(history), failed, generation)
     raise ValueError(f"{plan} has no {mode} point at bound {bound}")
 
 
@@ -264,6 +304,9 @@ class SpeedupPrediction:
     source: str
     failed: tuple[str, ...]
     """Oracles that failed either run (a prediction from a failed run is not one)."""
+    sync_generation: float | None = None
+    published_sync_generation: float | None = None
+    """The sync step's generation phase, predicted and published (None: not published)."""
 
     @property
     def speedup(self) -> float:
@@ -291,7 +334,16 @@ def speedups(runs: Mapping[tuple[str, str, int], ModeRun]) -> list[SpeedupPredic
         )
         out.append(
             SpeedupPrediction(
-                c.row, c.plan, sync.step, fast.step, c.sync_step, c.async_step, c.source, failed
+                c.row,
+                c.plan,
+                sync.step,
+                fast.step,
+                c.sync_step,
+                c.async_step,
+                c.source,
+                failed,
+                sync.generation if c.sync_generation is not None else None,
+                c.sync_generation,
             )
         )
     return out
@@ -337,6 +389,7 @@ __all__ = [
     "AREAL",
     "AREAL_DERIVED_ETA",
     "COMPARISONS",
+    "SYNC_GENERATION",
     "VERL",
     "VERL_7B",
     "Comparison",
@@ -352,6 +405,7 @@ __all__ = [
     "run_mode",
     "speedups",
     "staleness_basis",
+    "steady_generation",
     "steady_step",
     "train_held_out",
 ]
