@@ -25,12 +25,11 @@ What is taken from where (chosen before any run of the plans with it):
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
-from sim.timing.decode_figures import H20, H800, usable
-from sim.timing.decode_law import NAMES, DecodeLaw, Deployment, Efficiency, Model, fit, law
-from sim.timing.decode_report import observations
+from sim.timing.decode_figures import H20, H800
+from sim.timing.decode_law import NAMES, DecodeLaw, Deployment, Efficiency, Model, law
+from sim.timing.decode_report import full_fit
 
 BF16 = 2
 """Bytes per weight and per KV value."""
@@ -108,11 +107,10 @@ class Serving:
         return timing.kv_tokens(), timing.running_cap() or 0
 
 
-@functools.cache
 def engine_efficiency() -> Efficiency:
     """The efficiencies fitted to every usable published engine figure (no RL row among them:
     ``python -m sim predict --decode`` lists them)."""
-    return fit(observations(usable()))
+    return full_fit()
 
 
 AREAL_ENGINE = (

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from functools import cache
 
 import numpy as np
 
@@ -52,9 +51,8 @@ from sim.timing.decode_figures import (
     LLAMA2_7B,
     LLAMA2_13B,
     LLAMA2_70B,
-    usable,
 )
-from sim.timing.decode_law import Deployment, Efficiency, Gpu, Model, fit, static_run_features
+from sim.timing.decode_law import Deployment, Efficiency, Gpu, Model, static_run_features
 
 H200 = Gpu("H200-SXM", 141 * GIB, 4.8e12, flops_16=989.4e12, flops_8=1978.9e12)
 """141 GB of HBM3e at 4.8 TB/s ("H200 is the first GPU with HBM3e memory with 4.8TB/s of memory
@@ -405,13 +403,12 @@ def registered() -> dict[str, Figure]:
     return {f"D{i}": f for i, f in enumerate(kept, start=1)}
 
 
-@cache
 def efficiency() -> Efficiency:
     """The law as committed: its five efficiencies fitted to every usable figure of
     decode_figures, each source family weighing one (decode_report's "all figures" fit)."""
-    from sim.timing.decode_report import observations
+    from sim.timing.decode_report import full_fit
 
-    return fit(observations(usable()))
+    return full_fit()
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ figure's; the in-fit ratio is derived from it and not counted again.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -88,6 +89,14 @@ def a100_to_h100(figures: Sequence[DecodeFigure]) -> list[Prediction]:
     train = [f for f in figures if f.deployment.gpu == A100_GPU]
     eff, seen = fit(observations(train)), frozenset(f.name for f in train)
     return [predict(f, eff, seen) for f in figures if f.deployment.gpu != A100_GPU]
+
+
+@functools.cache
+def full_fit() -> Efficiency:
+    """The five efficiencies fitted to every usable figure, each source family weighing one
+    (the "all figures" fit): the law the anchors' generation and the register's decode rows
+    are derived from."""
+    return fit(observations(usable()))
 
 
 def in_fit(figures: Sequence[DecodeFigure]) -> list[Prediction]:

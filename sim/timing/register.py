@@ -273,14 +273,29 @@ def register_json(path: Path = REGISTER) -> dict[str, Any]:
     }
 
 
+def _today(
+    moves: Sequence[tuple[str, float]],
+    moved: bool,
+    today: float,
+    published: float,
+    form: str,
+    unit: str,
+) -> str:
+    """A row's "today" column: the same as registered, its last recorded move, or MOVED (a
+    change no row of the register records yet)."""
+    if moved:
+        return f"  MOVED: {today:{form}}{unit} today"
+    if not moves:
+        return "  same"
+    commit, value = moves[-1]
+    return f"  moved at {commit}: {value:{form}}{unit} ({value / published:.2f})"
+
+
 def _print_decode(decode: Sequence[DecodeRow]) -> None:
     print(f"{'key':4s} {'setup':52s} {'published':>18s} {'registered':>18s} {'ratio':>6s} today")
     for d in decode:
         today = decode_today(d)
-        moved = "  same" if not decode_moved_since(d, today) else f"  MOVED: {today:.1f} today"
-        if d.moved and not decode_moved_since(d, today):
-            commit, value = d.moved[-1]
-            moved = f"  moved at {commit}: {value:.1f} ({value / d.published:.2f})"
+        moved = _today(d.moved, decode_moved_since(d, today), today, d.published, ".1f", "")
         print(
             f"{d.key:4s} {d.setup[:52]:52s} {f'{d.published:g} {d.unit}':>18s} "
             f"{f'{d.predicted:.1f} {d.unit}':>18s} {d.ratio:6.2f}{moved}"
@@ -294,10 +309,7 @@ def print_register(path: Path = REGISTER) -> int:
         low, high = r.published
         published = f"{low:g} s" if low == high else f"{low:g}-{high:g} s"
         today = predict_today(r)
-        moved = "  same" if not moved_since(r, today) else f"  MOVED: {today:.3f} s today"
-        if r.moved and not moved_since(r, today):
-            commit, seconds = r.moved[-1]
-            moved = f"  moved at {commit}: {seconds:.3f} s ({seconds / (low + high) * 2:.2f})"
+        moved = _today(r.moved, moved_since(r, today), today, (low + high) / 2, ".3f", " s")
         print(
             f"{r.key:4s} {r.figure[:58]:58s} {published:>12s} {r.predicted:9.3f}s "
             f"{r.ratio:6.2f}{moved}"
