@@ -16,6 +16,7 @@ from miles_core.buffer import DEFAULT_UNUSED_HANDLER, BufferConfig, UnusedHandle
 from miles_core.errors import ConfigError, int_at_least
 from miles_core.filters import dynamic_filter
 from miles_core.kinds import PauseMode, SubmissionGranularity
+from miles_core.profile import DEFAULT_MILES_PROFILE, MilesProfile
 from miles_core.staleness_gate import DEFAULT_STALENESS_POLICY, StalenessPolicy
 from miles_core.transfer import DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE, TransferMode
 
@@ -63,6 +64,10 @@ class LoopConfig:
     are done: staleness 1, nothing in flight at an update) or sync (miles' train.py, as it
     runs colocated: a batch is generated with the current weights, then trained, then the
     weights updated, nothing overlapping: staleness 0)."""
+    miles_profile: MilesProfile = DEFAULT_MILES_PROFILE
+    """[miles] profile / --miles-profile: which miles the loop follows (miles_core.profile):
+    ``today`` (the default) or ``aug2026`` (31f1ca9, every recorded history hash). Ours:
+    miles has no such flag."""
     heartbeat_interval: float | None = None
     """--trainer-heartbeat-checker-interval; None turns the monitor off."""
     heartbeat_timeout: float = 10.0
@@ -174,6 +179,7 @@ class LoopConfig:
             raise ConfigError("mode", f"got {self.mode!r}", f"choose one of {MODES}")
         self._check_mode_and_pause()
         self._check_staleness_policy()
+        self._check_profile()
         dynamic_filter(self.dynamic_sampling_filter)  # a built-in, or a path that imports
         self.buffer_config()  # the buffer's own checks, before anything runs
 
@@ -212,6 +218,22 @@ class LoopConfig:
                 "whole batch before it is drained",
                 f"use --async-data-buffer-capacity-factor >= 1 with {self.mode}",
             )
+
+    def _check_profile(self) -> None:
+        try:
+            object.__setattr__(self, "miles_profile", MilesProfile(self.miles_profile))
+        except ValueError:
+            raise ConfigError(
+                "miles_profile",
+                f"got {self.miles_profile!r}",
+                f"choose one of {[p.value for p in MilesProfile]} ([miles] profile in a "
+                "scenario file, --miles-profile on a command line)",
+            ) from None
+
+    @property
+    def today(self) -> bool:
+        """Whether the loop follows today's miles (the cell-isolation line), not 31f1ca9."""
+        return self.miles_profile is MilesProfile.TODAY
 
     def _check_staleness_policy(self) -> None:
         try:
@@ -296,6 +318,7 @@ FLAGS: Mapping[str, str] = {
     "max_route_attempts": "--max-route-attempts",
     "lora_adapter": "--lora-adapter",
     "mode": "--mode",
+    "miles_profile": "--miles-profile",
     "heartbeat_interval": "--trainer-heartbeat-checker-interval",
     "heartbeat_timeout": "--trainer-heartbeat-checker-timeout",
     "heartbeat_failure_threshold": "--trainer-heartbeat-checker-failure-threshold",

@@ -49,6 +49,7 @@ def world_and_flags(scenario: Scenario, history: History | None = None) -> dict[
         "engines": w.num_engines,
         "gpus_per_engine": w.gpus_per_engine,
         "mode": loop.mode,
+        "miles_profile": loop.miles_profile.value,
         "steps": loop.steps,
         "rollout_batch_size": loop.rollout_batch_size,
         "n_samples_per_prompt": loop.n_samples_per_prompt,
@@ -213,7 +214,8 @@ def text_lines(
         f"{info['status']} (expected: {w['expect']}), "
         f"{info['seconds']:.1f} s {info['clock']} time",
         f"  world: {w['cells']} cells x {w['ranks_per_cell']} rank(s), {w['engines']} engine(s) "
-        f"x {w['gpus_per_engine']} GPU(s) (preset {w['preset']})",
+        f"x {w['gpus_per_engine']} GPU(s) (preset {w['preset']}), miles "
+        f"{w.get('miles_profile', 'aug2026')}",
         f"  flags: {w['mode']}, batch {w['rollout_batch_size']} x {w['n_samples_per_prompt']} "
         f"samples, staleness bound {'off' if bound is None else bound}"
         + (

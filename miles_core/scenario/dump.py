@@ -89,7 +89,10 @@ def scenario_to_toml(scenario: Scenario) -> str:
             "is unset (None) where the default loop sets it, and TOML has no null",
             "set it to a value, or leave the scenario in Python",
         )
+    profile = loop.pop("miles_profile", None)
     lines += _table("[loop]", loop)
+    if profile is not None:
+        lines += _table("[miles]", {"profile": profile})
     for fault in scenario.faults:
         lines += _table("[[faults]]", fault.to_mapping())
     text = "\n".join(lines) + "\n"

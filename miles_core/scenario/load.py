@@ -55,6 +55,7 @@ TOP_KEYS = (
     "limits",
     "sim",
     "loop",
+    "miles",
     "faults",
 )
 
@@ -96,7 +97,8 @@ def scenario_from_mapping(
     limits, faults = _limits(data)
     world, timing = _sim_section(data.get("sim", {}), preset.world, preset.timing)
     loop_data = require_table(data.get("loop", {}), "[loop]", "write the loop's flags as [loop]")
-    loop = build(LoopConfig, _loop_keys(loop_data), "[loop]", base=DEFAULT_LOOP, rename=field_name)
+    loop_keys = _loop_keys(loop_data) | _miles_keys(data.get("miles", {}), loop_data)
+    loop = build(LoopConfig, loop_keys, "[loop]", base=DEFAULT_LOOP, rename=field_name)
     expect_data = require_table(
         data.get("expect", {}),
         "expect",
@@ -183,6 +185,25 @@ def _loop_keys(data: Mapping[str, Any]) -> dict[str, Any]:
                 f"[loop].{key}", f"sets {name} a second time", "keep one spelling of the flag"
             )
         out[name] = value
+    return out
+
+
+MILES_KEYS = {"profile": "miles_profile"}
+"""[miles]: which miles the loop follows (miles_core.profile) -> the LoopConfig field."""
+
+
+def _miles_keys(data: Any, loop_data: Mapping[str, Any]) -> dict[str, Any]:
+    """[miles] profile = "today" | "aug2026": the loop's miles_profile, set in one place."""
+    data = require_table(data, "[miles]", 'write it as [miles] with profile = "today"')
+    unknown = sorted(set(data) - set(MILES_KEYS), key=str)
+    if unknown:
+        raise ConfigError("[miles]", f"unknown keys {unknown}", f"use {sorted(MILES_KEYS)}")
+    out = {MILES_KEYS[k]: v for k, v in data.items()}
+    for field in out:
+        if field in loop_data or field_name(field) in loop_data:
+            raise ConfigError(
+                f"[loop].{field}", "is set in [loop] and in [miles]", "keep [miles] profile"
+            )
     return out
 
 
