@@ -60,6 +60,7 @@ from sim.search.aim import CELL, ENGINE, IMPAIRMENT, adjust, aimed_faults, famil
 from sim.search.draw import Draw
 from sim.search.swarm_controller import ft_controller
 from sim.search.swarm_kill import kill_job
+from sim.search.swarm_profile import miles_profile
 from sim.search.swarm_staleness import staleness_policy
 
 SWARM = "swarm"
@@ -799,7 +800,7 @@ def swarm_scenario(
     comeback = 0.0
     if aim is None and live is None and not restart:  # the FT controller brings cells back
         loop, d.faults, comeback = ft_controller(seed, loop, world, d.faults)
-    loop = staleness_policy(seed, loop)
+    loop = miles_profile(seed, staleness_policy(seed, loop))
     description = f"{len(d.faults)} faults drawn by seed {seed}"
     return Scenario(
         SWARM,
