@@ -116,6 +116,14 @@ class GenerateRequest:
     prompt_id: int
     sample: int
     turn: int = 0
+    kv_namespace: str | None = None
+    """The prefix-cache namespace its group was submitted under (miles'
+    ``--namespaced-radix-cache``: ``train:-:{rollout_id}``, sent as ``extra_key``); None: one
+    cache for every request."""
+    start_weight_version: int | None = None
+    """The version published when the request was sent, declared to the engine (SGLang's
+    draft ``GenerateReqInput.start_weight_version``, sglang #34185) under
+    --pause-abort-below-start-weight-version; None: not sent (miles sends none today)."""
 
 
 @frozen_value()
@@ -209,9 +217,12 @@ class RolloutEngine(Protocol):
 
     id: str
 
-    async def pause(self, mode: PauseMode) -> None:
+    async def pause(self, mode: PauseMode, abort_below: int | None = None) -> None:
         """Stop generating (/pause_generation): abort ends what is in flight; retract puts
-        it back in the queue, its KV freed; in_place freezes it. New requests wait."""
+        it back in the queue, its KV freed; in_place freezes it. New requests wait.
+        ``abort_below`` (SGLang's draft ``abort_below_start_weight_version``, sglang #34185;
+        never with abort): the requests in flight that declared a ``start_weight_version``
+        strictly below it end aborted instead; None: not sent."""
         ...
 
     async def flush_cache(self) -> None:
@@ -362,6 +373,12 @@ class Cluster(Protocol):
         """Start a new process for the engine slot (killing what is left of the old one);
         the world reports it (engine_started) once it answers. The control plane's own
         recovery of an engine (--use-fault-tolerance)."""
+        ...
+
+    def stop_engine(self, engine_id: str) -> None:
+        """Stop the engine's process (what is left of it), starting none; the world reports
+        the exit. Today's mini FT controller's suspend (miles'
+        ``stop_cell_between_weight_updates``); its resume is ``restart_engine``."""
         ...
 
     def start_cell(self, index: int) -> None:

@@ -48,6 +48,11 @@ class FlushTimeoutError(MilesCoreError, TimeoutError):
     ``SGLangEngine.flush_cache`` raises TimeoutError then, failing the weight update)."""
 
 
+class UpdateWindowTimeoutError(MilesCoreError, TimeoutError):
+    """Today's miles: an update window waited its whole bound for engines still initializing
+    (``InferenceController._ensure_cells_ready`` raises TimeoutError after 3600 s)."""
+
+
 class TransitionError(MilesCoreError):
     """A state machine was asked for a transition its table does not allow."""
 

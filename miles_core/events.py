@@ -38,6 +38,7 @@ from miles_core.engines import EngineState
 from miles_core.errors import ConfigError
 from miles_core.kinds import (
     AbortCause,
+    EngineHealth,
     FaultKind,
     FaultPoint,
     PauseMode,
@@ -455,6 +456,16 @@ class EnginesPaused(Event):
 
 
 @frozen_value(kw_only=True)
+class EnginesPausedAbortingBelow(EnginesPaused):
+    """The engines that answered a pause that also aborted the requests declared to have
+    started below ``abort_below`` (--pause-abort-below-start-weight-version; SGLang's draft
+    ``abort_below_start_weight_version``, sglang #34185): recorded instead of EnginesPaused,
+    only with that flag on (miles_core/pause_filter.py)."""
+
+    abort_below: int
+
+
+@frozen_value(kw_only=True)
 class EnginesFlushed(Event):
     """The engine processes whose /flush_cache succeeded (miles flushes unless in_place)."""
 
@@ -563,6 +574,53 @@ class UpdateAborted(Event):
 
 
 @frozen_value(kw_only=True)
+class EngineGivenUp(Event):
+    """Today's miles (miles_core/loop/cell_isolation.py): one control call of an update to this
+    process failed or outlived --update-weight-engine-request-timeout, so the update gave up
+    only this engine (errored: no further call, no stamp, out of rotation) and went on with
+    the others (rollout_cell_updater.py ``submit_client_call``, 3eacefd0)."""
+
+    update_id: int
+    engine: str
+    incarnation: int
+    call: str
+    """The call that failed or went unanswered (pause, flush_cache, stamp, ...)."""
+    reason: str
+
+
+@frozen_value(kw_only=True)
+class UpdateWindowWaiting(Event):
+    """Today's miles (issue 50): a full update's window did not open at once, since some
+    engines are still initializing (a recovery asked, its process not yet reported); it
+    waits for them, polling (``InferenceController._ensure_cells_ready``, b8afde1e)."""
+
+    version: int | None
+    """The version published so far (the window reserves the next only once it opens)."""
+    engines: tuple[str, ...]
+    """The engines initializing when the wait began."""
+
+
+@frozen_value(kw_only=True)
+class UpdateWindowOpened(Event):
+    """The window that waited opened: no engine is initializing any more."""
+
+    waited: float
+    """Seconds it waited."""
+
+
+@frozen_value(kw_only=True)
+class ParticipantsStopped(Event):
+    """Today's miles (issue 50): an aborted update window stopped every engine process of
+    its snapshot still matching it, since any may hold partial weights; each is replaced
+    and the retry waits for the replacements (the driver's abort-with-snapshot, test id
+    58310130319)."""
+
+    update_id: int
+    engines: tuple[str, ...]
+    incarnations: tuple[int, ...]
+
+
+@frozen_value(kw_only=True)
 class WeightsChecked(Event):
     """An engine's weights compared with the trainer's after an update."""
 
@@ -598,6 +656,28 @@ class EngineRecoveryAsked(Event):
     """The control plane asked the world for a new process for an engine slot."""
 
     engine: str
+    reason: str
+
+
+@frozen_value(kw_only=True)
+class EngineHealthChanged(Event):
+    """Today's rollout health checker (miles' ``SimpleHealthChecker``) changed the status it
+    publishes for an engine process; it acts on nothing itself."""
+
+    engine: str
+    incarnation: int
+    status: EngineHealth
+    failures: int
+    """Failed checks in a row behind the status (0 for healthy and unknown)."""
+
+
+@frozen_value(kw_only=True)
+class EngineSuspended(Event):
+    """Today's mini FT controller suspended an unhealthy or down engine: out of rotation and
+    its process stopped; the resume, ``resume_delay`` later, is an EngineRecoveryAsked."""
+
+    engine: str
+    incarnation: int
     reason: str
 
 
@@ -830,6 +910,33 @@ class JobResumed(Event):
     cursor: int
     pending: tuple[int, ...]
     torn: tuple[int, ...] = ()
+
+
+# A driver hot restart (restart_driver; miles/utils/hot_restart.py) ends a segment as a kill
+# does, its processes kept: DriverRestarted is a JobKilled of the driver alone, DriverAdopted
+# a JobResumed from the state the trainer held in memory (miles_core.loop.adopt).
+
+
+@frozen_value(kw_only=True)
+class DriverRestarted(JobKilled):
+    """The world saw the driver (the control-plane process) die alone: its buffer, ledger
+    view and requests' bookkeeping are lost; cells, engines and router stay up."""
+
+
+@frozen_value(kw_only=True)
+class DriverAdopted(JobResumed):
+    """A new driver took the live processes over: it rolled the trainer back to the state it
+    held at its last published step (``save_step``, ``version``: None, nothing published),
+    found each engine's process, its stamped version and any weight-update window the dead
+    driver left open (``closed``: sessions it ended, ``resumed``: engines it found paused),
+    and aborted ``aborted`` requests still in flight (miles' ``abort_all``)."""
+
+    engines: tuple[str, ...] = ()
+    incarnations: tuple[int, ...] = ()
+    stamped: tuple[int | None, ...] = ()
+    closed: tuple[str, ...] = ()
+    resumed: tuple[str, ...] = ()
+    aborted: int = 0
 
 
 _CANONICAL_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"))

@@ -21,6 +21,9 @@ from miles_core.scenario import actions
 from miles_core.scenario.actions import Act
 from miles_core.scenario.faults import (
     DelayRouter,
+    DeltaAppliedTwice,
+    DeltaSkipped,
+    DeltaTorn,
     DropHeartbeat,
     FailRank,
     FailRouter,
@@ -31,9 +34,12 @@ from miles_core.scenario.faults import (
     KillEngine,
     KillJob,
     KillRank,
+    LyingEngine,
     OrphanEngine,
     Partition,
     PoisonPrompt,
+    RaiseHoldingLock,
+    RestartDriver,
     RestartEngine,
     SlowCell,
     SlowLink,
@@ -41,7 +47,7 @@ from miles_core.scenario.faults import (
     StartCell,
     StopCell,
 )
-from miles_core.witness import effects
+from miles_core.witness import delta, effects
 from miles_core.witness.effects import Witness
 
 
@@ -58,6 +64,12 @@ class FaultRow:
     """The swarm's draw that makes it: ``module:function`` under sim/search/."""
     takes_a_cell_down: bool = False
     """It takes a cell out of its quorum (its processes die or stop answering)."""
+    caught_by: str | None = None
+    """The oracle that must fail a run with it: a fault no control plane gets past (a
+    field bug of the engines'), which the soak never draws and the swarm draws in a share
+    of its seeds with ``expect.caught_by`` set from this (sim/search/swarm_field_bugs.py,
+    where a form the control plane survives expects no catch). None: one the control
+    plane must survive."""
 
     @property
     def hows(self) -> frozenset[str]:
@@ -185,10 +197,65 @@ ROWS: tuple[FaultRow, ...] = (
         "swarm:_impairments",
     ),
     FaultRow(
+        FaultKind.LYING_ENGINE,
+        LyingEngine,
+        actions.lying_engine,
+        effects.engine_lied,
+        "swarm_field_bugs:field_bug",
+        caught_by="published_weights",
+    ),
+    # disk-delta's faults act only on a disk-delta run's files, which the soak never draws
+    # (the swarm's field bugs switch a seed to disk-delta); the engine's own checksum
+    # refuses a torn file (the history shows the refusal), the weights oracle catches what
+    # no check sees (a skip, xor applied twice)
+    FaultRow(
+        FaultKind.DELTA_APPLIED_TWICE,
+        DeltaAppliedTwice,
+        actions.delta_fault,
+        delta.delta_pulled,
+        "swarm_field_bugs:field_bug",
+        caught_by="published_weights",
+    ),
+    FaultRow(
+        FaultKind.DELTA_SKIPPED,
+        DeltaSkipped,
+        actions.delta_fault,
+        delta.delta_pulled,
+        "swarm_field_bugs:field_bug",
+        caught_by="published_weights",
+    ),
+    FaultRow(
+        FaultKind.DELTA_TORN,
+        DeltaTorn,
+        actions.delta_fault,
+        delta.delta_refused,
+        "swarm_field_bugs:field_bug",
+        caught_by="the engine's checksum (/pull_weights refused; fault_witness reads it)",
+    ),
+    FaultRow(
         FaultKind.KILL_JOB, KillJob, actions.kill_job, effects.job_killed, "swarm_kill:kill_job"
+    ),
+    FaultRow(
+        FaultKind.RESTART_DRIVER,
+        RestartDriver,
+        actions.restart_driver,
+        effects.driver_restarted,
+        "swarm_driver:restart_driver",
+    ),
+    FaultRow(
+        FaultKind.RAISE_HOLDING_LOCK,
+        RaiseHoldingLock,
+        actions.raise_holding_lock,
+        effects.lock_kept,
+        "swarm_field_bugs:field_bug",
+        caught_by="liveness",
     ),
 )
 BY_KIND: Mapping[FaultKind, FaultRow] = {row.kind: row for row in ROWS}
 
 TAKES_A_CELL_DOWN = frozenset(row.kind for row in ROWS if row.takes_a_cell_down)
 """The fault kinds that take a cell out of its quorum (its processes die or stop answering)."""
+
+CAUGHT = frozenset(row.kind for row in ROWS if row.caught_by is not None)
+"""The fault kinds no control plane survives, each caught by its oracle (the soak never draws
+them; the swarm does, expecting the catch: sim/search/swarm_field_bugs.py)."""

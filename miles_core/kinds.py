@@ -68,9 +68,22 @@ class FaultKind(StrEnum):
     DELAY_ROUTER = "delay_router"
     FAIL_ROUTER = "fail_router"
     DROP_HEARTBEAT = "drop_heartbeat"
+    LYING_ENGINE = "lying_engine"
+    DELTA_APPLIED_TWICE = "delta_applied_twice"
+    """disk-delta: the engine's next pull applies its version's delta a second time."""
+    DELTA_SKIPPED = "delta_skipped"
+    """disk-delta: the engine's next pull answers success and applies nothing."""
+    DELTA_TORN = "delta_torn"
+    """disk-delta: the next version's delta file is torn (truncated) after it is written."""
     KILL_JOB = "kill_job"
     """Every process of the run dies at once (cells, engines, router, the controller): the
     job restarts from its last committed save (miles_core.saves)."""
+    RESTART_DRIVER = "restart_driver"
+    """The driver alone dies, its cells and engines up: a new driver adopts them (a hot
+    restart, miles/utils/hot_restart.py; miles_core.loop.adopt)."""
+    RAISE_HOLDING_LOCK = "raise_holding_lock"
+    """A rank raises inside the cell's weight-update ticket lock and lives on: the lock stays
+    held (miles' ``StoreTicketLock.__exit__`` fails closed, no lease), today's profile only."""
 
 
 class FaultPoint(StrEnum):
@@ -125,3 +138,17 @@ class AbortCause(StrEnum):
     """The updating cell failed: another alive cell retries with the same version."""
     ENGINE = "engine"
     """An engine of the update failed: the update is retried without it."""
+
+
+class EngineHealth(StrEnum):
+    """An engine's health as today's rollout health checker publishes it (miles'
+    ``TriState`` of ``SimpleHealthChecker.status``, miles/utils/ft_utils/health_checker.py):
+    it only sets it; the mini FT controller acts on it."""
+
+    HEALTHY = "healthy"
+    """Its last counted check passed (TriState.TRUE)."""
+    UNHEALTHY = "unhealthy"
+    """``--rollout-health-check-failure-threshold`` checks in a row failed (TriState.FALSE)."""
+    UNKNOWN = "unknown"
+    """Not checked since it became checkable, or not checkable now: no process, starting,
+    or the checker paused for an update (TriState.UNKNOWN)."""

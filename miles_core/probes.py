@@ -24,13 +24,16 @@ from miles_core.events import (
     BucketReceived,
     CellRestartAsked,
     CellStarted,
+    DriverAdopted,
     EngineExited,
+    EngineGivenUp,
     EngineHealthFailed,
     EngineRecoveryAsked,
     EnginesResumed,
     EngineStamped,
     EngineStarted,
     EngineStateChanged,
+    EngineSuspended,
     Event,
     FaultInjected,
     FaultsHealed,
@@ -43,6 +46,7 @@ from miles_core.events import (
     JobKilled,
     JobResumed,
     OrphanRemoved,
+    ParticipantsStopped,
     PlacementMade,
     RequestRetried,
     RunStarted,
@@ -51,6 +55,7 @@ from miles_core.events import (
     UpdateAborted,
     UpdateBegan,
     UpdateGroupConnected,
+    UpdateWindowWaiting,
     VersionPublished,
 )
 from miles_core.kinds import AbortCause, FaultKind, SampleOutcome
@@ -313,6 +318,16 @@ def _torn_save_skipped(e: Event, w: _Walk) -> bool:
 
 _HANGS = (FaultKind.HANG_ENGINE, FaultKind.HANG_CALL)
 
+
+def _lock_held_by_a_raised_rank(e: Event, w: _Walk) -> bool:
+    """An update aborted on a broadcast of a cell whose rank 0 waited for the weight-update
+    lock that a rank which raised still holds (both worlds name it in the reason), or a
+    raise_holding_lock fault fired and the run stalled."""
+    if isinstance(e, UpdateAborted):
+        return "which raised holding it" in e.reason
+    return False
+
+
 _CORE: tuple[tuple[str, str, Test], ...] = (
     ("restart_between_last_bucket_and_stamp",
      "an engine of an update exited or restarted after the last bucket, before its stamp",
@@ -378,6 +393,17 @@ _CORE: tuple[tuple[str, str, Test], ...] = (
      _resumed_from_save),
     ("torn_save_skipped", "a job killed whole found a save the kill had torn, and resumed "
      "from an older one (or from scratch)", _torn_save_skipped),
+    # today's miles (issue 50): the rare states its rollout side adds
+    ("window_waited_on_a_pending_cell", "a full update's window waited for an engine still "
+     "initializing (InferenceController._ensure_cells_ready)", _kinds(UpdateWindowWaiting)),
+    ("cells_stopped_by_an_aborted_window", "an aborted update window stopped the engines of "
+     "its snapshot (any may hold partial weights)", _kinds(ParticipantsStopped)),
+    ("engine_given_up_by_an_update", "an update gave up one engine past "
+     "--update-weight-engine-request-timeout and went on with the rest", _kinds(EngineGivenUp)),
+    ("engine_suspended_by_the_controller", "the rollout side's mini FT controller suspended "
+     "an unhealthy or down engine", _kinds(EngineSuspended)),
+    ("driver_adopted_the_processes", "a restarted driver adopted the live trainers and "
+     "engines (hot restart)", _kinds(DriverAdopted)),
 )  # fmt: skip
 """The probes CI's sweep must reach (``--require-probes``), as (name, what, test)."""
 
@@ -385,6 +411,9 @@ _OTHER: tuple[tuple[str, str, Test], ...] = (
     ("engine_health_failed", "an engine failed a health check", _kinds(EngineHealthFailed)),
     ("group_dropped", "a group was dropped", _kinds(GroupDropped)),
     ("kept_kv_across_update", "a sample kept its KV cache across an update", _kept_kv),
+    ("lock_held_by_a_raised_rank", "a rank raised holding its cell's weight-update ticket "
+     "lock and lived on, and an update of that cell then waited for it (today's miles: "
+     "distributed_lock.py fails closed, no lease)", _lock_held_by_a_raised_rank),
 )  # fmt: skip
 """Counted and reported, not required."""
 

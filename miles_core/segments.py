@@ -4,6 +4,10 @@ Each segment is one controller's run, from the start (or a resume) to its death 
 or the run's end: a new job has new processes, numbered afresh, a fresh update and group
 count, and its steps and versions go on from its save.
 
+A driver hot restart (restart_driver: DriverRestarted, a JobKilled of the driver alone, and
+DriverAdopted, a JobResumed) ends a segment too; its timeline is cut where the trainer held
+the state the new driver adopted: at the VersionPublished of the adopted version.
+
 The committed timeline is what the job kept: each segment up to the moment the save its
 successor resumed from began (what that save holds was taken then), followed by that
 successor; the lost tail of a segment (from that moment to its kill) is dropped with
@@ -24,7 +28,14 @@ from itertools import pairwise
 from weakref import WeakKeyDictionary
 
 from miles_core.event_index import Indexed, forget, select
-from miles_core.events import History, JobKilled, JobResumed, SaveBegan, VersionPublished
+from miles_core.events import (
+    DriverAdopted,
+    History,
+    JobKilled,
+    JobResumed,
+    SaveBegan,
+    VersionPublished,
+)
 
 
 @dataclass(frozen=True)
@@ -111,7 +122,11 @@ def _kept(history: History) -> list[tuple[int, int]]:
         if segment.resumed is not None:
             resumed = history[segment.resumed]
             assert isinstance(resumed, JobResumed)
-            ranges = _cut(ranges, began, resumed.save_step, segment.resumed)
+            if isinstance(resumed, DriverAdopted):  # a hot restart: cut where the state was held
+                published = select(history, VersionPublished)
+                ranges = _cut_at_publish(ranges, published, resumed.version, segment.resumed)
+            else:
+                ranges = _cut(ranges, began, resumed.save_step, segment.resumed)
         ranges.append((segment.first, segment.stop))
     return ranges
 
@@ -126,6 +141,23 @@ def _cut(
         return []
     for seq, e in reversed(began):
         if seq < before and e.step == step:  # type: ignore[attr-defined]
+            inside = [(a, b) for a, b in ranges if a <= seq < b]
+            if inside:
+                kept = [(a, b) for a, b in ranges if b <= inside[0][0]]
+                return [*kept, (inside[0][0], seq + 1)]
+    return []
+
+
+def _cut_at_publish(
+    ranges: list[tuple[int, int]], published: Sequence[Indexed], version: int | None, before: int
+) -> list[tuple[int, int]]:
+    """``ranges`` up to (and with) the VersionPublished of ``version`` they hold before
+    ``before``: the trainer holds its state for a hot restart as each version is published
+    (miles_core.loop.adopt). None, or not found: nothing is kept (the driver started over)."""
+    if version is None:
+        return []
+    for seq, e in reversed(published):
+        if seq < before and e.version == version:  # type: ignore[attr-defined]
             inside = [(a, b) for a, b in ranges if a <= seq < b]
             if inside:
                 kept = [(a, b) for a, b in ranges if b <= inside[0][0]]

@@ -239,6 +239,10 @@ class TransferMode(StrEnum):
     BROADCAST = "broadcast"
     P2P = "p2p"
     RDT = "rdt"
+    DISK_DELTA = "disk-delta"
+    """Each bucket's changed tensors written as a delta file, the engines pulling every
+    version onto their local checkpoints and loading it from disk (miles_core/disk_delta.py);
+    planned as a broadcast: written once, for every engine."""
 
 
 @dataclass(frozen=True)
@@ -261,7 +265,7 @@ class TransferPlan:
     @property
     def bytes_sent(self) -> int:
         """Bytes that leave source ranks: a broadcast counts once, p2p once per engine."""
-        per_target = self.mode is not TransferMode.BROADCAST
+        per_target = self.mode not in (TransferMode.BROADCAST, TransferMode.DISK_DELTA)
         sizes = {b.index: b.nbytes for b in self.buckets}  # t.bucket is an index, not a position
         return sum(sizes[t.bucket] * (len(t.targets) if per_target else 1) for t in self.transfers)
 
@@ -278,7 +282,9 @@ def plan_transfer(
         mode = TransferMode(mode)
     except ValueError:
         raise ConfigError(
-            "--update-weight-transfer-mode", f"got {mode!r}", "choose broadcast, p2p or rdt"
+            "--update-weight-transfer-mode",
+            f"got {mode!r}",
+            "choose broadcast, p2p, rdt or disk-delta",
         ) from None
     engines = tuple(engines)
     if not engines:
@@ -291,7 +297,7 @@ def plan_transfer(
             "buckets", f"duplicate bucket indices in {indices}", "pass each bucket once"
         )
     sources = dict(engine_sources or {})
-    if sources and mode is TransferMode.BROADCAST:
+    if sources and mode in (TransferMode.BROADCAST, TransferMode.DISK_DELTA):
         raise ConfigError(
             "engine_sources",
             "per-engine source ranks were given but broadcast sends from one source_rank",
@@ -306,7 +312,7 @@ def plan_transfer(
         )
     transfers: list[Transfer] = []
     for bucket in buckets:
-        if mode is TransferMode.BROADCAST:
+        if mode in (TransferMode.BROADCAST, TransferMode.DISK_DELTA):
             transfers.append(Transfer(bucket.index, source_rank, engines))
         else:
             transfers.extend(

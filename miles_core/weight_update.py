@@ -50,6 +50,9 @@ class UpdateKind(StrEnum):
 class PauseEngines:
     engines: tuple[str, ...]
     mode: PauseMode = PauseMode.RETRACT
+    abort_below: int | None = None
+    """--pause-abort-below-start-weight-version's threshold (miles_core/pause_filter.py);
+    None: the pause sends none."""
 
 
 @dataclass(frozen=True)
@@ -129,13 +132,15 @@ def plan_update_actions(
     publish: bool = True,
     pause_mode: PauseMode = PauseMode.RETRACT,
     holding: tuple[str, ...] | None = None,
+    abort_below: int | None = None,
 ) -> tuple[UpdateAction, ...]:
     """The actions of one weight update, in the order they must run.
 
     ``publish=False`` is a sync: restarted engines receive the already published
     version, so there is nothing new to publish. ``holding`` (LoRA only): the engines
     whose process holds the adapter now, the only ones it is unloaded from (none: no
-    unload); None unloads it from every engine.
+    unload); None unloads it from every engine. ``abort_below``: the pause's
+    abort_below_start_weight_version (refused with an abort pause, as SGLang refuses it).
     """
     if not int_at_least(version, 1):
         raise TransitionError(
@@ -162,7 +167,12 @@ def plan_update_actions(
             f"among its engines {engines!r}"
         )
     mode = PauseMode(pause_mode)
-    actions: list[UpdateAction] = [PauseEngines(engines, mode)]
+    if abort_below is not None and mode is PauseMode.ABORT:
+        raise TransitionError(
+            f"abort_below={abort_below}: an abort pause aborts every request already, and "
+            "SGLang rejects abort_below_start_weight_version with it (sglang #34185)"
+        )
+    actions: list[UpdateAction] = [PauseEngines(engines, mode, abort_below)]
     if mode is not PauseMode.IN_PLACE:  # frozen requests still hold their KV pages
         actions.append(FlushCache(engines))
     actions.append(BeginUpdate(engines))
@@ -190,9 +200,10 @@ class WeightUpdate:
         publish: bool = True,
         pause_mode: PauseMode = PauseMode.RETRACT,
         holding: tuple[str, ...] | None = None,
+        abort_below: int | None = None,
     ) -> None:
         self.actions = plan_update_actions(
-            version, engines, n_buckets, kind, adapter, publish, pause_mode, holding
+            version, engines, n_buckets, kind, adapter, publish, pause_mode, holding, abort_below
         )
         self.publish = publish
         self.version = version

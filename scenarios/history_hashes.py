@@ -72,7 +72,9 @@ def recorded(profile: str = "aug2026") -> list[str]:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python scenarios/history_hashes.py")
     what = parser.add_mutually_exclusive_group()
-    what.add_argument("--write", action="store_true", help="record the lists (one file per profile)")
+    what.add_argument(
+        "--write", action="store_true", help="record the lists (one file per profile)"
+    )
     what.add_argument("--check", action="store_true", help="compare with the record")
     args = parser.parse_args(argv)
     status = 0

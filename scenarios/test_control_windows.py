@@ -14,7 +14,8 @@ import dataclasses
 import pytest
 
 from miles_core.coverage import coverage_cells, phase_windows
-from miles_core.events import UpdateAborted, VersionPublished
+from miles_core.events import EngineGivenUp, UpdateAborted, VersionPublished
+from miles_core.profile import MilesProfile
 from miles_core.scenario import SCENARIOS, Scenario
 from miles_core.scenario.faults import make_fault
 from sim.run import run_scenario
@@ -62,8 +63,14 @@ def test_a_restart_at_a_time_in_the_window_is_survived(phase: str, offset: float
     result = run_scenario(scenario, 0)
     assert result.ok, result.failures()
     assert f"restart_engine@at_time:{phase}" in {c.key() for c in coverage_cells(result.history)}
-    # the update under way did not publish with the replaced process: it was tried again
-    aborted = [e for e in result.history if isinstance(e, UpdateAborted)]
+    # the update under way did not publish with the replaced process: today's miles gave up
+    # that process alone (EngineGivenUp) and went on; miles at 31f1ca9 tried it all again
+    given_up = [e for e in result.history if isinstance(e, EngineGivenUp)]
+    assert [e.engine for e in given_up] == ["engine-1"], given_up
+    loop = dataclasses.replace(scenario.loop, miles_profile=MilesProfile.AUG2026)
+    old = run_scenario(dataclasses.replace(scenario, loop=loop), 0)
+    assert old.ok, old.failures()
+    aborted = [e for e in old.history if isinstance(e, UpdateAborted)]
     assert any("replaced" in e.reason for e in aborted), aborted
 
 

@@ -44,6 +44,7 @@ from miles_core.kinds import PauseMode, PutFate, RunStatus, SampleOutcome, Submi
 from miles_core.loop.producer import Producer
 from miles_core.loop.update import Updater
 from miles_core.oracles import bounded_staleness
+from miles_core.profile import MilesProfile
 from miles_core.scenario import SCENARIOS, Expect, scenario_from_toml
 from sim.run import SimResult, run_scenario
 
@@ -228,9 +229,14 @@ def test_a_group_the_drain_holds_when_the_run_fails_is_outstanding_not_lost() ->
 def test_health_checks_wait_for_the_first_wait_but_a_timed_out_call_replaces_at_once() -> None:
     """The hang at ~13 s fails the next update's pause call (a call with fault tolerance
     times out): that process may still generate, unpaused, on old weights, so it is
-    replaced at once (seed 9912 --liveness served v4 after v5 was published when it was
-    left to the monitor); the monitor's own checks still wait out its first wait."""
-    result = passed("ft_engine_hangs", rollout_health_check_first_wait=30.0)
+    left to the monitor); the monitor's own checks still wait out its first wait. The call's
+    deadline is the health check's timeout: aug2026's (today's is
+    --update-weight-engine-request-timeout: scenarios/test_miles_deadlines.py)."""
+    result = passed(
+        "ft_engine_hangs",
+        rollout_health_check_first_wait=30.0,
+        miles_profile=MilesProfile.AUG2026,
+    )
     down = [e for e in of(result.history, EngineStateChanged) if e.new.value == "down"]
     assert down and down[0].t < 30.0 and "no answer to pause" in down[0].reason
     asked = of(result.history, EngineRecoveryAsked)

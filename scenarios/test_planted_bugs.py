@@ -11,12 +11,14 @@ and their oracles: docs/verdicts.md).
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from miles_core.profile import MilesProfile
 from miles_core.scenario import SCENARIOS, Scenario, load_scenario_file
 from sim.run import SimResult, run_scenario
 from sim.search.plants import PLANTS, planted
@@ -44,18 +46,31 @@ def sweep(plant: str, swarm_seeds: int = SWARM_SEEDS) -> tuple[Counter[str], Cou
     return named, swarm
 
 
-def _runs(swarm_seeds: int, named: bool) -> Iterator[tuple[str, SimResult]]:
-    """The named scenarios' runs (``named``), then the swarm seeds', one at a time."""
+AUG2026_PLANTS = {"recovery_asked_while_starting"}
+"""Plants in 31f1ca9's health monitor's recovery, which the today profile does not run (its
+mini FT controller heals engines: issue 50 item 4): sought in runs under aug2026."""
+
+
+def _runs(swarm_seeds: int, named: bool, aug2026: bool = False) -> Iterator[tuple[str, SimResult]]:
+    """The named scenarios' runs (``named``), then the swarm seeds', one at a time (each
+    under aug2026 if asked)."""
+
+    def run(scenario: Scenario, seed: int) -> SimResult:
+        if aug2026:
+            loop = dataclasses.replace(scenario.loop, miles_profile=MilesProfile.AUG2026)
+            scenario = dataclasses.replace(scenario, loop=loop)
+        return run_scenario(scenario, seed)
+
     for scenario in named_scenarios() if named else ():
-        yield f"{scenario.name} (seed 0)", run_scenario(scenario, 0)
+        yield f"{scenario.name} (seed 0)", run(scenario, 0)
     for seed in range(swarm_seeds):
-        yield f"{SWARM_RUN} {seed}", run_scenario(swarm_scenario(seed), seed)
+        yield f"{SWARM_RUN} {seed}", run(swarm_scenario(seed), seed)
 
 
 def first_catch(plant: str, oracle: str, named: bool = True) -> str | None:
     """Where ``oracle`` first fails with the plant in (the runs stop there), or None."""
     with planted(plant):
-        for where, result in _runs(SWARM_SEEDS, named):
+        for where, result in _runs(SWARM_SEEDS, named, plant in AUG2026_PLANTS):
             if result.verdicts[oracle]:
                 return where
     return None
@@ -83,7 +98,11 @@ def test_no_sample_is_recorded_after_the_run_ended_when_an_abort_lands_at_its_en
     with them, not record SampleGenerated after RunEnded (end_state failed on swarm seeds
     1, 5 and 11 when a group's cancel left its sample tasks running). The plant's own
     oracle, requests_kept, is what may fail."""
+    scenario = swarm_scenario(seed)
+    if seed == 0:  # its lone engine, replaced mid-rollout, stalls today's miles (test_miles_cells)
+        loop = dataclasses.replace(scenario.loop, miles_profile=MilesProfile.AUG2026)
+        scenario = dataclasses.replace(scenario, loop=loop)
     with planted("version_update_aborts_all"):
-        result = run_scenario(swarm_scenario(seed), seed)
+        result = run_scenario(scenario, seed)
     replay = f"python -m sim run swarm --seed {seed} --plant version_update_aborts_all"
     assert not result.verdicts["end_state"], f"{result.failures()}\nreplay: {replay}"

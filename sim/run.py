@@ -18,9 +18,12 @@ from miles_core.report.interrupt import CUT, ctrl_c_calls, judge_prefix
 from miles_core.report.judged import JudgedRun
 from miles_core.scenario import Scenario
 from miles_core.scenario.schedule import orchestrator_for, schedule_for
+from miles_core.transfer import TransferMode
 from miles_core.versions import VersionLedger
 from sim.horizon import horizon, progress_window
 from sim.world.cluster import SimCluster
+from sim.world.delta_transport import delta_transport
+from sim.world.driver_restart import SimDriverRestarts, restarts_driver
 from sim.world.faults import SimFaultActions
 from sim.world.job import SimJob, kills_jobs
 from sim.world.runtime import Deadlock, Livelock, RunInterrupted, SimRuntime
@@ -45,7 +48,8 @@ class SimResult(JudgedRun):
         return self.history.hash()
 
     def failures(self) -> str:
-        return "\n".join(str(v) for v in self.verdicts.values() if v)
+        """The violations that fail the run (``expect.caught_by``'s catch is none)."""
+        return "\n".join(str(v) for v in self.judged.values() if v)
 
     def replay_line(self) -> str:
         """The command that replays a named scenario's run exactly."""
@@ -156,16 +160,24 @@ def _run(
     schedule = schedule_for(scenario)
     timeout = scenario.loop.update_weight_collective_timeout
     cluster = SimCluster(rt, scenario.world, scenario.timing, schedule, timeout)
+    cluster.reads_weights = scenario.loop.today  # WeightsChecked in the simulator: today's
+    if scenario.loop.transfer_mode is TransferMode.DISK_DELTA:
+        cluster.transport = delta_transport(cluster, scenario.loop)
+    cluster.transport.locks.on = scenario.loop.today  # the weight-update ticket lock: today's
     history = History()
     for observer in observers:
         history.observe(observer)
     if check_every is not None:
         history.observe(_live_checker(history, check_every))
-    control: Orchestrator | SimJob = orchestrator_for(scenario, rt, cluster, history, ledger)
+    control: Orchestrator | SimJob | SimDriverRestarts
+    control = orchestrator_for(scenario, rt, cluster, history, ledger)
     actions = SimFaultActions(cluster)
     if kills_jobs(scenario):  # the controller under a job that a kill restarts
         assert isinstance(control, Orchestrator)
         control = SimJob(scenario, rt, history, schedule, actions, cluster, control)
+    elif restarts_driver(scenario):  # the driver under a world that a hot restart keeps
+        assert isinstance(control, Orchestrator)
+        control = SimDriverRestarts(scenario, rt, history, cluster, control)
     most_steps = scenario.until_witnessed or scenario.loop.steps
     if live is not None:  # the run goes on past its steps until liveness is met
         most_steps = max(most_steps, live.heal_step) + live.steps + 1

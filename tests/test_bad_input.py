@@ -44,7 +44,7 @@ from miles_core.scenario import (
 from miles_core.scenario.faults import FAULT_TYPES, TRIGGERS, trigger_keys
 from miles_core.scenario.limits import LIMIT_KEYS, MAX_FILE_BYTES, Limits
 from miles_core.scenario.liveness import Liveness
-from miles_core.scenario.load import TOP_KEYS
+from miles_core.scenario.load import MILES_KEYS, TOP_KEYS
 from miles_core.scenario.world import (
     SHAPE_COUNTS,
     SHAPE_PACES,
@@ -653,6 +653,17 @@ CORPUS: list[tuple[str, str, str, tuple[str, ...]]] = [
         SOURCE,
         ("more than 16 deep",),
     ),
+    # [miles] profile: a bad value named as written (it was named [loop].miles_profile)
+    ("miles-profile-misspelt", '[miles]\nprofile = "aug"\n', "[miles].profile", ("aug2026",)),
+    ("miles-profile-a-number", "[miles]\nprofile = 2026\n", "[miles].profile", ("today",)),
+    ("miles-not-a-table", "miles = 0\n", "[miles]", ("not a table",)),
+    ("miles-unknown-key", '[miles]\nversion = "today"\n', "[miles]", ("profile",)),
+    (
+        "miles-profile-twice",
+        '[miles]\nprofile = "today"\n[loop]\nmiles_profile = "today"\n',
+        "[loop].miles_profile",
+        ("[miles]",),
+    ),
 ]
 
 
@@ -758,12 +769,42 @@ KIND_POINTS = [
 ]
 
 
+DELTA = {"loop": {"transfer_mode": "disk-delta"}}
+KIND_NEEDS: dict[FaultKind, dict[str, dict[str, Any]]] = {
+    FaultKind.DELTA_APPLIED_TWICE: DELTA,
+    FaultKind.DELTA_SKIPPED: DELTA,
+    FaultKind.DELTA_TORN: DELTA,
+    FaultKind.RAISE_HOLDING_LOCK: {"sim": {"gpus_per_cell": 2}},  # and today, the default
+}
+"""What a kind needs of the world to load, by section: the delta faults act on disk-delta's
+files, raise_holding_lock on today's ticket lock, taken only by cells of several ranks."""
+
+
+def _context(kind: FaultKind, point: FaultPoint | None) -> str:
+    """The sections a fault of this kind at this point needs beside it (a save to strike
+    during, the world its kind acts on), as TOML text."""
+    sections = {name: dict(keys) for name, keys in KIND_NEEDS.get(kind, {}).items()}
+    if point is FaultPoint.DURING_SAVE:
+        sections.setdefault("loop", {})["save_interval"] = 2
+    return "".join(
+        f"[{name}]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in keys.items())
+        for name, keys in sections.items()
+    )
+
+
+def test_each_kinds_needs_are_needed() -> None:
+    """Each entry of KIND_NEEDS is there because the kind does not load without it."""
+    for kind in KIND_NEEDS:
+        point = sorted(FAULT_TYPES[kind].points, key=lambda p: p.value if p else "")[0]
+        assert_names(load_error(fault_toml(**_fault(kind, point))), f"faults[0] ({kind.value})")
+
+
 @pytest.mark.parametrize(("kind", "point"), KIND_POINTS)
 def test_each_kind_and_point_loads_and_rejects_a_key_it_would_ignore(
     kind: FaultKind, point: FaultPoint | None
 ) -> None:
     fault = _fault(kind, point)
-    saves = "[loop]\nsave_interval = 2\n" if point is FaultPoint.DURING_SAVE else ""  # a save
+    saves = _context(kind, point)  # a save to strike during, the world the kind acts on
     scenario = scenario_from_toml(saves + fault_toml(**fault), SOURCE)
     assert scenario.faults[0].kind is kind and scenario.faults[0].point is point
     where = f"faults[0] ({kind.value})"
@@ -1228,6 +1269,7 @@ PLAUSIBLE = {
     "unused_samples_handler": st.sampled_from(["retry", "drop", "keep"]),
     "staleness_policy": st.sampled_from(["drop_at_buffer", "gate_submission", "gate"]),
     "transfer_mode": st.sampled_from(["broadcast", "p2p", "rdt", "nccl"]),
+    "profile": st.sampled_from(["today", "aug2026", "Today", "31f1ca9"]),
     "preset": st.sampled_from(["small", "qwen3-30b-a3b-4x8-h100"]),
     "progress_window": st.floats(0.0, 1000.0),
     "max_seconds": st.floats(0.0, 1000.0),
@@ -1320,6 +1362,8 @@ def scenario_tables(draw: st.DrawFn, moderate: bool = False) -> dict[str, Any]:
             data[key] = draw(tables(LOOP_KEYS, moderate))
         elif key == "limits":
             data[key] = draw(tables(LIMITS, moderate, size=2))
+        elif key == "miles":
+            data[key] = draw(tables(tuple(MILES_KEYS), moderate, size=1))
         elif key == "expect":
             data[key] = draw(tables(("status", "error"), moderate, size=2))
         elif key == "faults":
@@ -1366,6 +1410,7 @@ SECTION_KEYS = {
     "[sim]": set(SIM_KEYS),
     "[loop]": set(LOOP_KEYS),
     "[limits]": set(LIMITS),
+    "[miles]": set(MILES_KEYS),
     "expect": {"status", "error"},
     "liveness": {f.name for f in dataclasses.fields(Liveness)},
 }
@@ -1414,8 +1459,13 @@ BASE_FAULTS = (
     {"kind": "stop_cell", "cell": 1, "point": "before_allreduce", "step": 3},
 )
 PLACES = [
-    *(("", key) for key in TOP_KEYS if key not in ("sim", "loop", "expect", "faults", "limits")),
+    *(
+        ("", key)
+        for key in TOP_KEYS
+        if key not in ("sim", "loop", "expect", "faults", "limits", "miles")
+    ),
     *(("sim", key) for key in SIM_KEYS),
+    *(("miles", key) for key in MILES_KEYS),
     *(("limits", key) for key in LIMITS),
     *(("loop", key) for key in LOOP_KEYS),
     *(("expect", key) for key in ("status", "error")),

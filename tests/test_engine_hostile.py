@@ -23,6 +23,7 @@ corpus is derandomized, so a red run replays as is.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import base64
 import copy
 import datetime
@@ -30,6 +31,8 @@ import io
 import json
 import os
 import pickle
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +103,8 @@ POST_ROUTES = (
     "/update_weights_from_distributed",
     "/update_weights_from_tensor",
     "/weights_checker",
+    "/pull_weights",
+    "/update_weights_from_disk",
 )
 CLIENT_TIMEOUT = aiohttp.ClientTimeout(total=20)
 
@@ -1161,6 +1166,11 @@ json_objects = st.dictionaries(
 )
 bodies = json_objects | json_values | st.binary(max_size=48)
 
+DELTA_DIR = Path(tempfile.gettempdir()) / f"miles-disk-delta-hostile-{os.getpid()}"
+"""Where disk-delta's routes may write (delta_routes.py): a pull of version 0 makes the
+local checkpoint there; removed when the tests end."""
+atexit.register(shutil.rmtree, DELTA_DIR, True)
+
 VALID_BODIES: dict[str, dict[str, Any]] = {
     "/abort_request": {"rid": "nobody", "abort_all": False},
     "/begin_weight_update": {"selector": "all"},
@@ -1175,6 +1185,12 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
     "/update_weights_from_distributed": BUCKET,
     "/update_weights_from_tensor": tensors("not-a-handle"),
     "/weights_checker": {"action": "checksum", "skip_tensor_list": ["norm"]},
+    "/pull_weights": {  # version 1 was never written there: refused, nothing made
+        "local_checkpoint_dir": str(DELTA_DIR / "local"),
+        "source_dir": str(DELTA_DIR),
+        "target_version": 1,
+    },
+    "/update_weights_from_disk": {"model_path": str(DELTA_DIR / "local"), "weight_version": "v"},
 }
 """Per route, a body the engine accepts (or refuses for state only), to mutate one field at
 a time: random JSON rarely gets past the first check, these reach the later ones."""

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from miles_core.coverage import AT_TIME
-from miles_core.fault_kinds import BY_KIND, ROWS, TAKES_A_CELL_DOWN
+from miles_core.fault_kinds import BY_KIND, CAUGHT, ROWS, TAKES_A_CELL_DOWN
 from miles_core.kinds import FaultKind, FaultPoint
 from miles_core.scenario.actions import FaultActions
 from miles_core.scenario.faults import FAULT_TYPES, AnyFault
@@ -21,7 +21,8 @@ from sim.search.swarm import swarm_scenario
 from sim.world.faults import SimFaultActions
 
 SEEDS = 400
-"""Swarm seeds drawn (no run) to find each kind; every kind appears within the first 100."""
+"""Swarm seeds drawn (no run) to find each kind; every kind appears within the first 340
+(the field bugs, sim/search/swarm_field_bugs.py, are the rarest)."""
 
 
 def _drawn() -> dict[FaultKind, AnyFault]:
@@ -94,6 +95,23 @@ def test_the_swarm_draw_the_row_names_exists_and_the_swarm_draws_the_kind(
     draw = getattr(importlib.import_module(f"sim.search.{module}"), function, None)
     assert callable(draw), f"{BY_KIND[kind].swarm} is no function of sim/search/{module}.py"
     assert kind in DRAWN, f"{SEEDS} swarm seeds drew no {kind.value}"
+
+
+@pytest.mark.parametrize("kind", sorted(CAUGHT))
+def test_a_seed_that_draws_a_caught_kind_expects_its_oracle_or_survives_it(
+    kind: FaultKind,
+) -> None:
+    """A field bug's seed names the oracle that must catch it (expect.caught_by), the row's
+    where that is an oracle, or none where the drawn form is survived (torn, overwrite
+    applied twice, the lock failed over)."""
+    from miles_core.oracle_names import CATCHERS
+
+    for seed in range(SEEDS):
+        scenario = swarm_scenario(seed)
+        if any(f.kind is kind for f in scenario.faults):
+            assert scenario.expect.caught_by in (BY_KIND[kind].caught_by, None)
+            if scenario.expect.caught_by is not None:
+                assert scenario.expect.caught_by in CATCHERS
 
 
 def test_a_missing_row_is_named() -> None:

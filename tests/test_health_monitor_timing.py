@@ -25,6 +25,7 @@ def _check_times(
     ctx = SimpleNamespace(
         rt=rt,
         config=SimpleNamespace(
+            today=False,  # 31f1ca9's monitor (aug2026); today's: scenarios/test_miles_health.py
             rollout_health_check_first_wait=first_wait,
             rollout_health_check_interval=interval,
         ),

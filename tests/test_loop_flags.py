@@ -34,6 +34,7 @@ GOOD = {
     "max_weight_staleness": 2,
     "unused_samples_handler": UnusedHandler.RETRY,
     "staleness_policy": "gate_submission",
+    "miles_profile": "aug2026",
     "capacity_factor": 3.0,
     "async_max_concurrent_samples": 8,
     "rollout_submission_granularity": "group",
@@ -41,6 +42,7 @@ GOOD = {
     "dynamic_sampling_filter": "check_reward_nonzero_std",
     "update_weight_buffer_size": 1024,
     "transfer_mode": "p2p",
+    "update_weight_delta_encoding": "overwrite",
     "max_step_attempts": 5,
     "max_route_attempts": 6,
     "lora_adapter": "policy",
@@ -53,21 +55,30 @@ GOOD = {
     "rollout_health_check_interval": 5.0,
     "rollout_health_check_timeout": 6.0,
     "rollout_health_check_first_wait": 7.0,
+    "rollout_health_check_failure_threshold": 2,
     "mini_ft_controller_enable": True,
     "mini_ft_controller_poll_interval": 4.0,
     "mini_ft_controller_resume_delay": 0.0,
+    "namespaced_radix_cache": True,
+    "pause_abort_below_start_weight_version": True,
     "save_interval": 2,
     "request_max_retries": 5,
     "request_retry_interval": 0.5,
     "flush_cache_max_retries": 7,
     "flush_cache_retry_interval": 2.0,
     "update_weight_collective_timeout": 60.0,
+    "update_weight_engine_request_timeout": 30.0,
+    "update_weights_timeout": 90.0,
     "miles_bug_p2p_failures_logged": True,
     "miles_bug_health_monitor_left_paused": True,
     "miles_bug_fsdp_ignores_pause_mode": True,
 }
-NEEDS = {"staleness_policy": "max_weight_staleness = 1\n"}
-"""What a flag's good value needs beside it in a scenario file (the gate needs a bound)."""
+NEEDS = {
+    "staleness_policy": "max_weight_staleness = 1\n",
+    "pause_abort_below_start_weight_version": "max_weight_staleness = 1\n",
+}
+"""What a flag's good value needs beside it in a scenario file (the gate and the abort
+threshold at pause, version - max_weight_staleness, each need a bound)."""
 
 
 def test_every_flag_has_a_good_value_here() -> None:
@@ -82,7 +93,9 @@ def test_miles_defaults_are_stated_once() -> None:
     assert loop.use_fault_tolerance is False
     assert (loop.rollout_health_check_interval, loop.rollout_health_check_timeout) == (30, 30)
     assert loop.rollout_health_check_first_wait == 0
-    assert loop.mini_ft_controller_enable is False
+    assert loop.rollout_health_check_failure_threshold == 1
+    assert loop.mini_ft_controller_enable is None  # resolved: mini_ft_controller_on
+    assert not loop.mini_ft_controller_on
     assert (loop.mini_ft_controller_poll_interval, loop.mini_ft_controller_resume_delay) == (10, 10)
 
 

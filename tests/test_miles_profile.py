@@ -32,7 +32,8 @@ def test_miles_profile_is_read_and_written_back(profile: MilesProfile) -> None:
 def test_an_unknown_profile_names_the_field_and_the_choices() -> None:
     with pytest.raises(ConfigError) as error:
         scenario_from_toml(BASE + '[miles]\nprofile = "may2026"\n', "f.toml")
-    assert "miles_profile" in str(error.value) and "aug2026" in str(error.value)
+    # named as the user wrote it, [miles].profile (it was [loop].miles_profile, a key not written)
+    assert error.value.field == "[miles].profile" and "aug2026" in str(error.value)
 
 
 def test_an_unknown_miles_key_is_refused() -> None:

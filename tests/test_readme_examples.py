@@ -481,10 +481,16 @@ def test_a_misspelled_key_is_refused_naming_it_and_the_key_meant(tmp_path: Path)
 def test_the_wait_for_graph_quoted_in_verdicts_is_what_the_plant_prints() -> None:
     """Its source lines read as ``file.py:N`` (they move with every edit of those files)."""
     text = (ROOT / "docs" / "verdicts.md").read_text()
-    said = re.search(r"From\s+`--plant (\w+)` on `(\w+)`:\s*```\n(.*?)```", text, re.S)
+    said = re.search(
+        r"From\s+`--plant (\w+)` on `(\w+)`(?:\s+under\s+`(--miles-profile \w+)`)?[^:]*:"
+        r"\s*```\n(.*?)```",
+        text,
+        re.S,
+    )
     assert said is not None
-    plant, scenario, quoted = said.groups()
-    ran = _run(("python", "-m", "sim", "run", scenario, "--plant", plant))
+    plant, scenario, profile, quoted = said.groups()
+    profile_words = tuple(profile.split()) if profile else ()
+    ran = _run(("python", "-m", "sim", "run", scenario, "--plant", plant, *profile_words))
 
     def lines(s: str) -> list[str]:
         return [re.sub(r"\.py:\d+", ".py:N", line).strip() for line in s.splitlines()]

@@ -3,6 +3,7 @@ labelled by its clock, and a staleness histogram that counts every trained group
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from functools import cache
 from typing import Any
@@ -21,6 +22,7 @@ from miles_core.events import (
     UpdateBegan,
     VersionPublished,
 )
+from miles_core.profile import MilesProfile
 from miles_core.report import chrome_trace, step_stories, story_lines, summary, text_lines
 from miles_core.scenario import SCENARIOS
 from miles_core.weight_update import UpdateKind
@@ -30,6 +32,14 @@ from sim.run import SimResult, run_scenario
 @cache
 def _run(name: str) -> SimResult:
     return run_scenario(SCENARIOS[name], 0)
+
+
+def _run_aug2026(name: str) -> SimResult:
+    """Under miles at 31f1ca9, whose health monitor recovers an engine at once (today's mini
+    FT controller waits its poll and resume delay: scenarios/test_miles_health.py)."""
+    scenario = SCENARIOS[name]
+    loop = dataclasses.replace(scenario.loop, miles_profile=MilesProfile.AUG2026)
+    return run_scenario(dataclasses.replace(scenario, loop=loop), 0)
 
 
 def _info(result: SimResult) -> dict[str, Any]:
@@ -46,7 +56,7 @@ def _step(lines: list[str], step: int) -> list[str]:
 def test_a_step_is_told_in_time_order() -> None:
     """engine-1 dies as step 2 begins and its new process starts during the attempt: both
     come before the attempt's commit, and its sync by the update after it."""
-    lines = story_lines(step_stories(_run("ft_engine_dies").history))
+    lines = story_lines(step_stories(_run_aug2026("ft_engine_dies").history))
     assert _step(lines, 2) == [
         "fault kill_engine engine-1 at t=13.51 (step_begin step=2)",
         "engine-1: serving -> down (process exited: process killed)",
@@ -60,7 +70,7 @@ def test_a_step_is_told_in_time_order() -> None:
 def test_faults_and_syncs_fall_between_the_updates_they_came_after() -> None:
     """Step 0's update published before the faults at t=32 and t=36 fired; a sync that a
     fault aborted comes after that fault, and each sync is named as an update."""
-    lines = story_lines(step_stories(_run("sync_fails_then_engine_hangs").history))
+    lines = story_lines(step_stories(_run_aug2026("sync_fails_then_engine_hangs").history))
     assert _step(lines, 0) == [
         "try 1 on [0, 1]: commit",
         "update 0 (v1) by cell 0: published",
@@ -124,8 +134,11 @@ def test_lines_go_by_time_and_ties_in_history_order() -> None:
 
 def test_an_update_is_named_by_its_id_and_version_everywhere() -> None:
     """Two updates carry version 4 (the first aborted): the story, the engine's line and the
-    trace all name them update 3 and update 4; none says "update vN"."""
-    result = _run("restart_mid_update")
+    trace all name them update 3 and update 4; none says "update vN". Pinned to aug2026,
+    whose replaced engine aborts the update: under today the update gives that engine up and
+    publishes v4 to the others, so no two updates share a version here (cell_isolation.py;
+    scenarios/test_miles_deadlines.py, tests/test_update_order_given_up.py)."""
+    result = _run_aug2026("restart_mid_update")
     lines = text_lines(_info(result), result.history, result.verdicts)
     step3 = _step(lines, 3)
     assert "update 3 (v4) by cell 0 aborted: engine-0 failed (its process was replaced " in (
@@ -143,8 +156,12 @@ def test_an_update_is_named_by_its_id_and_version_everywhere() -> None:
 
 
 def test_a_sync_has_its_span_in_the_trace() -> None:
-    """A sync publishes nothing: its span ends when its engines resume."""
-    trace = chrome_trace(_run("sync_fails_then_engine_hangs").history)
+    """A sync publishes nothing: its span ends when its engines resume. (Miles at 31f1ca9:
+    today's miles syncs no new process, the next full update takes it.)"""
+    scenario = SCENARIOS["sync_fails_then_engine_hangs"]
+    loop = dataclasses.replace(scenario.loop, miles_profile=MilesProfile.AUG2026)
+    history = run_scenario(dataclasses.replace(scenario, loop=loop), 0).history
+    trace = chrome_trace(history)
     names = [e["name"] for e in trace["traceEvents"] if e["ph"] == "X"]
     assert "update 1 (sync to v1) aborted" in names and "update 2 (sync to v1)" in names
 

@@ -33,6 +33,7 @@ from miles_core.events import (
     VersionPublished,
 )
 from miles_core.kinds import SampleOutcome
+from miles_core.profile import MilesProfile
 from miles_core.versions import untrusted_version
 from sim.run import SimResult, run_scenario
 from sim.scenarios import SCENARIOS
@@ -102,7 +103,7 @@ class _Cluster:
     """What RayRouter reads of its cluster (router.py's RouterCluster), one engine."""
 
     def __init__(self, version: Any) -> None:
-        self.settings = type("Settings", (), {"seed": 0})()
+        self.settings = type("Settings", (), {"seed": 0, "miles_today": True})()
         self.engines = {ENGINE: _Engine(version)}
         self.task = _Task()
         self.faults = type("Faults", (), {"fire": lambda *a, **k: None})()
@@ -260,7 +261,8 @@ def test_an_answer_after_the_resume_is_judged_by_the_stamp_it_was_resumed_with(
 def test_a_version_the_router_cannot_read_gets_the_engine_resynced(
     clusters: list[SimCluster], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The simulated router raises what the Ray world's raises for "abc"."""
+    """The simulated router raises what the Ray world's raises for "abc". Under aug2026:
+    today's miles fails the run instead (tests/test_version_rules.py)."""
     broken: list[bool] = []
     generate = SimRouter.generate
 
@@ -278,7 +280,9 @@ def test_a_version_the_router_cannot_read_gets_the_engine_resynced(
 
     monkeypatch.setattr(SimRouter, "generate", reading)
     observer = _when_published(clusters, 3, lambda cluster: broken.append(False))
-    result = run_scenario(SCENARIOS["no_failure"], seed=0, observers=[observer])
+    base = SCENARIOS["no_failure"]
+    loop = dataclasses.replace(base.loop, miles_profile=MilesProfile.AUG2026)
+    result = run_scenario(dataclasses.replace(base, loop=loop), seed=0, observers=[observer])
     _judged_and_resynced(result, "'abc', not a version")
 
 

@@ -20,6 +20,7 @@ import pytest
 from miles_core.backend import EngineFailure, RequestRefused
 from miles_core.errors import ConfigError
 from miles_core.events import (
+    EngineGivenUp,
     EnginesFlushed,
     FlushRefused,
     GroupDropped,
@@ -32,6 +33,7 @@ from miles_core.events import (
 from miles_core.kinds import AbortCause, RunStatus, SampleOutcome
 from miles_core.loop import LoopConfig
 from miles_core.loop.flags import with_flags
+from miles_core.profile import MilesProfile
 from miles_core.report.summary import summary
 from miles_core.report.trace import chrome_trace
 from miles_core.scenario import SCENARIOS
@@ -171,9 +173,12 @@ def test_after_the_last_flush_try_the_update_fails_as_miles_does(monkeypatch) ->
     assert result.history[len(result.history) - 1].t == pytest.approx(refused[-1].t + 1.0)
 
 
-def test_a_dead_engines_flush_is_not_tried_again(monkeypatch) -> None:
-    """An EngineFailure (miles' connection error) fails the update at once: the engine is
-    taken out, the update retried without it; its flush was called once."""
+@pytest.mark.parametrize("profile", list(MilesProfile))
+def test_a_dead_engines_flush_is_not_tried_again(monkeypatch, profile: MilesProfile) -> None:
+    """An EngineFailure (miles' connection error) is not a refusal: its flush was called
+    once. aug2026: it fails the update at once, the engine taken out and the update retried
+    without it. today: it gives up that engine alone and the update goes on with the others
+    (cell_isolation.py; rollout_cell_updater.py ``submit_client_call``, 3eacefd0)."""
     calls: Counter[str] = Counter()
     original = SimEngine.flush_cache
 
@@ -184,12 +189,21 @@ def test_a_dead_engines_flush_is_not_tried_again(monkeypatch) -> None:
         await original(self)
 
     monkeypatch.setattr(SimEngine, "flush_cache", flush_cache)
-    result = run_scenario(SCENARIOS["no_failure"], 0)
+    scenario = SCENARIOS["no_failure"]
+    loop = dataclasses.replace(scenario.loop, miles_profile=profile)
+    result = run_scenario(dataclasses.replace(scenario, loop=loop), 0)
     assert result.report.status is RunStatus.COMPLETED, result.report.reason
     assert calls["engine-1"] == 1
     assert not any(isinstance(e, FlushRefused) for e in result.history)
-    (aborted,) = [e for e in result.history if isinstance(e, UpdateAborted)]
-    assert (aborted.cause, aborted.component) == (AbortCause.ENGINE, "engine-1")
+    aborted = [e for e in result.history if isinstance(e, UpdateAborted)]
+    given_up = [e for e in result.history if isinstance(e, EngineGivenUp)]
+    if profile is MilesProfile.AUG2026:
+        assert not given_up and len(aborted) == 1
+        assert (aborted[0].cause, aborted[0].component) == (AbortCause.ENGINE, "engine-1")
+    else:
+        assert not aborted and len(given_up) == 1
+        assert (given_up[0].engine, given_up[0].call) == ("engine-1", "flush_cache")
+        assert "planted: connection refused" in given_up[0].reason
 
 
 @pytest.mark.parametrize(

@@ -48,9 +48,11 @@ def test_the_draw_is_the_seeds() -> None:
 
 
 def test_every_honoured_form_is_drawn() -> None:
-    """Every kind but kill_job (which check_real refuses) has a motif, each round of draws
-    holds every form, and a long soak's schedule strikes with every kind."""
-    assert set(HONOURED) == {row.kind for row in ROWS} - {FaultKind.KILL_JOB}
+    """Every kind but kill_job (which check_real refuses) has a motif, each
+    round of draws holds every form, and a long soak's schedule strikes with every kind."""
+    caught = {row.kind for row in ROWS if row.caught_by is not None}  # their oracle fails
+    refused = {FaultKind.KILL_JOB}
+    assert set(HONOURED) == {row.kind for row in ROWS} - refused - caught
     assert set(FORMS) == set(HONOURED)
     rng = random.Random(3)
     assert set(forms(rng, len(FORMS))) == set(HONOURED)  # one round: each form once
@@ -128,8 +130,11 @@ def test_this_process_is_sampled_as_the_driver() -> None:
 
 
 def test_a_short_real_soak_survives_a_fault() -> None:
-    """About 35 s: the world starts, seed 0's first form (an orphaned engine) strikes and
-    is recovered, every oracle passes, and nothing of the session is left."""
+    """About 35 s: the world starts, seed 0's first form (a hung engine) strikes and
+    is recovered, every oracle passes, and nothing of the session is left. Under today the
+    hang meets an update, which gives the engine up after the soak's 10 s engine-request
+    deadline and the controller heals it (command.soak_scenario); with miles' 300 s the
+    update waited 5 minutes and the run ended with the fault not recovered."""
     tmp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
     out = tmp / "soak.json"
     env = {**os.environ, "RAY_TMPDIR": str(tmp)}

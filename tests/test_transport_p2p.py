@@ -25,6 +25,7 @@ from miles_core.transfer import ParamSpec, UpdateUnit, plan_buckets
 
 class _Cell:
     index = 0
+    ticket_lock = False  # one rank: today's miles takes no weight-update lock
 
     def __init__(self, log: list[tuple[Any, ...]]) -> None:
         self.log = log

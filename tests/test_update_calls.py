@@ -1,15 +1,20 @@
 """An update's call to one engine (``Updater._call``) ends with the update.
 
 With fault tolerance the call runs as a task of its own, raced against the health
-check's timeout. When the update is cancelled (the run ends, a failover), that task
-is cancelled with it: a pause or a stamp of an update nobody waits for any more must
-not reach the engine afterwards and change it unrecorded.
+check's timeout (aug2026); under the today profile every control call does, raced against
+--update-weight-engine-request-timeout (``CellIsolation.call``, cell_isolation.py). When the
+update is cancelled (the run ends, a failover), that task is cancelled with it: a pause or a
+stamp of an update nobody waits for any more must not reach the engine afterwards and change
+it unrecorded. Both profiles' paths are run here.
 """
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
+from miles_core.loop.cell_isolation import CellIsolation
 from miles_core.loop.engine_calls import EngineCall
 from miles_core.loop.update import Updater, _CallNames
 from miles_core.runtime import Cancelled
@@ -32,21 +37,34 @@ PAUSE = EngineCall("pause", lambda engine: engine.pause())  # type: ignore[attr-
 """A pause as the updater makes it, to this test's engine (which takes no mode)."""
 
 
-def _updater(rt: SimRuntime, engine: _Engine) -> Updater:
+PROFILES = pytest.mark.parametrize("today", [False, True], ids=["aug2026", "today"])
+"""aug2026: the health check's timeout in ``Updater._call``; today: ``CellIsolation.call``."""
+
+
+def _updater(rt: SimRuntime, engine: _Engine, today: bool) -> Updater:
     updater = Updater.__new__(Updater)  # only what _call reads
     updater.ctx = SimpleNamespace(  # type: ignore[assignment]
         rt=rt,
         engines=SimpleNamespace(current=lambda engine, incarnation: True),
         cluster=SimpleNamespace(engine=lambda engine_id, incarnation: engine),
-        config=SimpleNamespace(use_fault_tolerance=True, rollout_health_check_timeout=5.0),
+        config=SimpleNamespace(
+            use_fault_tolerance=True,
+            rollout_health_check_timeout=5.0,
+            today=today,
+            lora_adapter=None,
+            update_weight_engine_request_timeout=5.0,
+        ),
     )
+    # no give-up is reached here (every call answers within 5 s or is cancelled)
+    updater.isolation = CellIsolation(updater.ctx, SimpleNamespace(), lambda *_: None)  # type: ignore[arg-type]
     return updater
 
 
-def test_a_cancelled_update_cancels_its_call_to_the_engine() -> None:
+@PROFILES
+def test_a_cancelled_update_cancels_its_call_to_the_engine(today: bool) -> None:
     rt = SimRuntime(0)
     engine = _Engine(rt)
-    updater = _updater(rt, engine)
+    updater = _updater(rt, engine, today)
 
     async def main() -> str:
         call = rt.spawn(updater._call("engine-0", 0, PAUSE, lambda e, answer: None), "call")
@@ -63,13 +81,14 @@ def test_a_cancelled_update_cancels_its_call_to_the_engine() -> None:
     assert engine.paused_at is None  # the pause never acted for the cancelled update
 
 
-def test_a_call_that_answers_in_time_acts_and_is_answered() -> None:
+@PROFILES
+def test_a_call_that_answers_in_time_acts_and_is_answered(today: bool) -> None:
     rt = SimRuntime(0)
     engine = _Engine(rt)
     answered: list[str] = []
 
     async def main() -> object:
-        return await _updater(rt, engine)._call(
+        return await _updater(rt, engine, today)._call(
             "engine-0", 0, PAUSE, lambda e, answer: answered.append(e)
         )
 

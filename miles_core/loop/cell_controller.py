@@ -68,6 +68,11 @@ class CellController:
             await self._poll()
             await ctx.rt.sleep(max(0.0, poll - (ctx.rt.now() - began)))
 
+    async def poll(self) -> None:
+        """One look at the cells, healing each unhealthy one in turn (today's controller
+        polls them in its own loop, rollout_cell_controller.py)."""
+        await self._poll()
+
     async def _poll(self) -> None:
         ctx = self.ctx
         unhealthy = [

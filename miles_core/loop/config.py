@@ -13,9 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 from miles_core.buffer import DEFAULT_UNUSED_HANDLER, BufferConfig, UnusedHandler
+from miles_core.disk_delta import DeltaEncoding, check_transfer
 from miles_core.errors import ConfigError, int_at_least
 from miles_core.filters import dynamic_filter
 from miles_core.kinds import PauseMode, SubmissionGranularity
+from miles_core.pause_filter import check_pause_filter
 from miles_core.profile import DEFAULT_MILES_PROFILE, MilesProfile
 from miles_core.staleness_gate import DEFAULT_STALENESS_POLICY, StalenessPolicy
 from miles_core.transfer import DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE, TransferMode
@@ -49,11 +51,21 @@ class LoopConfig:
     and group otherwise (one_step_off submits its shortfall at once, unpaced)."""
     pause_generation_mode: PauseMode = PauseMode.RETRACT
     """What an update does to requests in flight (miles' default: retract)."""
+    pause_abort_below_start_weight_version: bool = False
+    """--pause-abort-below-start-weight-version: each update's pause also drops (aborts) the
+    requests that started under a version below (the version it publishes) -
+    --max-weight-staleness, which the buffer would drop as stale anyway (SGLang's
+    ``abort_below_start_weight_version`` on /pause_generation, sglang #34185, open draft); the
+    producer then sends each request's ``start_weight_version``, which miles does not (miles
+    #2296, open). Ours: miles has no such flag (miles_core/pause_filter.py)."""
     dynamic_sampling_filter: str | None = None
     """--dynamic-sampling-filter-path: one of miles' built-in filters, or any importable
     ``module.function`` called as miles calls one, ``fn(args, group)`` (miles_core.filters)."""
     update_weight_buffer_size: int = DEFAULT_UPDATE_WEIGHT_BUFFER_SIZE
     transfer_mode: TransferMode = TransferMode.BROADCAST
+    update_weight_delta_encoding: DeltaEncoding = DeltaEncoding.XOR
+    """--update-weight-delta-encoding under disk-delta: xor (miles' default) or overwrite
+    (miles_core/disk_delta.py)."""
     max_step_attempts: int = 30
     max_route_attempts: int = 30
     lora_adapter: str | None = None
@@ -85,9 +97,21 @@ class LoopConfig:
     rollout_health_check_interval: float = 30.0
     rollout_health_check_timeout: float = 30.0
     rollout_health_check_first_wait: float = 0.0
-    mini_ft_controller_enable: bool = False
+    rollout_health_check_failure_threshold: int = 1
+    """--rollout-health-check-failure-threshold (today's miles, configs/fault_tolerance.py
+    3c07fcdd: 1): failed checks in a row before today's checker publishes an engine
+    unhealthy (miles_core/loop/rollout_health.py); aug2026's monitor acts on the first."""
+    mini_ft_controller_enable: bool | None = None
     """--mini-ft-controller-enable: stopped cells are resumed (new processes, healed at the
-    next refresh) without an operator; miles_core/loop/cell_controller.py."""
+    next refresh) without an operator; miles_core/loop/cell_controller.py. Unset (None): off
+    under aug2026; under today on with --use-fault-tolerance, healing the rollout engines
+    (miles' ``_resolve_mini_ft_controller_enable``): ``mini_ft_controller_on``."""
+    namespaced_radix_cache: bool | None = None
+    """--namespaced-radix-cache / --no-namespaced-radix-cache: an engine's prefix cache
+    reuses a prompt's KV only within one train call's namespace ``train:-:{rollout_id}``
+    (SGLang's ``extra_key``). Unset (None): off under aug2026 (31f1ca9 has no such flag);
+    under today miles' default, on for fully_async with in_place (``configs/rollout.py`` at
+    3c07fcdd): ``radix_namespaced``."""
     mini_ft_controller_poll_interval: float = 10.0
     """--mini-ft-controller-poll-interval: seconds between the controller's looks at the
     cells."""
@@ -115,6 +139,15 @@ class LoopConfig:
     for all (torch's default_pg_timeout, which miles' ``init_process_group`` gives the update
     group, miles/utils/distributed_utils.py): a member that hung stalls the whole group this
     long, and is the one blamed."""
+    update_weight_engine_request_timeout: float = 300.0
+    """--update-weight-engine-request-timeout (today's miles, configs/rollout.py 3c07fcdd):
+    seconds one control call of an update has to answer before only that engine is given up
+    (miles_core/loop/cell_isolation.py); aug2026 keeps the health check's timeout, under
+    --use-fault-tolerance only."""
+    update_weights_timeout: float = 600.0
+    """--update-weights-timeout (today's miles, configs/rollout.py 3c07fcdd): seconds one
+    trainer cell's update may take before the cell is given up and the update fails over
+    (TrainerController.update_weights); aug2026 has no such deadline."""
     # -- miles as it is, bugs included: each off by default; on, the loop does what miles does
     miles_bug_p2p_failures_logged: bool = False
     """miles' p2p weight transfer (``--update-weight-transfer-mode p2p`` only): each bucket's
@@ -142,6 +175,9 @@ class LoopConfig:
         for name in ("steps", "max_step_attempts", "max_route_attempts"):
             _at_least(name, getattr(self, name), 1)
         _at_least("heartbeat_failure_threshold", self.heartbeat_failure_threshold, 1)
+        _at_least(
+            "rollout_health_check_failure_threshold", self.rollout_health_check_failure_threshold, 1
+        )
         _at_least("save_interval", self.save_interval, 0)
         self._check_retries()
         _at_least("update_weight_buffer_size", self.update_weight_buffer_size, 1)
@@ -156,7 +192,8 @@ class LoopConfig:
                 )
         for name in ("heartbeat_interval", "heartbeat_timeout", "rollout_health_check_interval",
                      "rollout_health_check_timeout", "mini_ft_controller_poll_interval",
-                     "update_weight_collective_timeout"):  # fmt: skip
+                     "update_weight_collective_timeout",
+                     "update_weight_engine_request_timeout", "update_weights_timeout"):  # fmt: skip
             value = getattr(self, name)
             if value is not None and not _seconds(value, strict=True):
                 raise ConfigError(name, f"got {value!r}", "pass seconds > 0")
@@ -178,8 +215,22 @@ class LoopConfig:
         if self.mode not in MODES:
             raise ConfigError("mode", f"got {self.mode!r}", f"choose one of {MODES}")
         self._check_mode_and_pause()
+        check_pause_filter(
+            self.pause_abort_below_start_weight_version,
+            self.pause_generation_mode,
+            self.max_weight_staleness,
+        )
         self._check_staleness_policy()
         self._check_profile()
+        object.__setattr__(  # disk-delta: its encoding, and refused with a LoRA adapter
+            self,
+            "update_weight_delta_encoding",
+            check_transfer(
+                self.transfer_mode,
+                self.update_weight_delta_encoding,
+                self.lora_adapter is not None,
+            ),
+        )
         dynamic_filter(self.dynamic_sampling_filter)  # a built-in, or a path that imports
         self.buffer_config()  # the buffer's own checks, before anything runs
 
@@ -234,6 +285,31 @@ class LoopConfig:
     def today(self) -> bool:
         """Whether the loop follows today's miles (the cell-isolation line), not 31f1ca9."""
         return self.miles_profile is MilesProfile.TODAY
+
+    @property
+    def mini_ft_controller_on(self) -> bool:
+        """Whether the mini FT controller runs: as set, or unset (None) off under aug2026 and,
+        under today, on with --use-fault-tolerance (miles' ``_resolve_mini_ft_controller_enable``:
+        ``bool(ft_components) and api_server_port != 0``, ft_components ["rollout"] with FT;
+        miles/utils/arguments.py, docs/miles-today-reading.md section 4). Resolved here, not
+        stored, so that --miles-profile on a scenario keeps the other profile's default."""
+        if self.mini_ft_controller_enable is not None:
+            return self.mini_ft_controller_enable
+        return self.today and self.use_fault_tolerance
+
+    @property
+    def radix_namespaced(self) -> bool:
+        """Whether prefix KV is namespaced per train call: as set, or unset (None) off under
+        aug2026 and, under today, ``args.fully_async and args.pause_generation_mode ==
+        "in_place"`` (miles' resolver in miles/utils/arguments.py; docs/miles-today-reading.md
+        section 7). Resolved here, not stored, as ``mini_ft_controller_on``."""
+        if self.namespaced_radix_cache is not None:
+            return self.namespaced_radix_cache
+        return (
+            self.today
+            and self.mode == "fully_async"
+            and self.pause_generation_mode is PauseMode.IN_PLACE
+        )
 
     def _check_staleness_policy(self) -> None:
         try:
@@ -311,9 +387,11 @@ FLAGS: Mapping[str, str] = {
     "async_max_concurrent_samples": "--async-max-concurrent-samples",
     "rollout_submission_granularity": "--rollout-submission-granularity",
     "pause_generation_mode": "--pause-generation-mode",
+    "pause_abort_below_start_weight_version": "--pause-abort-below-start-weight-version",
     "dynamic_sampling_filter": "--dynamic-sampling-filter-path",
     "update_weight_buffer_size": "--update-weight-buffer-size",
     "transfer_mode": "--update-weight-transfer-mode",
+    "update_weight_delta_encoding": "--update-weight-delta-encoding",
     "max_step_attempts": "--max-step-attempts",
     "max_route_attempts": "--max-route-attempts",
     "lora_adapter": "--lora-adapter",
@@ -327,7 +405,9 @@ FLAGS: Mapping[str, str] = {
     "rollout_health_check_interval": "--rollout-health-check-interval",
     "rollout_health_check_timeout": "--rollout-health-check-timeout",
     "rollout_health_check_first_wait": "--rollout-health-check-first-wait",
+    "rollout_health_check_failure_threshold": "--rollout-health-check-failure-threshold",
     "mini_ft_controller_enable": "--mini-ft-controller-enable",
+    "namespaced_radix_cache": "--namespaced-radix-cache",
     "mini_ft_controller_poll_interval": "--mini-ft-controller-poll-interval",
     "mini_ft_controller_resume_delay": "--mini-ft-controller-resume-delay",
     "save_interval": "--save-interval",
@@ -336,6 +416,8 @@ FLAGS: Mapping[str, str] = {
     "flush_cache_max_retries": "--flush-cache-max-retries",
     "flush_cache_retry_interval": "--flush-cache-retry-interval",
     "update_weight_collective_timeout": "--update-weight-collective-timeout",
+    "update_weight_engine_request_timeout": "--update-weight-engine-request-timeout",
+    "update_weights_timeout": "--update-weights-timeout",
     "miles_bug_p2p_failures_logged": "--miles-bug-p2p-failures-logged",
     "miles_bug_health_monitor_left_paused": "--miles-bug-health-monitor-left-paused",
     "miles_bug_fsdp_ignores_pause_mode": "--miles-bug-fsdp-ignores-pause-mode",

@@ -58,9 +58,11 @@ class RunContext:
         """Held from a step's training to the end of its update, and by each sync: a sync
         sends the trainer's current weights, right only while they are the published ones."""
         self.engines_changed = Notifier(rt)
-        self.monitor_paused = 0
-        """The engine health monitor is paused while this is > 0 (updates, syncs, heals), as
-        miles pauses its rollout health monitor around a weight update."""
+        self._monitor_paused = 0
+        self.monitor_epoch = 0
+        """How many times the engine health monitor was paused or resumed (``monitor_paused``
+        going to or from 0): today's checker discards a probe across which it moved, as
+        miles' ``SimpleHealthChecker`` compares ``ActiveAndEpoch``."""
         self.heartbeats_paused = 0
         """The trainer heartbeat checker is paused while this is > 0: while a refresh
         reconfigures the cells (miles' ``_paused_health_checkers`` around the cooperative
@@ -79,6 +81,18 @@ class RunContext:
         """The run's background tasks (pruned of finished ones as it goes): all cancelled
         when the run ends, so nothing of a finished run acts on the world or records."""
         self._prune_at = 64
+
+    @property
+    def monitor_paused(self) -> int:
+        """The engine health monitor is paused while this is > 0 (updates, syncs, heals), as
+        miles pauses its rollout health monitor around a weight update."""
+        return self._monitor_paused
+
+    @monitor_paused.setter
+    def monitor_paused(self, value: int) -> None:
+        if bool(value) != bool(self._monitor_paused):
+            self.monitor_epoch += 1
+        self._monitor_paused = value
 
     def emit(self, event_type: type[Event], **fields: Any) -> None:
         self.history.append(event_type(t=self.rt.now(), **fields))

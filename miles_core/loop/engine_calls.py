@@ -24,8 +24,12 @@ class EngineCall:
     engine's weights checksum, where its world can read weights)."""
 
 
-def pause(mode: PauseMode) -> EngineCall:
-    return EngineCall("pause", lambda engine: engine.pause(mode))
+def pause(mode: PauseMode, abort_below: int | None = None) -> EngineCall:
+    """/pause_generation; ``abort_below`` only when set (sglang #34185's field, which the
+    pause sends under --pause-abort-below-start-weight-version alone)."""
+    if abort_below is None:
+        return EngineCall("pause", lambda engine: engine.pause(mode))
+    return EngineCall("pause", lambda engine: engine.pause(mode, abort_below))
 
 
 FLUSH_CACHE = EngineCall("flush_cache", lambda engine: engine.flush_cache())

@@ -33,6 +33,11 @@ weight update brings them the weights. Here:
   slower than ``interval + timeout`` would otherwise be killed by the next ask,
   for ever (seen on the CPU backend under load). miles' rollout manager likewise
   waits for the engines it restarts (recover_updatable_engines).
+
+That is miles at 31f1ca9 (the aug2026 profile). Under today's profile this monitor
+neither checks nor recovers: today's checker only publishes a status (rollout_health.py)
+and the mini FT controller heals (rollout_cell_controller.py); ``run`` starts the checker
+and ``replace`` does nothing (the update's failed engine is DOWN, which the controller heals).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from miles_core.backend import EngineFailure
 from miles_core.engines import EngineState
 from miles_core.events import EngineHealthFailed, EngineRecoveryAsked
 from miles_core.loop.context import RunContext
+from miles_core.loop.rollout_health import RolloutHealthChecker
 from miles_core.loop.supervision import EngineSupervisor
 
 PAUSED_POLL_S = 0.5
@@ -56,6 +62,8 @@ class EngineHealthMonitor:
         self._under_way: dict[str, int] = {}
         """engine -> the incarnation it had when a recovery was asked that has not yet been
         reported started or dead."""
+        self.checker = RolloutHealthChecker(ctx)
+        """Today's checker (the today profile), which replaces this monitor's loop."""
 
     def recovery_ended(self, engine: str, incarnation: int) -> None:
         """The world reported a process of the engine starting or exiting: the recovery's if
@@ -86,7 +94,7 @@ class EngineHealthMonitor:
     def replace(self, engine: str, incarnation: int, reason: str) -> None:
         """An update's call to that process got no answer in time: it may be generating
         still, unpaused, on old weights, so it is replaced now, as after a failed check."""
-        if self.ctx.engines.incarnation(engine) == incarnation:
+        if self.ctx.engines.incarnation(engine) == incarnation and not self.ctx.config.today:
             self._recover(engine, reason)
 
     def _recover(self, engine: str, reason: str) -> None:
@@ -105,6 +113,9 @@ class EngineHealthMonitor:
     async def run(self) -> None:
         ctx = self.ctx
         config = ctx.config
+        if config.today:
+            self.checker.spawn()  # a checker per engine; nothing recovers engines here
+            return
         first_wait = True
         while not ctx.stopping:
             if first_wait and not ctx.monitor_paused:

@@ -70,6 +70,8 @@ from miles_core.loop.config import BATCH_MODES
 from miles_core.loop.context import RunContext
 from miles_core.loop.gate import ProducerGate
 from miles_core.loop.supervision import EngineSupervisor
+from miles_core.loop.version_rules import VersionRules, kv_namespace
+from miles_core.pause_filter import declared_start
 from miles_core.staleness_gate import StalenessPolicy
 from miles_core.sync import Notifier, join_all
 from miles_core.versions import untrusted_version
@@ -118,6 +120,15 @@ class Producer:
         self._progress = Notifier(ctx.rt)
         gated = config.staleness_policy is StalenessPolicy.GATE_SUBMISSION
         self.gate = ProducerGate(ctx) if gated else None
+        self.rules = VersionRules(config)
+        """miles' weight-version hygiene, under today (loop/version_rules.py)."""
+        self._namespaced = config.radix_namespaced
+        self._rollouts = 0
+        """Batches asked for so far: the rollout id a namespace names."""
+        self._namespace = kv_namespace(0) if self._namespaced else None
+        self._namespaces: dict[int, str] = {}
+        """Each group's prefix-cache namespace, as it was submitted (miles'
+        ``stamp_kv_cache_namespace``): kept by its samples, retried ones included."""
         """AReaL's submission gate (--staleness-policy gate_submission), else None."""
 
     # -- generation ---------------------------------------------------------------------
@@ -126,24 +137,36 @@ class Producer:
         try:  # one coroutine per request, not one more around it: 512 requests a step at 64x256
             ctx = self.ctx
             engines = self.engines
-            request = GenerateRequest(group_id, prompt_id, index)  # by position: once per request
+            namespace = self._namespaces.get(group_id)  # None unless --namespaced-radix-cache
+            request = GenerateRequest(group_id, prompt_id, index, 0, namespace)  # by position
+            declares = ctx.config.pause_abort_below_start_weight_version
             tries = 0
             while True:  # a try the router failed is sent again later, to the engine then picked
                 picked = engines.pick_now() if ctx.engines.serving() else await engines.pick()
                 engine, incarnation = picked
                 engines.acquire(engine)
                 sent = ctx.rt.now()
+                if declares:  # the version published as it is sent (miles_core/pause_filter.py)
+                    start = declared_start(ctx.config, ctx.ledger.current)
+                    request = GenerateRequest(group_id, prompt_id, index, 0, namespace, start)
                 stamp = engines.stamp_of(engine, incarnation)
                 outcome, result, routing = SampleOutcome.ENGINE_FAILED, None, None
                 refusal_status = SampleStatus.ABORTED
+                broken = None  # miles' version rules (loop/version_rules.py): the run fails
                 try:
                     result = await ctx.cluster.router.generate(engine, incarnation, request)
                     outcome = SampleOutcome.ABORTED if result.aborted else SampleOutcome.COMPLETED
                     if outcome is SampleOutcome.COMPLETED and result.incarnation is None:
-                        outcome = self._checked(engine, incarnation, stamp, result)
+                        broken = self.rules.spans(engine, incarnation, stamp, result)
+                        if broken is None:
+                            outcome = self._checked(engine, incarnation, stamp, result)
+                        else:
+                            outcome = SampleOutcome.OUT_OF_SYNC
                 except VersionOutOfSync as mismatch:
                     outcome = SampleOutcome.OUT_OF_SYNC
-                    engines.out_of_sync(engine, incarnation, mismatch.reason)
+                    broken = self.rules.unreadable(engine, incarnation, mismatch)
+                    if broken is None:
+                        engines.out_of_sync(engine, incarnation, mismatch.reason)
                 except EngineFailure as failure:
                     engines.failed(engine, incarnation, failure.reason)
                 except RequestRefused as refusal:
@@ -163,6 +186,8 @@ class Producer:
             if result is not None and result.incarnation is not None:  # an orphan answered
                 engine, incarnation = result.engine, result.incarnation
             self._record(request, engine, incarnation, sent, outcome, result)
+            if broken is not None:
+                raise broken
             if routing is not None:  # the last try failed too: miles' _post re-raises
                 raise self._request_failed(request, tries, routing)
             if outcome is SampleOutcome.REFUSED:
@@ -300,6 +325,7 @@ class Producer:
             for i in range(n)
         ]
         samples = await join_all(rt, tasks, "its group was cancelled")
+        self._namespaces.pop(group_id, None)
         group = Group(group_id, prompt_id, tuple(samples))
         del self._in_flight[group_id]
         queued = await self._put(group)
@@ -319,6 +345,8 @@ class Producer:
         group_id, prompt_id = next(self._groups), self._next_prompt()
         self._in_flight[group_id] = prompt_id
         self._samples_in_flight += self._n
+        if self._namespace is not None:
+            self._namespaces[group_id] = self._namespace
         if self.gate is not None:
             self.gate.submitted(group_id)
         self.ctx.emit(GroupStarted, group_id=group_id, prompt_id=prompt_id)
@@ -402,6 +430,10 @@ class Producer:
     async def drain(self) -> list[Group]:
         """The next batch: ``rollout_batch_size`` groups the buffer lets through now."""
         ctx = self.ctx
+        self.rules.rollout(ctx.ledger.current)  # miles' RolloutExecutor.get counts a rollout
+        if self._namespaced:  # FullyAsyncRolloutFn.__call__: this train call's namespace
+            self._namespace = kv_namespace(self._rollouts)
+        self._rollouts += 1
         batch: list[Group] = []
         self._drained = batch
         if self.gate is not None:  # the consumer's version advances: the gate may open

@@ -48,12 +48,14 @@ from miles_core.events import (
     TasksWaiting,
 )
 from miles_core.kinds import RunStatus
+from miles_core.loop.adopt import StateHold
 from miles_core.loop.cell_controller import CellController
 from miles_core.loop.config import LoopConfig, check_until_witnessed
 from miles_core.loop.context import RunContext
 from miles_core.loop.health import EngineHealthMonitor
 from miles_core.loop.heartbeat import HeartbeatMonitor
 from miles_core.loop.producer import Producer
+from miles_core.loop.rollout_cell_controller import RolloutCellController
 from miles_core.loop.save import Saver
 from miles_core.loop.supervision import EngineSupervisor
 from miles_core.loop.train import Trainer
@@ -128,6 +130,10 @@ class Orchestrator:
         self.updater = Updater(self.ctx, self.engines, self.trainer, self.health.replace)
         self.monitor = HeartbeatMonitor(self.ctx, self.trainer)
         self.controller = CellController(self.ctx, self.trainer)
+        cells = self.controller if config.mini_ft_controller_enable else None
+        self.rollout_controller = RolloutCellController(
+            self.ctx, self.engines, self.health.checker, cells
+        )
         self.saver = Saver(self.ctx, self.producer, self.trainer)
         if state is not None:
             self.producer.restore(state.cursor, state.pending)
@@ -180,11 +186,13 @@ class Orchestrator:
         if not self.ctx.stopping:
             self.ctx.connections.engines_created()
             self.health.recovery_ended(engine, incarnation)
+            self.rollout_controller.process_reported(engine, incarnation, started=True)
             self.engines.started(engine, incarnation, how)
 
     def engine_exited(self, engine: str, incarnation: int, how: str) -> None:
         if not self.ctx.stopping:
             self.health.recovery_ended(engine, incarnation)
+            self.rollout_controller.process_reported(engine, incarnation, started=False)
             self.engines.exited(engine, incarnation, how)
 
     def cell_started(self, cell: int, incarnation: int, how: str) -> None:
@@ -313,6 +321,9 @@ class Orchestrator:
         ctx.emit(ModelDescribed, unit_bytes=tuple(u.nbytes for u in ctx.cluster.units))
         if self.resume is not None:
             self.saver.resumed(self.resume)
+        hold = getattr(ctx.cluster, "driver_hold", None)
+        if hold is not None:  # a world that keeps the trainer's state for a hot restart
+            StateHold(ctx, self.producer, hold)
         ctx.cluster.attach(self)
         if ctx.ledger.current is not None:  # resumed: engines hold their initial weights
             ctx.emit(LedgerRestored, version=ctx.ledger.current)
@@ -325,8 +336,10 @@ class Orchestrator:
             ctx.spawn(monitor, "heartbeat-monitor")
         if c.use_fault_tolerance:
             ctx.spawn(self.health.run(), "engine-health-monitor")
-        if c.mini_ft_controller_enable:
-            ctx.spawn(self.controller.run(), "ft-controller")
+        if c.mini_ft_controller_on:  # today with FT: the engines too (rollout_cell_controller)
+            today = c.today and c.use_fault_tolerance
+            controller = self.rollout_controller if today else self.controller
+            ctx.spawn(controller.run(), "ft-controller")
         if self.liveness is not None:
             healed = ctx.rt.signal()
             ctx.history.observe(lambda e: _on_heal(e, healed))

@@ -20,6 +20,7 @@ from __future__ import annotations
 from miles_core.backend import CellFailure, CheckpointStore
 from miles_core.errors import ConfigError
 from miles_core.events import JobResumed, SaveBegan, SaveCommitted
+from miles_core.loop.adopt import Adoption, adopted_event
 from miles_core.loop.context import RunContext
 from miles_core.loop.producer import Producer
 from miles_core.loop.train import Trainer
@@ -74,6 +75,9 @@ class Saver:
         """Record what this restart of a killed job loaded and restored (JobResumed)."""
         state = resume.state
         cursor, pending = self.producer.saved() if state is None else (state.cursor, state.pending)
+        if isinstance(resume, Adoption):  # a driver hot restart: its processes kept
+            adopted_event(self.ctx, resume, cursor, pending)
+            return
         self.ctx.emit(
             JobResumed,
             save_step=None if state is None else state.step,

@@ -15,7 +15,9 @@ Where each decision is made:
   the control plane never sees go there: an orphan;
 - a new process reported by the world serves at once only if no version was
   ever reserved (its initial weights are then the current ones); otherwise it
-  waits out of rotation for a sync (``on_unsynced``) or the next update.
+  waits out of rotation for a sync (``on_unsynced``) or the next update; under
+  today's miles (``[miles] profile = "today"``) for the next full update only: no
+  sync is asked (its cell is pending weights until ``mark_weights_ready``).
 - a process that answers under a version the control plane cannot trust (one
   it cannot read, below its last stamp, or beyond any version issued: SGLang's
   /update_weight_version takes any string from anyone) is out of sync: out of
@@ -166,8 +168,10 @@ class EngineSupervisor:
                 "no version was ever reserved: its initial weights are the current ones",
             )
         ctx.record_engines()
-        if not pristine:
+        if not pristine and not ctx.config.today:  # 31f1ca9: recover_updatable_engines
             self.on_unsynced(engine)
+        # today's miles: pending weights, it joins the router only when the next full update
+        # marks its weights ready (server_cell.py ServerCell.mark_weights_ready, b8afde1e)
 
     def exited(self, engine: str, incarnation: int, how: str) -> None:
         """The world reports that process gone: out of rotation (unless already replaced)."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, overload
 
 from miles_core.backend import (
@@ -46,6 +47,7 @@ from miles_core.events import (
     BucketReceived,
     EnginesFlushed,
     EnginesPaused,
+    EnginesPausedAbortingBelow,
     EnginesResumed,
     EngineStamped,
     Event,
@@ -61,10 +63,13 @@ from miles_core.events import (
 )
 from miles_core.kinds import AbortCause, PauseMode
 from miles_core.loop import engine_calls
+from miles_core.loop.cell_isolation import CellIsolation
 from miles_core.loop.context import RunContext
 from miles_core.loop.engine_calls import EngineCall
 from miles_core.loop.supervision import EngineSupervisor
 from miles_core.loop.train import Trainer
+from miles_core.loop.window import UpdateWindow
+from miles_core.pause_filter import pause_threshold
 from miles_core.runtime import Task
 from miles_core.transfer import Bucket, TransferMode, lora_unit, plan_buckets, plan_transfer
 from miles_core.weight_update import (
@@ -129,6 +134,10 @@ class Updater:
         self.trainer = trainer
         self.replace = replace
         """Fault tolerance's replacement of a process now (EngineHealthMonitor.replace)."""
+        self.isolation = CellIsolation(ctx, engines, replace)
+        """The today profile's per-engine deadline and give-up (cell_isolation.py)."""
+        self.window = UpdateWindow(ctx, engines, replace)
+        """Today's miles: when a full update's window opens, what its abort stops."""
         units = ctx.cluster.units
         if ctx.config.lora_adapter is not None:  # the base model stays; the adapter travels whole
             units = (lora_unit(ctx.config.lora_adapter, ctx.cluster.lora_params),)
@@ -156,7 +165,10 @@ class Updater:
         """One call to an engine process; ``answered(engine, its answer)`` if it succeeded,
         else its failure. With fault tolerance, a process that does not answer within the
         health check's timeout has failed (a hung engine must not hold the update); without it,
-        the call waits, as miles' would."""
+        the call waits, as miles' would. Under the today profile: cell_isolation.py."""
+        if self.isolation.active:
+            await self.isolation.call(engine, incarnation, call, answered)
+            return None
         ctx = self.ctx
         if not ctx.engines.current(engine, incarnation):
             return EngineFailure(engine, "its process was replaced during the update")
@@ -219,7 +231,11 @@ class Updater:
         # as each action's always was), made in one C call
         mine = dict(targets) if engines == tuple(targets) else {e: targets[e] for e in engines}
         if isinstance(action, PauseEngines):
-            await self._all_answer(update_id, mine, EnginesPaused, engine_calls.pause(action.mode))
+            pause = engine_calls.pause(action.mode, action.abort_below)
+            paused: Any = EnginesPaused
+            if action.abort_below is not None:  # miles_core/pause_filter.py
+                paused = partial(EnginesPausedAbortingBelow, abort_below=action.abort_below)
+            await self._all_answer(update_id, mine, paused, pause)
         elif isinstance(action, FlushCache):
             await self._flush(update_id, mine)
         elif isinstance(action, BeginUpdate):
@@ -376,6 +392,10 @@ class Updater:
         0.75x of the GB/s with 2 and 4 engines)."""
         ctx = self.ctx
         bucket = self.buckets[action.bucket]
+        if self.isolation.active:  # given-up engines get no bucket; a replaced one is given up
+            left = self.isolation.not_replaced(targets)
+            self.isolation.check_some_left(targets)
+            targets = left
         plan = plan_transfer(ctx.config.transfer_mode, (bucket,), tuple(targets))
         to = {e: targets[e] for transfer in plan.transfers for e in transfer.targets}
         replaced = ctx.engines.replaced(to)
@@ -452,6 +472,11 @@ class Updater:
         call = ctx.cells.routed("update_weights" if publish else "sync_engines")
         has_new_engines = ctx.connections.has_new_engines  # read once, before the attempts
         while True:
+            if publish and ctx.config.today:  # start_update_weights: _ensure_cells_ready
+                await self.window.open()
+                # the window's snapshot comes before the connect: a process reported while
+                # the window waited is new to the group (miles connects after the snapshot)
+                has_new_engines = has_new_engines or ctx.connections.has_new_engines
             cell = call.target()
             engines = tuple(e for e in ctx.engines.live() if only is None or e in only)
             if not engines:
@@ -471,7 +496,15 @@ class Updater:
                 mode = PauseMode.RETRACT  # so SGLangEngine.pause_generation's default, flushed
             holding = None if adapter is None else self._adapter_holders(engines, targets, cell)
             update = WeightUpdate(
-                version, engines, len(self.buckets), kind, adapter, publish, mode, holding
+                version,
+                engines,
+                len(self.buckets),
+                kind,
+                adapter,
+                publish,
+                mode,
+                holding,
+                pause_threshold(ctx.config, version),
             )
             ctx.emit(
                 UpdateBegan,
@@ -485,10 +518,7 @@ class Updater:
             )
             ctx.monitor_paused += 1  # a busy engine is not a dead one
             try:
-                await self._connect(update_id, cell, targets, has_new_engines)
-                while (action := update.next_action()) is not None:
-                    await self._run_action(update_id, cell, action, targets)
-                    update.complete(action)
+                await self._attempt(update_id, cell, update, targets, has_new_engines)
                 return
             except ComponentFailure as failure:
                 if publish:
@@ -502,6 +532,8 @@ class Updater:
                     component=failure.component,
                     reason=failure.reason,
                 )
+                if publish and ctx.config.today:  # abort_update_weights(snapshot)
+                    self.window.aborted(update_id, targets, failure.reason)
                 if isinstance(failure, EngineFailure):
                     ctx.connections.member_failed(cell)
                     if failure.engine in targets:
@@ -511,6 +543,35 @@ class Updater:
                     self.trainer.cell_failed(cell, failure.reason)
             finally:
                 ctx.monitor_paused -= 1
+
+    async def _attempt(
+        self,
+        update_id: int,
+        cell: int,
+        update: WeightUpdate,
+        targets: dict[str, int],
+        has_new_engines: bool,
+    ) -> None:
+        """One attempt of an update on ``cell``. Under the today profile it is bounded by
+        --update-weights-timeout, and an engine given up is left out of the rest of it
+        (cell_isolation.py); until it publishes, an attempt with no engine left fails."""
+        isolation = self.isolation
+        published = False
+
+        async def actions() -> None:
+            nonlocal published
+            await self._connect(update_id, cell, targets, has_new_engines)
+            while (action := update.next_action()) is not None:
+                await self._run_action(update_id, cell, action, targets)
+                update.complete(action)
+                published = published or isinstance(action, PublishVersion)
+                if isolation.active and not published:
+                    isolation.check_some_left(targets)
+
+        if not self.ctx.config.today:
+            return await actions()
+        isolation.begin(update_id, cell)
+        await isolation.bounded(actions(), cell, lambda: published)
 
     async def _connect(
         self, update_id: int, cell: int, targets: dict[str, int], has_new_engines: bool

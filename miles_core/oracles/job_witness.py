@@ -47,7 +47,7 @@ def segmented_miss(history: History, joined: WitnessIndex) -> Missed | None:
     indexes: dict[int, WitnessIndex] = {}
     for seq, e in joined.fired:
         assert isinstance(e, FaultInjected)
-        if e.fault is FaultKind.KILL_JOB:
+        if e.fault in (FaultKind.KILL_JOB, FaultKind.RESTART_DRIVER):  # ends its segment
             missing = unwitnessed(e, seq, joined)
         else:
             segment = segment_at(history, seq)

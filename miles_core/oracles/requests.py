@@ -10,13 +10,25 @@ retract a resumed request's KV is recomputed, so it never keeps old keys and
 values; under abort no request lives across an update at all. A request the
 control plane aborted on an orphan's server as it removed it from the router
 (OrphanRemoved: the actor was gone, the server still serving) was ended by
-the fault's consequence, not by an update.
+the fault's consequence, not by an update. A pause that asked to abort the requests
+declared below a version (EnginesPausedAbortingBelow: --pause-abort-below-start-weight-version,
+sglang #34185) may end those of its engines' requests in flight that were sent while a
+version below it was the published one (what the producer declares,
+miles_core/pause_filter.py); any other it ends is still a violation.
 """
 
 from __future__ import annotations
 
 from miles_core.event_index import Indexed, select
-from miles_core.events import EnginesPaused, History, OrphanRemoved, RunStarted, SampleGenerated
+from miles_core.events import (
+    EnginesPaused,
+    EnginesPausedAbortingBelow,
+    History,
+    OrphanRemoved,
+    RunStarted,
+    SampleGenerated,
+    VersionPublished,
+)
 from miles_core.kinds import PauseMode, SampleOutcome
 from miles_core.oracles.base import Violation
 
@@ -27,13 +39,18 @@ def requests_kept(history: History) -> Violation | None:
     mode = PauseMode.RETRACT
     pauses: list[Indexed] = []  # every pause, in order; searched by engine only on a violation
     orphans: set[tuple[str, int]] = set()  # processes removed from the router as orphans
-    for seq, e in select(history, RunStarted, EnginesPaused, SampleGenerated, OrphanRemoved):
+    below: list[EnginesPausedAbortingBelow] = []  # pauses that aborted declared-stale requests
+    published: list[tuple[float, int]] = []  # (t, version) of each publication, in order
+    kinds = (RunStarted, EnginesPaused, SampleGenerated, OrphanRemoved, VersionPublished)
+    for seq, e in select(history, *kinds):
         if isinstance(e, SampleGenerated):
             aborted = e.outcome is SampleOutcome.ABORTED
             if not aborted and not e.kept_kv and mode is not PauseMode.ABORT:
                 continue  # nothing _judge could find (most samples: asked before the call)
             if aborted and orphans and (e.engine, e.incarnation) in orphans:
                 continue  # aborted as its orphan server was removed
+            if aborted and below and _declared_stale(e, below, published):
+                continue  # aborted by a pause as declared too stale to train on
             problem = _judge(mode, e)
             if problem is not None:
                 during = [
@@ -46,9 +63,30 @@ def requests_kept(history: History) -> Violation | None:
             mode = e.pause_mode
         elif isinstance(e, EnginesPaused):
             pauses.append((seq, e))
+            if isinstance(e, EnginesPausedAbortingBelow):
+                below.append(e)
         elif isinstance(e, OrphanRemoved):
             orphans.add((e.engine, e.incarnation))
+        elif isinstance(e, VersionPublished):
+            published.append((e.t, e.version))
     return None
+
+
+def _declared_stale(
+    e: SampleGenerated,
+    below: list[EnginesPausedAbortingBelow],
+    published: list[tuple[float, int]],
+) -> bool:
+    """Whether a pause on its process while it was in flight asked to abort it: the version
+    published before it was sent (0 before any; one published at the very instant it was
+    sent may have come after it) below that pause's threshold."""
+    declared = next((v for t, v in reversed(published) if t < e.sent), 0)
+    return any(
+        e.sent <= p.t <= e.t
+        and (e.engine, e.incarnation) in zip(p.engines, p.incarnations, strict=True)
+        and declared < p.abort_below
+        for p in below
+    )
 
 
 def _judge(mode: PauseMode, e: SampleGenerated) -> str | None:

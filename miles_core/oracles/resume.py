@@ -17,6 +17,9 @@ Judged on the joined history of every controller of the job (miles_core.segments
   ends trained, dropped or outstanding (the save's queued and recycled groups were
   restored); the prompts the timeline drew are 0, 1, 2, ... with none skipped.
 
+A driver hot restart (DriverAdopted, a JobResumed of the processes kept) resumes from the
+state the trainer held, not from a save: miles_core.oracles.adoption judges what it adopted.
+
 A history without JobResumed passes (a run that was never killed: exactly_once judges it).
 """
 
@@ -26,6 +29,7 @@ from collections.abc import Callable
 
 from miles_core.event_index import Indexed, select
 from miles_core.events import (
+    DriverAdopted,
     GroupDropped,
     GroupTrained,
     History,
@@ -39,6 +43,7 @@ from miles_core.events import (
     StepCommitted,
     VersionPublished,
 )
+from miles_core.oracles.adoption import adopted
 from miles_core.oracles.base import Violation
 from miles_core.segments import timeline
 
@@ -58,6 +63,7 @@ def resume(history: History) -> Violation | None:
 
     return (
         _saves(history)
+        or adopted(history)
         or _versions(kept, at)
         or _steps(kept, at)
         or _prompts(history, kept, seqs, at)
@@ -75,6 +81,8 @@ def _saves(history: History) -> Violation | None:
             stored[e.step] = (True, (seq, e))
         elif isinstance(e, JobKilled):
             kill = (seq, e)
+        elif isinstance(e, DriverAdopted):
+            continue  # a hot restart adopts what the trainer held, not a save (adoption.py)
         elif isinstance(e, JobResumed) and kill is not None:
             newest = max((s for s, (ok, _) in stored.items() if ok), default=None)
             if e.save_step != newest:

@@ -14,7 +14,11 @@ names the process, its incarnation, that answered):
   so every engine named in a transfer plan received every bucket;
 - the engines resumed only after the publish (for a publishing update), and
   only engines stamped by this update whose session closed;
-- an aborted update does nothing more and publishes nothing.
+- an aborted update does nothing more and publishes nothing;
+- an engine the update gave up (EngineGivenUp, the today profile's per-cell isolation) is
+  left out of what its publish waits for (its stamp, its session's close): it gets nothing
+  more from the update (a later event naming that process in the update is judged as any
+  other).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 from miles_core.event_index import Indexed, select
 from miles_core.events import (
     BucketReceived,
+    EngineGivenUp,
     EnginesFlushed,
     EnginesPaused,
     EnginesResumed,
@@ -60,6 +65,9 @@ class _Update:
     aborted: Indexed | None = None
     plan: frozenset[str] = frozenset()
     """The engines of its transfer plan, as a set: a bucket to 256 engines asks 256 times."""
+    given_up: set[str] = field(default_factory=set)
+    """The engines of the plan the update gave up (EngineGivenUp): its publish needs no stamp
+    of theirs, nor their session closed."""
     event: UpdateBegan = field(init=False)
     _whole: set[Process] | None = None
     """The processes that received every bucket (None: a bucket arrived since it was
@@ -232,7 +240,8 @@ def _published(update: _Update, seq: int, e: VersionPublished) -> str | None:
     began = update.event
     if not began.publishes or e.version != began.version:
         return f" published version {e.version}"
-    missing = sorted(set(began.engines) - {engine for engine, _ in update.stamped})
+    stamped = {engine for engine, _ in update.stamped}
+    missing = sorted(set(began.engines) - stamped - update.given_up)
     if missing:
         reached = set().union(*update.arrived.values())
         got = max((update.received(p) for p in reached if p[0] == missing[0]), default=0)
@@ -240,7 +249,10 @@ def _published(update: _Update, seq: int, e: VersionPublished) -> str | None:
             f": version {e.version} was published before {missing[0]} (named in the transfer "
             f"plan) was stamped; it received {got} of {began.n_buckets} buckets"
         )
-    unclosed = sorted(update.stamped - update.closed)
+    # a process given up after its stamp (end_update failed or outlived its deadline, or the
+    # process was replaced) gets no further call, so its session never closes: it is out of
+    # rotation and the router, as miles' errored cell (cell_session.py _call, 2209c9c0)
+    unclosed = sorted(p for p in update.stamped - update.closed if p[0] not in update.given_up)
     if unclosed:
         return f": version {e.version} was published before {unclosed[0][0]}'s session closed"
     update.published = (seq, e)
@@ -265,6 +277,13 @@ def _resumed(update: _Update, seq: int, e: EnginesResumed) -> str | None:
     raise AssertionError("every process was stamped and closed")
 
 
+def _given_up(update: _Update, seq: int, e: EngineGivenUp) -> str | None:
+    if e.engine not in update.plan:
+        return f": gave up {e.engine}, not in its plan"
+    update.given_up.add(e.engine)
+    return None
+
+
 def _aborted(update: _Update, seq: int, e: UpdateAborted) -> str | None:
     if update.published is not None:
         return f" was aborted after it published version {update.event.version}"
@@ -285,6 +304,7 @@ _JUDGES: ByType[_Judge] = ByType(
         VersionPublished: _published,
         EnginesResumed: _resumed,
         UpdateAborted: _aborted,
+        EngineGivenUp: _given_up,
     }
 )
 _JUDGED = tuple(_JUDGES)

@@ -17,6 +17,15 @@ reports the version the process was stamped with since was generated after
 the resume: EnginesResumed is recorded once every engine of the update has
 answered, and a resumed engine's response can come first (seen on the CPU
 backend under in_place), so it is judged by what the process holds now.
+
+Today's miles gives up one engine whose update call outlives its deadline
+(EngineGivenUp; rollout_cell_updater.py ``submit_client_call``, 3eacefd0): the
+update goes on without it, so no pause fences that process, and a request it was
+sent before the give-up may answer after the update completed. Such an answer is
+not judged "older than the completed update" when it reports the version the
+process was stamped with (published, whole: the checks above still apply), since
+its staleness is then what it says; one sent after the give-up is (the errored
+engine is out of rotation).
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from typing import Any
 from miles_core.event_index import Indexed, select
 from miles_core.events import (
     BucketReceived,
+    EngineGivenUp,
     EnginesPaused,
     EnginesResumed,
     EngineStamped,
@@ -128,6 +138,8 @@ class _Judge:
         self.held: dict[Process, _Held] = {}
         self.current: dict[str, int] = {}
         self.arrivals: dict[int, _Arrivals] = {}
+        self.given_up: dict[Process, float] = {}
+        """When an update gave up each process (today's miles), the first time."""
 
     def of(self, engine: str, incarnation: int) -> _Held:
         key = (engine, incarnation)
@@ -156,7 +168,7 @@ class _Judge:
                 return violation
         if self.completed is None:
             return None
-        if version_number(version) < self.newest:
+        if version_number(version) < self.newest and not self._unfenced(e, state):
             return Violation(
                 NAME,
                 f"engine {e.engine} served version {e.version} after the update to "
@@ -164,6 +176,15 @@ class _Judge:
                 (self.completed, (seq, e)),
             )
         return None
+
+    def _unfenced(self, e: SampleGenerated, state: _Held) -> bool:
+        """Whether the sample was sent, before any update gave its process up, to a process
+        no pause fenced since, and reports the version that process was stamped with."""
+        given_up = self.given_up.get((e.engine, e.incarnation))
+        return given_up is not None and e.sent <= given_up and e.version == state.version
+
+    def gave_up(self, seq: int, e: EngineGivenUp) -> None:
+        self.given_up.setdefault((e.engine, e.incarnation), e.t)
 
     def began(self, seq: int, e: UpdateBegan) -> None:
         self.updates[e.update_id] = (seq, e)
@@ -250,6 +271,7 @@ _HANDLERS: ByType[Callable[[_Judge, int, Any], Violation | None]] = ByType(
         EngineStarted: _Judge.started,
         BucketReceived: _Judge.bucket,
         EngineStamped: _Judge.stamped,
+        EngineGivenUp: _Judge.gave_up,
         EnginesPaused: _Judge.paused,
         EnginesResumed: _Judge.resumed,
         WeightsChecked: _Judge.checked,

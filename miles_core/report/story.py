@@ -24,6 +24,8 @@ from miles_core.cells import Decision
 from miles_core.events import (
     AttemptBegan,
     AttemptEnded,
+    DriverAdopted,
+    DriverRestarted,
     EnginesResumed,
     EngineStateChanged,
     Event,
@@ -149,6 +151,9 @@ class _Teller:
 
     def job(self, e: JobKilled | JobResumed, index: int) -> None:
         """The job killed whole, or its restart (updates count afresh in the new job)."""
+        if isinstance(e, DriverRestarted | DriverAdopted):
+            self.driver(e, index)
+            return
         if isinstance(e, JobKilled):
             self.updates = {}
             text = f"the job was killed whole ({e.reason}): every process died"
@@ -159,6 +164,20 @@ class _Teller:
             save = f"the save of step {e.save_step} (v{e.version})"
         torn = f", skipping the torn save(s) of step {list(e.torn)}" if e.torn else ""
         text = f"the job resumed from {save} at step {e.next_step}{torn}"
+        self.place("job", {"event": "resumed", "text": text}, e, index)
+
+    def driver(self, e: DriverRestarted | DriverAdopted, index: int) -> None:
+        """A driver hot restart: the driver died alone, and a new one adopted the world."""
+        self.updates = {}
+        if isinstance(e, DriverRestarted):
+            text = f"the driver died alone ({e.reason}): cells, engines and router stayed up"
+            self.place("job", {"event": "killed", "text": text}, e, index)
+            return
+        held = "nothing held (no version published)"
+        if e.save_step is not None:
+            held = f"the state the trainer held at step {e.save_step} (v{e.version})"
+        found = f"closed {list(e.closed)}, resumed {list(e.resumed)}, aborted {e.aborted}"
+        text = f"a new driver adopted the world from {held} at step {e.next_step}: {found}"
         self.place("job", {"event": "resumed", "text": text}, e, index)
 
     def attempt_ended(self, e: AttemptEnded, index: int) -> None:

@@ -27,6 +27,7 @@ from miles_core.events import (
 from miles_core.loop import RunReport
 from miles_core.loop.config import FLAGS, MILES_BUGS
 from miles_core.oracles import Violation, idle_faults, unfired_reason, verdict_lines
+from miles_core.report.capacity import capacity_line, serving_capacity
 from miles_core.report.story import step_stories, story_lines
 from miles_core.report.waste import staleness_waste, waste_line
 from miles_core.scenario import Scenario
@@ -185,6 +186,7 @@ def summary(
         "flushes_refused": sum(isinstance(e, FlushRefused) for e in history),
         "staleness_histogram": staleness_histogram(kept),
         "staleness_waste": staleness_waste(kept),
+        "serving_capacity": serving_capacity(history),
         "faults": faults_report(history),
         "liveness": liveness_report(history),
         "waits": waits_report(history),
@@ -273,6 +275,9 @@ def text_lines(
     waste = waste_line(info["staleness_waste"]) if "staleness_waste" in info else None
     if waste is not None:
         lines.append(waste)
+    capacity = capacity_line(info["serving_capacity"]) if "serving_capacity" in info else None
+    if capacity is not None:
+        lines.append(capacity)
     if info["requests_retried"] or info["flushes_refused"]:  # what a router outage cost
         lines.append(
             f"  retried: {info['requests_retried']} request tries the router failed, "

@@ -18,6 +18,7 @@ from miles_core.scenario.faults import (
     HangCall,
     KillRank,
     Partition,
+    RaiseHoldingLock,
     SlowCell,
     SlowLink,
     SlowStart,
@@ -69,6 +70,11 @@ class FaultActions(Protocol):
         """Make that rank raise in the cell's step about to exchange, its process alive."""
         ...
 
+    def raise_holding_lock(self, cell: int, rank: int) -> None:
+        """Make that rank take the cell's weight-update ticket lock and raise inside it, its
+        process alive: the lock stays held (today's profile; a cell of several ranks)."""
+        ...
+
     def kill_engine(self, engine: str, point: FaultPoint | None) -> None: ...
 
     def restart_engine(self, engine: str) -> None:
@@ -89,6 +95,17 @@ class FaultActions(Protocol):
         the actor's exit)."""
         ...
 
+    def lying_engine(self, engine: str) -> None:
+        """Make the engine's process answer every weight-update call with success and load
+        nothing from now on (its weights stay as they are), until it is replaced."""
+        ...
+
+    def delta_fault(self, kind: str, engine: str | None) -> None:
+        """disk-delta: arm the engine's next pull (``delta_applied_twice``: applies its last
+        version a second time, unverified; ``delta_skipped``: applies nothing, answers
+        success) or the next version written (``delta_torn``: its file truncated)."""
+        ...
+
     def poison_prompt(self) -> None:
         """Make the next prompt the engines are asked for longer than their context."""
         ...
@@ -100,6 +117,11 @@ class FaultActions(Protocol):
     def kill_job(self, point: FaultPoint | None) -> None:
         """Kill every process of the run at once, the controller's included (kill_job); the
         world reports the death (JobKilled) and restarts the job from its last save."""
+        ...
+
+    def restart_driver(self, point: FaultPoint | None) -> None:
+        """Kill the driver alone (restart_driver), its cells and engines up; the world
+        reports it (DriverRestarted) and starts a new driver that adopts them."""
         ...
 
     def heal(self, engines: bool) -> tuple[int, ...]:
@@ -138,6 +160,10 @@ def fail_rank(actions: FaultActions, fault: FailRank) -> None:
     actions.fail_rank(_cell(fault), fault.rank)
 
 
+def raise_holding_lock(actions: FaultActions, fault: RaiseHoldingLock) -> None:
+    actions.raise_holding_lock(_cell(fault), fault.rank)
+
+
 def start_cell(actions: FaultActions, fault: AnyFault) -> None:
     """New processes (the schedule calls it once the control plane has stopped the cell)."""
     actions.start_cell(_cell(fault))
@@ -163,6 +189,15 @@ def orphan_engine(actions: FaultActions, fault: AnyFault) -> None:
     actions.orphan_engine(_engine(fault))
 
 
+def lying_engine(actions: FaultActions, fault: AnyFault) -> None:
+    actions.lying_engine(_engine(fault))
+
+
+def delta_fault(actions: FaultActions, fault: AnyFault) -> None:
+    """The three disk-delta faults: one call, its kind named."""
+    actions.delta_fault(fault.kind.value, target_engine(fault))
+
+
 def poison_prompt(actions: FaultActions, fault: AnyFault) -> None:
     del fault
     actions.poison_prompt()
@@ -170,6 +205,10 @@ def poison_prompt(actions: FaultActions, fault: AnyFault) -> None:
 
 def kill_job(actions: FaultActions, fault: AnyFault) -> None:
     actions.kill_job(fault.point)
+
+
+def restart_driver(actions: FaultActions, fault: AnyFault) -> None:
+    actions.restart_driver(fault.point)
 
 
 def impair(actions: FaultActions, fault: Impairment) -> None:

@@ -23,9 +23,12 @@ would ignore is an error, not a silent no-op. A cell fault at a point fires
 only at that cell's moment (the updater's bucket, a healing cell).
 
 Which kinds take which triggers: kills and restarts (kill_cell, kill_rank, stop_cell,
-kill_engine, restart_engine, kill_job) any; fail_rank (a rank that raises, alive) only
+kill_engine, restart_engine, kill_job, restart_driver) any; fail_rank (a rank that
+raises, alive) only
 ``before_allreduce``; hang_engine any but ``mid_generation`` (an exit
-halfway through a request); hang_call, orphan_engine, poison_prompt, start_cell and the timed
+halfway through a request); hang_call, orphan_engine, lying_engine, poison_prompt, start_cell,
+raise_holding_lock, the disk-delta faults (delta_applied_twice, delta_skipped, delta_torn:
+each arms the next pull or write) and the timed
 impairments
 (slow_cell, slow_start, slow_link, partition, delay_router, fail_router, drop_heartbeat)
 ``at`` or ``step_begin``, since they start a window of time rather than strike inside a
@@ -272,6 +275,30 @@ class FailRank(FaultSpec):
         return f"rank {self.rank}, {describe(self.when)}"
 
 
+LOCK_RAISED = "injected: the rank raised holding the weight-update lock (raise_holding_lock)"
+"""What a rank that a raise_holding_lock fault strikes raises inside the lock, in every world."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RaiseHoldingLock(FaultSpec):
+    """One rank of the cell takes the cell's weight-update ticket lock, raises inside it and
+    lives on: ``StoreTicketLock.__exit__`` releases only when nothing was raised, and the
+    lock has no lease (miles/utils/distributed_lock.py, 4d412b5a), so every later ticket
+    waits for ever; the next bucket's broadcast never starts and the engines wait out the
+    collective timeout. Today's profile, cells of more than one rank (broadcast.py 069a4115
+    takes the lock only when pp.size > 1). The exception reaches no one who kills the cell
+    (miles' ``RayTrainCell._execute_raw`` would kill it, and rank 0's store with it)."""
+
+    cell: int
+    rank: int
+    kind: ClassVar[FaultKind] = FaultKind.RAISE_HOLDING_LOCK
+    points: ClassVar[frozenset[FaultPoint | None]] = WINDOW_POINTS
+
+    @property
+    def detail(self) -> str:
+        return f"rank {self.rank}, {describe(self.when)}"
+
+
 @dataclass(frozen=True, kw_only=True)
 class StopCell(FaultSpec):
     """The cell's processes are stopped by an operator (the control plane sees a death)."""
@@ -362,6 +389,56 @@ class PoisonPrompt(FaultSpec):
     points: ClassVar[frozenset[FaultPoint | None]] = WINDOW_POINTS
 
 
+@dataclass(frozen=True, kw_only=True)
+class LyingEngine(FaultSpec):
+    """From now on the engine's process answers every weight-update call with success and
+    loads nothing: it keeps the weights it held, stamped with every new version (tokenspeed
+    #1373: ``/update_weights_from_distributed`` reports success without transferring). No
+    control plane gets past it; the weights oracle (published_weights, from the checksum the
+    world reads off the engine's own tensors) must catch it: the swarm draws it expecting
+    that (``expect.caught_by``, sim/search/swarm_field_bugs.py).
+    A new process of the engine loads what it is sent."""
+
+    engine: str
+    kind: ClassVar[FaultKind] = FaultKind.LYING_ENGINE
+    points: ClassVar[frozenset[FaultPoint | None]] = WINDOW_POINTS
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeltaAppliedTwice(FaultSpec):
+    """disk-delta: the engine's next /pull_weights, after its verified apply, applies the
+    last version's delta once more, unverified (a second applier on the same local
+    checkpoint that trusts the first's check). xor reverts the bytes to the base (an
+    involution) and the engine loads them; overwrite is idempotent. Only the weights oracle
+    sees it (published_weights, from the checksum of what the engine loaded)."""
+
+    engine: str
+    kind: ClassVar[FaultKind] = FaultKind.DELTA_APPLIED_TWICE
+    points: ClassVar[frozenset[FaultPoint | None]] = WINDOW_POINTS
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeltaSkipped(FaultSpec):
+    """disk-delta: the engine's next /pull_weights answers success and applies nothing (its
+    applied-version marker stays): it loads the bytes it held, stamped with the new version.
+    Nothing is verified, as nothing was applied; the weights oracle catches it."""
+
+    engine: str
+    kind: ClassVar[FaultKind] = FaultKind.DELTA_SKIPPED
+    points: ClassVar[frozenset[FaultPoint | None]] = WINDOW_POINTS
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeltaTorn(FaultSpec):
+    """disk-delta: the next version's delta file is truncated after its atomic write (the
+    storage's fault: tmp + fsync + replace rule out the writer's). Every engine's per-tensor
+    checksum fails, and the engine refuses the pull with nothing changed; the update's retry
+    writes the version afresh."""
+
+    kind: ClassVar[FaultKind] = FaultKind.DELTA_TORN
+    points: ClassVar[frozenset[FaultPoint | None]] = WINDOW_POINTS
+
+
 HUNG_CALLS = ("pause_generation", "flush_cache", "update_weight_version", "continue_generation")
 """The control calls of an update a hang_call fault can leave unanswered (SGLang's routes)."""
 
@@ -447,6 +524,16 @@ class KillJob(FaultSpec):
     kind: ClassVar[FaultKind] = FaultKind.KILL_JOB
 
 
+@dataclass(frozen=True, kw_only=True)
+class RestartDriver(FaultSpec):
+    """The driver alone dies (the control-plane process: its buffer, ledger view and
+    requests' bookkeeping), its cells, engines and router up; a new driver adopts them and
+    goes on from the state the trainer held at its last published step (a hot restart:
+    miles/utils/hot_restart.py; miles_core.loop.adopt)."""
+
+    kind: ClassVar[FaultKind] = FaultKind.RESTART_DRIVER
+
+
 AnyFault = (
     KillCell
     | KillRank
@@ -466,7 +553,13 @@ AnyFault = (
     | Partition
     | DelayRouter
     | FailRouter
+    | LyingEngine
+    | DeltaAppliedTwice
+    | DeltaSkipped
+    | DeltaTorn
     | KillJob
+    | RestartDriver
+    | RaiseHoldingLock
 )
 FAULT_TYPES: Mapping[FaultKind, type[FaultSpec]] = {
     t.kind: t
@@ -489,7 +582,13 @@ FAULT_TYPES: Mapping[FaultKind, type[FaultSpec]] = {
         Partition,
         DelayRouter,
         FailRouter,
+        LyingEngine,
+        DeltaAppliedTwice,
+        DeltaSkipped,
+        DeltaTorn,
         KillJob,
+        RestartDriver,
+        RaiseHoldingLock,
     )
 }
 _HINTS = {"int": int, "float": float, "str": str}

@@ -30,6 +30,7 @@ any scenario (``limits.MAX_DEPTH``).
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Mapping
 from typing import Any
 
@@ -198,7 +199,10 @@ def _miles_keys(data: Any, loop_data: Mapping[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(data) - set(MILES_KEYS), key=str)
     if unknown:
         raise ConfigError("[miles]", f"unknown keys {unknown}", f"use {sorted(MILES_KEYS)}")
-    out = {MILES_KEYS[k]: v for k, v in data.items()}
+    hints = typing.get_type_hints(LoopConfig)  # checked here, so a bad value names [miles]
+    out = {
+        MILES_KEYS[k]: check_value(hints[MILES_KEYS[k]], v, f"[miles].{k}") for k, v in data.items()
+    }
     for field in out:
         if field in loop_data or field_name(field) in loop_data:
             raise ConfigError(

@@ -19,6 +19,7 @@ from miles_core.errors import ConfigError, MilesCoreError
 from miles_core.kinds import FaultKind, FaultPoint, RunStatus
 from miles_core.loop.config import FLAGS, LoopConfig, check_until_witnessed
 from miles_core.loop.flags import with_flags
+from miles_core.oracle_names import CATCHERS
 from miles_core.scenario.faults import (
     After,
     AfterBucket,
@@ -56,10 +57,14 @@ def error_classes() -> dict[str, type[MilesCoreError]]:
 
 @dataclass(frozen=True)
 class Expect:
-    """How the run must end: completed (the default), or failed with a named error."""
+    """How the run must end: completed (the default), or failed with a named error; and
+    ``caught_by``: the oracle that must fail it (a fault no control plane gets past, such
+    as an engine that lies about its weights), every other passing as usual. Judged on the
+    verdicts (miles_core/report/caught.py), never recorded in the history."""
 
     status: RunStatus = RunStatus.COMPLETED
     error: str | None = None
+    caught_by: str | None = None
 
     def __post_init__(self) -> None:
         if self.status not in (RunStatus.COMPLETED, RunStatus.FAILED):
@@ -83,11 +88,16 @@ class Expect:
             raise ConfigError(
                 "expect.error", f"unknown error {self.error!r}", f"use one of {names}"
             )
+        if self.caught_by is not None and self.caught_by not in CATCHERS:
+            raise ConfigError(
+                "expect.caught_by",
+                f"unknown oracle {self.caught_by!r}",
+                f"name the oracle that must catch the fault, one of {list(CATCHERS)}",
+            )
 
     def describe(self) -> str:
-        if self.status is RunStatus.COMPLETED:
-            return "completed"
-        return f"failed with {self.error}"
+        ending = "completed" if self.status is RunStatus.COMPLETED else f"failed with {self.error}"
+        return ending if self.caught_by is None else f"{ending}, caught by {self.caught_by}"
 
 
 DEFAULT_PROGRESS_WINDOW = 600.0
@@ -263,6 +273,30 @@ def check_faults(scenario: Scenario) -> None:
                 f"{where}.rank",
                 f"rank {rank} does not exist in cells of {world.gpus_per_cell} rank(s)",
                 f"pass 0 <= rank <= {world.gpus_per_cell - 1}, or more [sim].gpus_per_cell",
+            )
+        if fault.kind is FaultKind.RAISE_HOLDING_LOCK and not (
+            loop.today and world.gpus_per_cell > 1
+        ):
+            raise ConfigError(
+                where,
+                "miles takes the weight-update ticket lock only today (broadcast.py 069a4115) "
+                "and only with more than one pipeline stage: here a cell of several ranks",
+                'set [miles] profile = "today" and [sim].gpus_per_cell >= 2',
+            )
+        if fault.kind is FaultKind.RESTART_DRIVER and loop.lora_adapter is not None:
+            raise ConfigError(
+                where,
+                "a new driver does not learn which engine processes hold the LoRA adapter "
+                "(the dead driver's record of its deliveries is lost; not modelled), so its "
+                "first sync would load an adapter a process already holds",
+                "remove the restart_driver, or [loop].lora_adapter",
+            )
+        if fault.kind.value.startswith("delta_") and loop.transfer_mode != "disk-delta":
+            raise ConfigError(
+                where,
+                f"{fault.kind.value} acts on disk-delta's files, but the transfer mode is "
+                f"{loop.transfer_mode}",
+                'set [loop].transfer_mode = "disk-delta" (--update-weight-transfer-mode)',
             )
         if engine is not None and engine not in world.engine_ids:
             raise ConfigError(

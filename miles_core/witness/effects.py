@@ -33,8 +33,15 @@ recorded after the fault fired:
     fail_router           a request sent in the window failed at the router (a try that
                           was retried, or a request's last)
     drop_heartbeat        a heartbeat sent to the cell in the window was missed
+    lying_engine          a checksum the world read off the engine's own weights after it
+                          fired differed from the trainer's (its process was stamped
+                          with a version whose weights it did not load)
     kill_job              the world saw every process of the job die (JobKilled), and a new
                           controller resumed it (JobResumed)
+    restart_driver        the world saw the driver die alone (DriverRestarted), and a new
+                          driver adopted the live processes (DriverAdopted)
+    raise_holding_lock    an update the cell sent aborted on a broadcast that waited out its
+                          timeout (the lock its rank kept), or the run stalled
 
 A witness says what it misses, or None once it saw the effect. A window fault that
 nothing it acts on passed through is idle (miles_core.witness.idle) and has nothing to
@@ -47,6 +54,7 @@ while one still misses, which is why they sit outside the oracles.
 from __future__ import annotations
 
 import statistics
+from bisect import bisect_left
 from collections.abc import Callable
 
 from miles_core.cells import CellState
@@ -56,6 +64,8 @@ from miles_core.events import (
     BucketReceived,
     CellStarted,
     CellStateChanged,
+    DriverAdopted,
+    DriverRestarted,
     EngineExited,
     EngineRecoveryAsked,
     EngineStarted,
@@ -68,8 +78,10 @@ from miles_core.events import (
     OrphanRemoved,
     QuorumChanged,
     RunEnded,
+    WeightsChecked,
 )
 from miles_core.kinds import FaultKind, RunStatus, SampleOutcome
+from miles_core.witness.delta import delta_pulled, delta_refused
 from miles_core.witness.idle import idle_reason
 from miles_core.witness.index import (
     WitnessIndex,
@@ -124,9 +136,24 @@ def cell_started(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | N
     )
 
 
+def _exited_before(engine: str | None, seq: int, index: WitnessIndex) -> bool:
+    """The engine's process had exited, and none started since, when the fault fired at
+    ``seq``: a kill then acts on nothing (the world kills only a live process). Today's FT
+    controller suspends (kills) the engines an aborted update window stopped and resumes
+    them ``--mini-ft-controller-resume-delay`` later (mini_ft_controller.py, see
+    docs/miles-today-reading.md), so a kill drawn for that stretch finds no process."""
+    for _, x in reversed(index.events[: bisect_left(index.events, seq, key=lambda p: p[0])]):
+        if isinstance(x, EngineStarted | EngineExited) and x.engine == engine:
+            return isinstance(x, EngineExited)
+    return False
+
+
 def engine_killed(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None:
-    """The world saw the process die, or the engine left rotation (its calls failed)."""
+    """The world saw the process die, or the engine left rotation (its calls failed); or it
+    had no process to kill."""
     engine = fault.engine
+    if _exited_before(engine, seq, index):
+        return None
 
     def gone(x: Event) -> bool:
         if isinstance(x, EngineExited):
@@ -434,12 +461,50 @@ def job_killed(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | Non
     return "the job was killed but never resumed (no new controller started)"
 
 
+def driver_restarted(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None:
+    """The world saw the driver die alone, and a new driver adopted the live processes."""
+    del fault
+    after = index.after(seq)
+    died = _first(after, lambda x: isinstance(x, DriverRestarted))
+    if died is None:
+        return "the world never reported the driver dead"
+    if _first([p for p in after if p[0] > died[0]], lambda x: isinstance(x, DriverAdopted)):
+        return None
+    return "the driver died but no new driver adopted the live processes"
+
+
 def heartbeat_dropped(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None:
     del seq
     start, end = window(fault)
     if any(m.cell == fault.cell and start <= m.sent < end for m in index.misses):
         return None
     return f"no heartbeat sent to cell {fault.cell} during the window was missed"
+
+
+def engine_lied(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None:
+    engine = fault.engine
+    checks = [
+        e for _, e in index.after(seq) if isinstance(e, WeightsChecked) and e.engine == engine
+    ]
+    if any(c.checksum != c.trainer_checksum for c in checks):
+        return None
+    if checks:
+        return f"engine {engine}'s weights matched the trainer's at every check after it lied"
+    return f"no update checked engine {engine}'s weights after it lied"
+
+
+def lock_kept(fault: FaultInjected, seq: int, index: WitnessIndex) -> str | None:
+    """The lock its rank kept held a later broadcast of the cell: an update the cell sent
+    aborted on a broadcast that waited out its timeout, or the run stalled."""
+    source = f"cell-{fault.cell}"
+    if any(
+        a.t >= fault.t and a.component == source and "took no part in the broadcast" in a.reason
+        for a in index.aborted
+    ):
+        return None
+    if index.ended is not None and index.ended[1].status is RunStatus.STALLED:
+        return None
+    return f"no broadcast of cell {fault.cell} waited for the lock its rank kept"
 
 
 WITNESSES: dict[FaultKind, Witness] = {
@@ -461,7 +526,13 @@ WITNESSES: dict[FaultKind, Witness] = {
     FaultKind.DELAY_ROUTER: router_delayed,
     FaultKind.FAIL_ROUTER: router_failed,
     FaultKind.DROP_HEARTBEAT: heartbeat_dropped,
+    FaultKind.LYING_ENGINE: engine_lied,
+    FaultKind.DELTA_APPLIED_TWICE: delta_pulled,
+    FaultKind.DELTA_SKIPPED: delta_pulled,
+    FaultKind.DELTA_TORN: delta_refused,
     FaultKind.KILL_JOB: job_killed,
+    FaultKind.RESTART_DRIVER: driver_restarted,
+    FaultKind.RAISE_HOLDING_LOCK: lock_kept,
 }
 """Per kind, its witness: the dispatch ``unwitnessed`` reads (the control side's stopping
 check asks it too, so it sits below the scenario layer, apart from miles_core/fault_kinds.py,

@@ -41,11 +41,13 @@ from miles_core.events import (
     StepCommitted,
     UpdateAborted,
     UpdateBegan,
+    WeightsChecked,
 )
 from miles_core.kinds import FaultKind
 
 _FOLLOWED = (
     EngineExited,
+    WeightsChecked,
     CellStateChanged,
     QuorumChanged,
     HealEnded,

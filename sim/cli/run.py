@@ -172,6 +172,9 @@ def _report(
         print(json.dumps(info, sort_keys=True))
     else:
         print("\n".join(text_lines(info, result.history, result.verdicts)))
+        if (by := result.scenario.expect.caught_by) is not None:
+            catch = result.judged[by]
+            print(f"  expect.caught_by: {by} caught the fault" if catch is None else f"  {catch}")
         if save is not None:
             print(f"  scenario saved to {save}: python -m sim run {save} --seed {args.seed}")
     if not result.ok:

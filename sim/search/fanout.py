@@ -74,6 +74,9 @@ class Tally:
     """fault kind -> windows that met nothing to act on (passed, but witnessed nothing)."""
     probes: dict[str, int] = field(default_factory=dict)
     """probe -> seeds that hit it."""
+    caught: dict[str, int] = field(default_factory=dict)
+    """oracle -> seeds whose field bug it caught, as their ``expect.caught_by`` asks
+    (passing seeds: sim/search/swarm_field_bugs.py)."""
     lowest_seed: int | None = None
     """The lowest seed judged: where a findability count starts."""
     _failing: list[SeedOutcome] = field(default_factory=list)
@@ -92,6 +95,8 @@ class Tally:
             self.idle[kind] = self.idle.get(kind, 0) + 1
         for probe in outcome.probes:
             self.probes[probe] = self.probes.get(probe, 0) + 1
+        for oracle in outcome.caught:
+            self.caught[oracle] = self.caught.get(oracle, 0) + 1
         if outcome.aim is not None:
             self.aimed += 1
             hit = outcome.aim in outcome.cells

@@ -16,6 +16,7 @@ from miles_core.coverage import CoverageCell, coverage_cells
 from miles_core.events import FaultInjected
 from miles_core.oracles import idle_faults
 from miles_core.probes import probes_hit
+from miles_core.report.caught import caught
 from miles_core.scenario import Scenario
 from miles_core.scenario.dump import scenario_to_toml
 from sim.run import replay_command, run_scenario
@@ -85,6 +86,9 @@ class SeedOutcome:
     passed, not witnessed, so the sweep counts them."""
     probes: tuple[str, ...] = ()
     """The rare-state probes the history hit (miles_core.probes)."""
+    caught: tuple[str, ...] = ()
+    """The oracle that caught the seed's field bug, as its ``expect.caught_by`` asks (the
+    seed passed: ``failed`` holds what failed against the expectation, a miss included)."""
 
     @property
     def ok(self) -> bool:
@@ -122,7 +126,7 @@ def _judged(task: SeedTask, started: float) -> SeedOutcome:
         scenario = task.drawn()
         result = run_scenario(scenario, task.seed, task.steps)
     buckets = [getattr(f.when, "bucket", None) for f in scenario.faults]
-    failed = tuple(name for name, v in result.verdicts.items() if v is not None)
+    failed = tuple(name for name, v in result.judged.items() if v is not None)
     kinds = {e.index: e.fault.value for e in result.history if isinstance(e, FaultInjected)}
     return SeedOutcome(
         source=task.source,
@@ -139,6 +143,7 @@ def _judged(task: SeedTask, started: float) -> SeedOutcome:
         scenario_toml=scenario_to_toml(result.scenario) if failed else "",
         idle=tuple(sorted(kinds[i] for i in idle_faults(result.history))),
         probes=tuple(sorted(probes_hit(result.history))),
+        caught=caught(result.verdicts, scenario.expect.caught_by),
     )
 
 

@@ -59,6 +59,8 @@ from miles_core.transfer import TransferMode
 from sim.search.aim import CELL, ENGINE, IMPAIRMENT, adjust, aimed_faults, family, probe_with
 from sim.search.draw import Draw
 from sim.search.swarm_controller import ft_controller
+from sim.search.swarm_driver import restart_driver
+from sim.search.swarm_field_bugs import FieldBug, field_bug
 from sim.search.swarm_kill import kill_job
 from sim.search.swarm_profile import miles_profile
 from sim.search.swarm_staleness import staleness_policy
@@ -69,6 +71,8 @@ SWARM_TOTAL_LOSS = "swarm_total_loss"
 
 HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT, HEARTBEAT_THRESHOLD = 2.0, 1.0, 3
 """The trainer heartbeat monitor of every swarm seed."""
+SWARM_ENGINE_REQUEST_TIMEOUT = 5.0
+"""--update-weight-engine-request-timeout in the swarm's worlds (today's profile reads it)."""
 
 
 def _world_and_loop(rng: random.Random, steps: int) -> tuple[WorldShape, LoopConfig]:
@@ -100,6 +104,9 @@ def _world_and_loop(rng: random.Random, steps: int) -> tuple[WorldShape, LoopCon
         use_fault_tolerance=rng.random() < 0.5,
         rollout_health_check_interval=rng.choice([2.0, 5.0]),
         rollout_health_check_timeout=rng.choice([1.0, 3.0]),
+        # today's per-call deadline at the swarm's scale (seconds, as its health timeouts;
+        # miles' 300 s would outlast the progress window): no draw, so aug2026 is unchanged
+        update_weight_engine_request_timeout=SWARM_ENGINE_REQUEST_TIMEOUT,
     )
     if n > 1 and rng.random() < 0.2:  # a group of one always has zero std
         loop = dataclasses.replace(loop, dynamic_sampling_filter=rng.choice(list(FILTERS)))
@@ -800,7 +807,15 @@ def swarm_scenario(
     comeback = 0.0
     if aim is None and live is None and not restart:  # the FT controller brings cells back
         loop, d.faults, comeback = ft_controller(seed, loop, world, d.faults)
-    loop = miles_profile(seed, staleness_policy(seed, loop))
+    loop = staleness_policy(seed, loop)
+    loop = miles_profile(seed, loop, world.num_engines, world.num_cells, d.faults)
+    adoption = 0.0
+    if aim is None and live is None and not restart:  # a new driver adopts the processes
+        d.faults, adoption = restart_driver(seed, loop, (d.n_buckets, step_seconds), d.faults)
+    bug = FieldBug(loop, d.faults)
+    if aim is None and live is None and not restart and not adoption:  # an oracle's catch
+        bug = field_bug(seed, loop, world, steps, d.faults)
+        loop, d.faults = bug.loop, bug.faults
     description = f"{len(d.faults)} faults drawn by seed {seed}"
     return Scenario(
         SWARM,
@@ -815,6 +830,9 @@ def swarm_scenario(
         + _slowest_update(world, timing, d.faults)
         + stall
         + restart
-        + comeback,
+        + comeback
+        + adoption
+        + bug.seconds,
         liveness=live,
+        expect=bug.expect,
     )

@@ -121,6 +121,7 @@ def summary(
         "ok": run.ok,
         "oracles": {k: {"passed": p, "failed": f} for k, (p, f) in sorted(tally.oracles.items())},
         "failing_seeds": tally.failed,
+        "caught_field_bugs": dict(sorted(tally.caught.items())),
         "failures": [_failure(o) for o in tally.failures],
         "determinism": {"rechecked": run.rechecked, "differed": run.nondeterministic},
         "idle_windows": dict(sorted(tally.idle.items())),
@@ -150,6 +151,8 @@ def text_lines(info: dict[str, Any], tally: Tally) -> list[str]:
     for f in failures[:SHOWN_FAILURES]:
         lines.append(f"  {', '.join(f['oracles'])}: {f['replay']}")
     lines += _more_failures(info["failing_seeds"], len(failures))
+    caught = ", ".join(f"{name} {n}" for name, n in info["caught_field_bugs"].items()) or "none"
+    lines.append(f"field bugs caught by their oracle (expect.caught_by; passing seeds): {caught}")
     d = info["determinism"]
     lines += ["", f"determinism: {d['rechecked']} seeds run twice, {len(d['differed'])} differed"]
     lines += [f"  {line}" for line in d["differed"]]

@@ -28,6 +28,7 @@ from miles_core.events import (
     RunEnded,
 )
 from miles_core.kinds import RunStatus
+from miles_core.profile import MilesProfile
 from miles_core.scenario.faults import AnyFault, make_fault
 from miles_core.scenario.model import Expect, Scenario
 from miles_core.scenario.presets import DEFAULT_LOOP
@@ -221,9 +222,13 @@ def _recovery_asked(history: Sequence[Event], at: float) -> float:
     raise AssertionError("no recovery of engine-1 was asked")
 
 
-def monitor_windows(loop: CheckerLoop) -> tuple[float, ...]:
+def monitor_windows(
+    loop: CheckerLoop, profile: MilesProfile = MilesProfile.AUG2026
+) -> tuple[float, ...]:
     """miles' rollout health monitor: from a kill (refused) or a hang (unanswered) of an
-    engine to the recovery the monitor asks."""
+    engine to the recovery the monitor asks. 31f1ca9's ``RolloutHealthMonitor`` exists under
+    the aug2026 profile only; under today (``profile``) the mini FT controller asks it
+    (``today_killed_window``)."""
     fault = "kill_engine" if loop.check_seconds == 0 else "hang_engine"
     interval = loop.interval
 
@@ -237,9 +242,24 @@ def monitor_windows(loop: CheckerLoop) -> tuple[float, ...]:
             rollout_health_check_interval=interval,
             rollout_health_check_timeout=loop.check_seconds or interval,
             steps=12,
+            miles_profile=profile,
         )
 
     return _windows(make, _recovery_asked, 100.0, interval)
+
+
+def today_killed_window() -> tuple[float, float]:
+    """Under today's miles, from an engine's kill to its resume: the controller finds it down
+    at its next poll (``_MiniFTController.run``, mini_ft_controller.py 03df7d98: every
+    --mini-ft-controller-poll-interval), suspends it, and resumes it the resume delay later
+    (``_heal``). The status checker plays no part: the exit is reported at once.
+
+    Not done: today's hung engine. Its window is the checker's (timeout, interval), then a poll
+    and the delay, unless the hang meets an update window, which pauses the checker
+    (``start_update_weights``) and leaves the hang to the update's
+    --update-weight-engine-request-timeout (300 s), counted from the update's first call to
+    it: no closed form without the step's timing; the hung row is checked under aug2026."""
+    return CONTROLLER_DELAY, CONTROLLER_POLL + CONTROLLER_DELAY
 
 
 def retry_window(loop: RetryLoop = MILES_RETRY) -> float:
@@ -275,9 +295,10 @@ class LoopCheck:
 
 
 def loop_checks() -> list[LoopCheck]:
-    """The trainer heartbeat and the rollout health monitor, refused and unanswered, and the
-    FT controller after the heartbeat, each simulated at every phase (0.5 s of slack: a
-    healthy heartbeat round takes 0.01 s, so the rounds drift from the interval's grid)."""
+    """The trainer heartbeat and the rollout health monitor (aug2026: 31f1ca9's monitor),
+    refused and unanswered, today's controller after a killed engine, and the FT controller
+    after the heartbeat, each simulated at every phase (0.5 s of slack: a healthy heartbeat
+    round takes 0.01 s, so the rounds drift from the interval's grid)."""
     resumed = tuple(death for death, _ in controller_runs())
     return [
         LoopCheck(
@@ -291,14 +312,19 @@ def loop_checks() -> list[LoopCheck]:
             heartbeat_windows(HEARTBEAT_UNANSWERED),
         ),
         LoopCheck(
-            "rollout health monitor, engine killed (30/30)",
+            "aug2026: rollout health monitor, engine killed (30/30)",
             MONITOR_KILLED.window(),
             monitor_windows(MONITOR_KILLED),
         ),
         LoopCheck(
-            "rollout health monitor, engine hung (30/30)",
+            "aug2026: rollout health monitor, engine hung (30/30)",
             MONITOR_HUNG.window(),
             monitor_windows(MONITOR_HUNG),
+        ),
+        LoopCheck(
+            "today: mini FT controller resumes a killed engine (poll 10, delay 10)",
+            today_killed_window(),
+            monitor_windows(MONITOR_KILLED, MilesProfile.TODAY),
         ),
         LoopCheck(
             "FT controller resumes a killed cell (10/10/3, 10, 10)", controller_window(), resumed

@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from miles_core.backend import WorldObserver
 from miles_core.impairments import Impairments
 from miles_core.kinds import FaultPoint
+from miles_core.saves import SaveState
 from miles_core.scenario import TimeModel, WorldShape
 from miles_core.scenario.schedule import FaultPoints, NoFaults
 from sim.world.cells import Exchange, SimCell
@@ -55,6 +56,10 @@ class SimCluster:
         self.world = world
         self.timing = timing or TimeModel()
         self.collective_timeout = collective_timeout
+        self.reads_weights = False
+        """Engines keep content ids and answer stamps with them (sim/world/contents.py):
+        on under the ``today`` miles profile (sim/run.py), off under aug2026, whose
+        histories held no WeightsChecked in the simulator."""
         """How long a weight-update broadcast waits for a member that does not take part
         (--update-weight-collective-timeout) before it fails for all."""
         self.faults: FaultPoints = faults if faults is not None else NoFaults()
@@ -100,6 +105,11 @@ class SimCluster:
         """The job's saves (--save-interval), on a disk a killed job's restart reads."""
         self.on_job_killed: Callable[[FaultPoint | None], None] | None = None
         """What the job does when a kill_job strikes (sim.world.job.SimJob); set where one may."""
+        self.on_driver_lost: Callable[[FaultPoint | None], None] | None = None
+        """What the job does when a restart_driver strikes (sim.world.driver_restart)."""
+        self.driver_hold: Callable[[SaveState], None] | None = None
+        """Where the trainer keeps the state a new driver adopts (miles_core.loop.adopt
+        StateHold); None: the loop hands none over (a run no restart_driver strikes)."""
         self.resumed = False
         """The processes of a killed job's restart: what befell them before its controller
         attached is reported when it does (``_report_restarted``)."""
@@ -156,6 +166,8 @@ class SimCluster:
         troubles (impairment windows, over-long prompts) go on as they were in ``old``."""
         self.impairments = old.impairments.copy()
         self.poisoned, self.poison_armed = set(old.poisoned), old.poison_armed
+        self.reads_weights = old.reads_weights
+        self.transport.locks.on = old.transport.locks.on
         self.resumed = True
 
     def exchange(self, step: int, attempt: int, members: tuple[int, ...]) -> Exchange:
@@ -217,6 +229,12 @@ class SimCluster:
                 self.restart_engine(engine_id)
         return tuple(i for i, cell in enumerate(self.cells) if cell.dead)
 
+    def restart_driver(self, point: FaultPoint | None) -> None:
+        """The driver alone dies, every other process up (sim.world.driver_restart)."""
+        if self.on_driver_lost is None:
+            raise RuntimeError("restart_driver struck a cluster no driver restarter runs")
+        self.on_driver_lost(point)
+
     def kill_job(self, point: FaultPoint | None) -> None:
         """Every process of the job dies at once, the controller's too (sim.world.job.SimJob)."""
         if self.on_job_killed is None:
@@ -275,6 +293,11 @@ class SimCluster:
             if self.observer is not None:
                 self.observer.engine_exited(engine_id, engine.incarnation, "process killed")
 
+    def stop_engine(self, engine_id: str) -> None:
+        """The control plane stops the process (today's FT controller's suspend): it dies and
+        the world reports it, as a kill; a start under way is left to the resume."""
+        self.kill_engine(engine_id)
+
     def hang_engine(self, engine_id: str) -> None:
         """The process stays alive and stops answering (nothing to report: nothing exited)."""
         self.engines[engine_id].hung = True
@@ -287,6 +310,10 @@ class SimCluster:
     def poison_prompt(self) -> None:
         """The next prompt asked for is longer than the engines' context."""
         self.poison_armed = True
+
+    def lying_engine(self, engine_id: str) -> None:
+        """The process answers loads from now on and loads nothing (its content id stays)."""
+        self.engines[engine_id].lying = True
 
     def orphan_engine(self, engine_id: str) -> None:
         """The engine's actor is lost, its server left running: the process goes on serving

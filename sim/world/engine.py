@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from miles_core.backend import (
     EngineFailure,
@@ -43,6 +43,7 @@ from miles_core.backend import (
 from miles_core.kinds import FaultPoint, PauseMode
 from miles_core.scenario import TimeModel, WorldShape
 from miles_core.scenario.schedule import FaultPoints
+from sim.world.contents import held
 from sim.world.engine_batch import DecodeClock, Slots
 from sim.world.engine_request import EngineRequest
 from sim.world.process import Mortal
@@ -60,6 +61,9 @@ class EngineCluster(Protocol):
     """Prompts longer than the engines' context (the poison_prompt fault)."""
     spans: dict[tuple[int | None, ...], tuple[int | None, ...]]
     """Each distinct list of a response's span versions, shared (SimCluster.spans)."""
+
+    reads_weights: bool
+    """Its engines keep content ids and answer stamps with them (contents.py)."""
 
     def control_reply(self) -> Awaitable[None]: ...
 
@@ -102,9 +106,15 @@ class SimEngine(Mortal):
         """Control calls this process accepts and never answers (a hang_call fault)."""
         self.session_open = False
         """Between begin_update and end_update (SGLang's weight-update session)."""
+        self.loaded: dict[int, int] = {}
+        """Bucket index -> the version it was loaded from (contents.py; kept only when the
+        cluster reads weights)."""
+        self.lying = False
+        """It answers loads with success and loads nothing (the lying_engine fault)."""
         self.in_flight = 0
-        self.prefixes: dict[int, int | None] = {}
-        """The prefix cache: prompt -> the weights that computed its KV."""
+        self.prefixes: dict[int | tuple[str, int], int | None] = {}
+        """The prefix cache: prompt -> the weights that computed its KV; (namespace, prompt)
+        under --namespaced-radix-cache (SGLang keys its radix tree by ``extra_key`` too)."""
         self.jobs: set[EngineRequest] = set()
         """Requests this process has admitted and not finished."""
         self._resumed: SimSignal = self.rt.signal()
@@ -182,8 +192,11 @@ class SimEngine(Mortal):
             fraction = timing.response_tokens_max_fraction
             if fraction and self._lengths.random() < fraction:  # it rambles to the cap
                 length = timing.response_tokens_max
-        job = EngineRequest(length, self.rt.now(), self._death, request.prompt_id)
+        namespace = request.kv_namespace  # its prefix-cache entry: by namespace too, if any
+        key = request.prompt_id if namespace is None else (namespace, request.prompt_id)
+        job = EngineRequest(length, self.rt.now(), self._death, key)
         job.recompute = timing.charge_every_prefill  # its first prefill, charged as a recompute
+        job.start_version = request.start_weight_version
         self.jobs.add(job)
         slots, clock = self._slots, self._clock
         if slots is not None:
@@ -368,12 +381,19 @@ class SimEngine(Mortal):
 
     # -- control -------------------------------------------------------------------------
 
-    async def pause(self, mode: PauseMode) -> None:
+    async def pause(self, mode: PauseMode, abort_below: int | None = None) -> None:
+        """``abort_below`` (sglang #34185): a request that declared a start version strictly
+        below it ends aborted, its KV freed; ``mode`` decides the rest."""
         if self.hung:
             await self.answer()
         if not self.paused:  # a second pause (a retried update) keeps the waiters' signal
             self.paused = True
             self._resumed = self.rt.signal()
+        if abort_below is not None:
+            for job in self.jobs:
+                if job.start_version is not None and job.start_version < abort_below:
+                    job.aborted = True  # it ends at the interrupt below, whatever it was doing
+                    job.holds_pages = False
         self._interrupt_all(mode)
 
     async def resume(self) -> None:
@@ -412,12 +432,19 @@ class SimEngine(Mortal):
             raise RequestRefused(self.id, "no weight-update session is open")
         self.session_open = False
 
-    async def stamp(self, version: int, abort_all_requests: bool = True) -> None:
+    async def stamp(self, version: int, abort_all_requests: bool = True) -> str | None:
+        """The id of the weights it holds, where the cluster reads weights (contents.py)."""
         if self.hung:
             await self.answer()
         self.version = version
         if abort_all_requests:  # SGLang's default: every request in flight ends, aborted
             self._interrupt_all(None)
+        return held(self.loaded) if self.cluster.reads_weights else None
+
+    def load_bucket(self, index: int, version: int) -> None:
+        """A bucket of ``version`` arrived: loaded, unless this process lies (lying_engine)."""
+        if not self.lying:
+            self.loaded[index] = version
 
     def abort_all(self) -> None:
         """SGLang's ``/abort_request`` with ``abort_all``, sent to the server's address: every
@@ -483,8 +510,8 @@ class EngineHandle:
         return self.engine
 
     def _control(
-        self, route: str | None, call: Callable[[SimEngine], Awaitable[None]]
-    ) -> Awaitable[None]:
+        self, route: str | None, call: Callable[[SimEngine], Awaitable[Any]]
+    ) -> Awaitable[Any]:
         """``call`` made on the process, unless it is gone (EngineFailure) or leaves
         ``route`` (the SGLang route, the name a hang_call fault takes) unanswered."""
         engine = self.engine
@@ -496,12 +523,12 @@ class EngineHandle:
             return call(engine)
         return self._after_reply(call)
 
-    async def _after_reply(self, call: Callable[[SimEngine], Awaitable[None]]) -> None:
+    async def _after_reply(self, call: Callable[[SimEngine], Awaitable[Any]]) -> Any:
         await self.engine.cluster.control_reply()
-        await call(self._check())
+        return await call(self._check())
 
-    def pause(self, mode: PauseMode) -> Awaitable[None]:
-        return self._control("pause_generation", lambda engine: engine.pause(mode))
+    def pause(self, mode: PauseMode, abort_below: int | None = None) -> Awaitable[None]:
+        return self._control("pause_generation", lambda engine: engine.pause(mode, abort_below))
 
     def resume(self) -> Awaitable[None]:
         return self._control("continue_generation", SimEngine.resume)
@@ -515,8 +542,9 @@ class EngineHandle:
     def end_update(self) -> Awaitable[None]:
         return self._control(None, SimEngine.end_update)
 
-    def stamp(self, version: int, abort_all_requests: bool = True) -> Awaitable[None]:
-        """The engine answers no checksum (the simulator holds no weights): None."""
+    def stamp(self, version: int, abort_all_requests: bool = True) -> Awaitable[str | None]:
+        """The id of the weights the engine holds where the cluster reads weights (the
+        ``today`` profile: contents.py), else None."""
         return self._control(
             "update_weight_version", lambda engine: engine.stamp(version, abort_all_requests)
         )

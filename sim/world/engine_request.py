@@ -24,6 +24,7 @@ class EngineRequest:
         "recompute",
         "running",
         "spans",
+        "start_version",
         "started",
         "total",
         "wake_step",
@@ -31,15 +32,21 @@ class EngineRequest:
         "woken",
     )
 
-    def __init__(self, total: float, started: float, death: SimSignal, prompt: int) -> None:
+    def __init__(
+        self, total: float, started: float, death: SimSignal, prompt: int | tuple[str, int]
+    ) -> None:
         self.total = total
         self.prompt = prompt
+        """Its prefix-cache key: the prompt, or (namespace, prompt) under
+        --namespaced-radix-cache."""
         self.cached: list[int | None] = []
         """The weights that computed the prompt KV it reused from the prefix cache."""
         self.started = started
         self.death = death
         """The death of the process the request was sent to (not of a restarted one)."""
         self.done = 0.0
+        self.start_version: int | None = None
+        """The start_weight_version its request declared (sglang #34185), if any."""
         self.spans: list[int | None] = []
         self.kept_kv = False
         self.recompute = False

@@ -16,6 +16,7 @@ from miles_core.scenario.actions import Impairment, impaired_part
 from miles_core.scenario.faults import make_fault
 from miles_core.scenario.schedule import FaultSchedule
 from sim.world.cluster import SimCluster
+from sim.world.delta_transport import arm_delta_fault
 
 Fault = make_fault
 """A fault from the keys a scenario file uses, e.g. ``Fault("kill_cell", cell=1, at=3.0)``."""
@@ -47,6 +48,9 @@ class SimFaultActions:
         del rank
         self.cluster.fail_rank(cell)
 
+    def raise_holding_lock(self, cell: int, rank: int) -> None:
+        self.cluster.transport.locks.raise_holding(cell, rank)
+
     def kill_engine(self, engine: str, point: FaultPoint | None) -> None:
         del point
         self.cluster.kill_engine(engine)
@@ -60,14 +64,25 @@ class SimFaultActions:
     def hang_call(self, engine: str, call: str) -> None:
         self.cluster.hang_call(engine, call)
 
+    def delta_fault(self, kind: str, engine: str | None) -> None:
+        """Arm disk-delta's transport (sim/world/delta_transport.py): the scenario's checks
+        allow these faults only under disk-delta."""
+        arm_delta_fault(self.cluster.transport, kind, engine)
+
     def orphan_engine(self, engine: str) -> None:
         self.cluster.orphan_engine(engine)
 
     def poison_prompt(self) -> None:
         self.cluster.poison_prompt()
 
+    def lying_engine(self, engine: str) -> None:
+        self.cluster.lying_engine(engine)
+
     def kill_job(self, point: FaultPoint | None) -> None:
         self.cluster.kill_job(point)
+
+    def restart_driver(self, point: FaultPoint | None) -> None:
+        self.cluster.restart_driver(point)
 
     def heal(self, engines: bool) -> tuple[int, ...]:
         return self.cluster.heal(engines)

@@ -14,8 +14,10 @@ from miles_core.scenario import TimeModel, WorldShape
 from miles_core.scenario.schedule import FaultPoints
 from miles_core.transfer import LORA_UNIT_PREFIX, Bucket
 from sim.world.cells import SimCell
+from sim.world.contents import sent
 from sim.world.engine import SimEngine
 from sim.world.runtime import SimRuntime, SimSignal
+from sim.world.ticket_locks import SimTicketLocks
 from sim.world.update_cost import Route, bucket_seconds, group_make_seconds, update_fixed_seconds
 
 
@@ -32,6 +34,7 @@ class TransportCluster(Protocol):
     """The nodes each cell's GPUs sit on (the placement's)."""
     engine_nodes: Mapping[str, set[str]]
     collective_timeout: float
+    reads_weights: bool
     healed: SimSignal
     """Set when liveness mode's heal ends every impairment (a cut link's stall ends)."""
 
@@ -46,6 +49,8 @@ class SimTransport:
         self._groups: dict[int, tuple[int, dict[str, int]]] = {}
         """Each cell's weight-update group: the cell process that made it, and the engine
         processes it was made for."""
+        self.locks = SimTicketLocks(cluster.rt, cluster.cells, cluster.world.gpus_per_cell)
+        """The cells' weight-update ticket locks (today's profile: sim/world/ticket_locks.py)."""
         self._made: dict[int, set[tuple[str, ...]]] = {}
         """Each cell's collective groups made since it connected, by their engines: a
         broadcast's one of every engine it sends to, p2p's a pair group per engine (as the
@@ -71,11 +76,18 @@ class SimTransport:
         setup = self._setup_seconds(bucket)
         group = tuple(sorted(engines))
         making = self._making(source_cell, [group])
-        stalled = await self._send(
-            source_cell, bucket, engines, seconds + setup + sum(making.values())
+        busy = seconds + setup + sum(making.values())
+        stalled = await self.locks.send(
+            source_cell,
+            bucket.index,
+            self.cluster.collective_timeout,
+            lambda: self._send(source_cell, bucket, engines, busy),
         )
         self._made[source_cell].update(making)
-        return Delivery(tuple(engines), stalled + seconds, group_seconds=_charged(making, group))
+        checksum = self._loaded(bucket, engines, version)
+        return Delivery(
+            tuple(engines), stalled + seconds, checksum, group_seconds=_charged(making, group)
+        )
 
     async def send_bucket_each(
         self,
@@ -96,12 +108,33 @@ class SimTransport:
         setup = self._setup_seconds(bucket)
         making = self._making(source_cell, [(e,) for e in engines])  # in turn, as the Ray world
         busy = max(links.values()) + setup + sum(making.values())
-        stalled = await self._send(source_cell, bucket, engines, busy)
+        stalled = await self.locks.send(
+            source_cell,
+            bucket.index,
+            self.cluster.collective_timeout,
+            lambda: self._send(source_cell, bucket, engines, busy),
+        )
         self._made[source_cell].update(making)
+        checksum = self._loaded(bucket, engines, version)
         return tuple(
-            Delivery((e,), stalled + seconds, group_seconds=_charged(making, (e,)))
+            Delivery((e,), stalled + seconds, checksum, group_seconds=_charged(making, (e,)))
             for e, seconds in links.items()
         )
+
+    def _loaded(
+        self, bucket: Bucket, engines: Mapping[str, int], version: int | None
+    ) -> str | None:
+        """Where the cluster reads weights (contents.py): each engine loads the arrived
+        bucket, and the id of what the trainer sent is the delivery's checksum. None for a
+        LoRA adapter's bucket (its base weights do not change) or a send with no version."""
+        cluster = self.cluster
+        if not cluster.reads_weights or version is None:
+            return None
+        if any(unit.startswith(LORA_UNIT_PREFIX) for unit in bucket.units):
+            return None
+        for engine in engines:
+            cluster.engines[engine].load_bucket(bucket.index, version)
+        return sent(version)
 
     def _making(
         self, source_cell: int, groups: list[tuple[str, ...]]

@@ -131,6 +131,12 @@ class Decoding:
     """Prompt tokens whose KV came from the prefix cache (SGLang's ``cached_tokens``)."""
     cached_versions: list[str] = field(default_factory=list)
     """The weight versions that computed the KV it reused from the prefix cache."""
+    extra_key: str | None = None
+    """Its prefix-cache namespace (SGLang's ``extra_key``; miles' --namespaced-radix-cache):
+    prompt KV is reused only between requests with the same one."""
+    start_weight_version: int | None = None
+    """The version its caller declared it started under (sglang #34185's draft field): a
+    pause's ``abort_below_start_weight_version`` aborts it when this is below that."""
     aborted: bool = False
     stopped_on: int | None = None
     """The stop token that finished the request (finish reason "stop"), if one did."""
@@ -179,7 +185,7 @@ class Decoding:
         """Fill ``cache`` with the prompt's KV but its last token, from the prefix cache or
         computed (and cached) now; the ids left to prefill."""
         rest = [*self.prompt[-1:], *self.tokens]
-        hit = prefixes.lookup(self.prompt, version)
+        hit = prefixes.lookup(self.prompt, version, self.extra_key)
         if hit is not None:
             self.cache = hit.cache
             self.cached_tokens += hit.tokens
@@ -188,7 +194,7 @@ class Decoding:
         if len(self.prompt) < 2:
             return [*self.prompt, *self.tokens]
         _, self.cache = forward(model, self.prompt[:-1], None)
-        prefixes.store(self.prompt, self.cache, version)
+        prefixes.store(self.prompt, self.cache, version, self.extra_key)
         return rest
 
 

@@ -225,6 +225,8 @@ def job_of(body: Mapping[str, Any], config: Any, context_len: int) -> Decoding:
         raise BadRequest(f"{FIELD}.sampling_seed", f"an integer in [0, {top}]")
     eos = config.eos_token_id
     return Decoding(
+        extra_key=body["extra_key"],
+        start_weight_version=body["start_weight_version"],
         rid=body["rid"] or str(id(body)),
         prompt=prompt,
         max_new_tokens=sampling.max_new_tokens,

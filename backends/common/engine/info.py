@@ -57,12 +57,21 @@ class EngineInfo:
             "random_seed": 0,
         }
 
-    def server_info(self, running: int, paused: bool) -> dict[str, Any]:
+    def server_info(self, running: int, paused: bool, session_open: bool = False) -> dict[str, Any]:
+        """``session_open``: a weight-update session is open, reported in internal_states
+        under the testbed's own key (what a hot-restarted driver reads to close the window
+        the dead one left open: miles' ``is_update_weights_window_open``)."""
         return {
             **self.server_args(),
             "launch_command": f"testbed engine {self.model_path} on {self.host}:{self.port}",
             "startup_time": self.started,
-            "internal_states": [{"running_requests": running, "paused": paused}],
+            "internal_states": [
+                {
+                    "running_requests": running,
+                    "paused": paused,
+                    "testbed_session_open": session_open,
+                }
+            ],
             "version": SGLANG_VERSION,
             "frontend": "python",
         }

@@ -12,6 +12,9 @@ SGLang keeps one token to compute). Policies, as ``[sim] prefix_cache``:
 - ``by_version``: reused only under the weights that computed it; a prompt met
   under newer weights is computed again and replaces the entry.
 
+A request's ``extra_key`` (SGLang's, miles' ``--namespaced-radix-cache``: the train call's
+namespace) is part of the key under every policy: KV is reused only within one namespace.
+
 Entries live until a flush or the process's end (no eviction: the tiny policy's
 prompts are a few tokens). Used only from the engine's decoding thread.
 """
@@ -42,16 +45,19 @@ class PrefixCache:
                 f"prefix_cache: got {policy!r}; pass one of {', '.join(PREFIX_CACHES)}"
             )
         self.policy = policy
-        self._entries: dict[tuple[int, ...], tuple[Any, str]] = {}
+        self._entries: dict[tuple[str | None, tuple[int, ...]], tuple[Any, str]] = {}
 
     @property
     def on(self) -> bool:
         return self.policy != "off"
 
-    def lookup(self, prompt: list[int], version: str) -> PrefixHit | None:
-        """The prompt's cached KV if the policy lets a request under ``version`` reuse it."""
+    def lookup(
+        self, prompt: list[int], version: str, namespace: str | None = None
+    ) -> PrefixHit | None:
+        """The prompt's cached KV in ``namespace`` if the policy lets a request under
+        ``version`` reuse it."""
         key = tuple(prompt[:-1])
-        entry = self._entries.get(key) if self.on and key else None
+        entry = self._entries.get((namespace, key)) if self.on and key else None
         if entry is None:
             return None
         cache, computed_by = entry
@@ -59,10 +65,13 @@ class PrefixCache:
             return None
         return PrefixHit(copy.deepcopy(cache), len(key), computed_by)
 
-    def store(self, prompt: list[int], cache: Any, version: str) -> None:
-        """Keep a copy of the KV of ``prompt[:-1]``, computed under ``version``."""
+    def store(
+        self, prompt: list[int], cache: Any, version: str, namespace: str | None = None
+    ) -> None:
+        """Keep a copy of the KV of ``prompt[:-1]``, computed under ``version``, in
+        ``namespace``."""
         if self.on and len(prompt) > 1:
-            self._entries[tuple(prompt[:-1])] = (copy.deepcopy(cache), version)
+            self._entries[(namespace, tuple(prompt[:-1]))] = (copy.deepcopy(cache), version)
 
     def clear(self) -> None:
         self._entries.clear()

@@ -58,6 +58,13 @@ def count(field: str, value: Any) -> int:
     return value
 
 
+def integer(field: str, value: Any) -> int:
+    """Any integer (a version threshold may be below 0)."""
+    if not _is_int(value):
+        raise BadRequest(field, f"expected an integer, got {json.dumps(value)[:40]}")
+    return value
+
+
 def port(field: str, value: Any) -> int:
     if count(field, value) > 65535:
         raise BadRequest(field, f"a port is at most 65535, got {value}")
@@ -149,9 +156,14 @@ SPECS: Final[Mapping[str, Mapping[str, Field]]] = {
         "input_ids": Field(list_of(count, 1 << 14)),
         "sampling_params": Field(mapping, {}),
         "return_logprob": Field(flag, False),
+        "extra_key": Field(optional(text), None),
+        "start_weight_version": Field(optional(integer), None),
         **{name: Field(as_sent, None) for name in UNHONOURED_GENERATE},
     },
-    "/pause_generation": {"mode": Field(one_of("abort", "retract", "in_place"), "abort")},
+    "/pause_generation": {
+        "mode": Field(one_of("abort", "retract", "in_place"), "abort"),
+        "abort_below_start_weight_version": Field(optional(integer), None),
+    },
     "/continue_generation": {},
     "/abort_request": {"rid": Field(text, ""), "abort_all": Field(flag, False)},
     "/begin_weight_update": {"selector": SELECTOR},
@@ -194,12 +206,24 @@ SPECS: Final[Mapping[str, Mapping[str, Field]]] = {
         "skip_tensor_list": Field(optional(list_of(text, 1024)), None),
         "selector": SELECTOR,
     },
+    # disk-delta (delta_routes.py): /pull_weights is radixark's SGLang's, beyond the pin
+    "/pull_weights": {
+        "local_checkpoint_dir": Field(text),
+        "source_dir": Field(text),
+        "target_version": Field(count),
+    },
+    "/update_weights_from_disk": {
+        "model_path": Field(text),
+        "weight_version": Field(text, None),
+    },
 }
 """Per route, each field the engine reads, its check and SGLang's default."""
 
 ENGINE_READS: Final[Mapping[str, frozenset[str]]] = {
     route: frozenset(fields) for route, fields in SPECS.items()
 }
+"""Per route, the fields read; those of an open SGLang draft beyond the pinned wheel are
+named in ``backends.common.sglang.api.DRAFT_FIELDS`` (sglang #34185's)."""
 
 
 def parse(route: str, raw: bytes) -> dict[str, Any]:

@@ -44,7 +44,8 @@ it reports the version that token was generated under. A receive blocks in a
 worker thread, so the server keeps answering while weights stream in. Fault hooks
 are the actor's methods, not reachable over HTTP: ``die_midway(rid)`` makes the
 process exit halfway through that request (a mid-generation crash), ``hang``
-makes it stop answering anything while staying alive.
+makes it stop answering anything while staying alive, ``lie`` makes every load answer
+success and load nothing (tokenspeed #1373).
 """
 
 from __future__ import annotations
@@ -62,10 +63,11 @@ from aiohttp import web
 from backends.common.engine import generate as gen
 from backends.common.engine.checker import WeightChecker
 from backends.common.engine.decoding import Decoding, health_token
+from backends.common.engine.delta_routes import DeltaRoutes
 from backends.common.engine.http import MAX_BODY_BYTES, middlewares, ok, read_body, refused, serve
 from backends.common.engine.info import EngineInfo
 from backends.common.engine.prefix_cache import PrefixCache
-from backends.common.engine.requests import parse
+from backends.common.engine.requests import BadRequest, parse
 from backends.common.engine.state import EngineState, state_of
 from backends.common.engine.updates import UpdateRoutes
 from backends.common.engine.weights import EngineWeights
@@ -81,7 +83,7 @@ HEALTH_CHECK_TIMEOUT = 20.0
 that time answers 503."""
 
 
-class EngineServer(UpdateRoutes):
+class EngineServer(UpdateRoutes, DeltaRoutes):
     def __init__(
         self,
         engine_id: str,
@@ -180,6 +182,8 @@ class EngineServer(UpdateRoutes):
                 web.get("/get_server_info", self.server_info),
                 web.route("*", "/weights_checker", self.weights_checker),
                 web.get("/testbed/weights_checksum", self.weights_checksum),
+                web.post("/pull_weights", self.pull_weights),  # disk-delta (delta_routes.py)
+                web.post("/update_weights_from_disk", self.update_weights_from_disk),
             ]
         )
         return app
@@ -210,6 +214,12 @@ class EngineServer(UpdateRoutes):
     def hang_route(self, route: str) -> None:
         """The hang_call fault: ``route`` is accepted and never answered from now on."""
         self.unanswered = self.unanswered | {route}
+
+    def lie(self) -> None:
+        """The lying_engine fault: every load from now on answers success and loads nothing
+        (weights.py ``EngineWeights.lying``). An actor call, not a route: no HTTP client
+        can turn it on."""
+        self.weights.lying = True
 
     def die_midway(self, rid: str) -> None:
         """The fault hook: the process exits halfway through request ``rid``."""
@@ -302,11 +312,18 @@ class EngineServer(UpdateRoutes):
     async def pause_generation(self, request: web.Request) -> web.Response:
         """SGLang's default mode is abort; miles sends its --pause-generation-mode. Answered
         once the token being made is done, so nothing generates after the answer."""
-        mode = (await self._body(request))["mode"]
+        body = await self._body(request)
+        mode, below = body["mode"], body["abort_below_start_weight_version"]
+        if below is not None and mode == "abort":  # sglang #34185: refused, nothing changed
+            raise BadRequest(
+                "abort_below_start_weight_version",
+                "mode abort aborts every request already; send it with retract or in_place",
+            )
         self.paused = True
         await self._tokens_in_hand()
         for job in self._jobs.values():
-            if mode == "abort":
+            start = job.start_weight_version
+            if mode == "abort" or (below is not None and start is not None and start < below):
                 job.aborted = True
             elif mode == "retract":
                 job.release()
@@ -378,6 +395,14 @@ class EngineActor:
 
     async def hang_route(self, route: str) -> None:
         self.server.hang_route(route)
+
+    async def lie(self) -> None:
+        """The lying_engine fault: loads answer success and load nothing from now on."""
+        self.server.lie()
+
+    async def arm_delta_fault(self, fault: str) -> None:
+        """A disk-delta fault for the next pull (delta_routes.py ``arm_delta_fault``)."""
+        self.server.arm_delta_fault(fault)
 
     async def die_midway(self, rid: str) -> None:
         """The mid-generation kill: this process exits halfway through request ``rid``."""

@@ -49,6 +49,9 @@ class Control(StrEnum):
     JOIN = "join"
     LEAVE = "leave"
     CHECK_WEIGHTS = "check_weights"
+    PULL = "pull"
+    """disk-delta's /pull_weights: changes the local checkpoint, not the weights served, so
+    it is taken in every state but stopping (miles pulls before the pause)."""
 
 
 ROUTES: Final[dict[str, Control]] = {
@@ -71,6 +74,8 @@ ROUTES: Final[dict[str, Control]] = {
     "/init_weights_update_group": Control.JOIN,
     "/destroy_weights_update_group": Control.LEAVE,
     "/weights_checker": Control.CHECK_WEIGHTS,
+    "/pull_weights": Control.PULL,
+    "/update_weights_from_disk": Control.LOAD,
 }
 """Every route the engine serves, by what it asks (a route missing here is refused)."""
 

@@ -173,7 +173,8 @@ class UpdateRoutes:
     async def server_info(self, request: web.Request) -> web.Response:
         """SGLang's /server_info and its deprecated alias /get_server_info (info.py)."""
         assert self.info is not None
-        return web.json_response(self.info.server_info(len(self._jobs), self.paused))
+        running, session = len(self._jobs), self.session_open
+        return web.json_response(self.info.server_info(running, self.paused, session))
 
     async def weights_checker(self, request: web.Request) -> web.Response:
         """SGLang's /weights_checker: a failed action is 400 with success false."""

@@ -76,6 +76,11 @@ class EngineWeights:
         }
         """Each parameter's dtype and shape, read once: a check per bucket rebuilt the whole
         parameter map (backends/bench: 70 of 131 ms for the 44 checks of a 4 MiB plan)."""
+        self.lying = False
+        """Loads answer success and change no weight (the lying_engine fault, tokenspeed
+        #1373): set only by the fault injector, through the actor (server.py ``lie``), never
+        by a route. It still takes part in every broadcast (receiving into scratch), so
+        its group does not stall: what it holds, its checksum says."""
         self._valid: set[tuple[bool, Layout]] = set()
         """Bucket layouts that passed ``check_bucket`` (the schema never changes), with
         whether they passed as packed."""
@@ -178,6 +183,8 @@ class EngineWeights:
         marks = self._taking_part.get(body["group_name"])
         if body["load_format"] == "flattened_bucket":
             buffer = self.views.buffer_for(names, dtypes, shapes)
+            if self.lying:  # received, and written nowhere the weights are
+                buffer = torch.empty_like(buffer)
             await loop.run_in_executor(None, _taking_part, marks, broadcast, group, buffer)
             return
         tensors = [
@@ -200,7 +207,10 @@ class EngineWeights:
         return named
 
     def load(self, named: Named) -> None:
-        """Copy checked tensors into the weights (SGLang's ``load_weights``)."""
+        """Copy checked tensors into the weights (SGLang's ``load_weights``); a lying
+        engine's copy nothing."""
+        if self.lying:
+            return
         with torch.no_grad():
             for name, tensor in named:
                 self._params[name].copy_(tensor)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from backends.common.run.driver_restart import RayDriverRestarts, restarts_driver
 from backends.common.run.restore import restore, save_at_end
 from backends.common.run.result import RealResult, StepLine, StepMetrics
 from backends.common.run.saves import RayCheckpoints
@@ -37,6 +38,7 @@ from backends.common.stack import CPU_STACK, Stack
 from backends.common.training.policy import AnyPolicy, PolicyConfig
 from backends.common.training.task import Task
 from backends.common.world.cluster import RayCluster, buffer_size_for
+from backends.common.world.delta_transport import delta_transport
 from backends.common.world.faults import RayFaultActions
 from backends.common.world.runtime import AsyncioRuntime
 from miles_core.ctrl_c import lost_ctrl_c
@@ -160,7 +162,10 @@ class _Options:
 
 
 async def _drive(
-    control: Orchestrator, cluster: RayCluster, timeout: float, ctrl_c: asyncio.Future[None]
+    control: Orchestrator | RayDriverRestarts,
+    cluster: RayCluster,
+    timeout: float,
+    ctrl_c: asyncio.Future[None],
 ) -> RunReport:
     """Run the loop until it ends, the world itself fails, the timeout passes or Ctrl-C."""
     run = asyncio.ensure_future(control.run())
@@ -178,6 +183,15 @@ async def _drive(
     why = f"no end within {timeout:g} s"
     control.record_waits(why)
     return control.end(RunStatus.STALLED, why)
+
+
+def _driver(
+    scenario: Scenario, loop: LoopConfig, history: History, cluster: RayCluster, control: Any
+) -> Orchestrator | RayDriverRestarts:
+    """The loop, or a driver that a restart_driver replaces over the same Ray actors."""
+    if restarts_driver(scenario):
+        return RayDriverRestarts(scenario, loop, history, cluster, control)
+    return control
 
 
 class _StartInterrupted(Exception):
@@ -254,6 +268,7 @@ def _cluster(
         flush_refuses_while_queued=scenario.world.flush_refuses_while_queued,
         prefix_cache=scenario.world.prefix_cache,
         task=options.task,
+        miles_today=scenario.loop.today,
     )
 
 
@@ -283,6 +298,8 @@ async def _run(
     wall, saved = 0.0, None
     try:
         loop = real_loop(scenario, seed, cluster.model_bytes)
+        if loop.transfer_mode is TransferMode.DISK_DELTA:  # real files in a temp dir
+            cluster.transport = delta_transport(cluster, loop)
         with _ctrl_c_sets(options.interruptible) as ctrl_c:
             with spinner(_world_line(scenario), enabled=options.show_start):
                 await _unless(ctrl_c, cluster.start())
@@ -296,10 +313,13 @@ async def _run(
             for observer in options.observers:
                 history.observe(observer)
             control = orchestrator_for(scenario, rt, cluster, history, ledger, loop, resume)
+            driver = _driver(scenario, loop, history, cluster, control)
             schedule.install(rt, history, RayFaultActions(cluster, options.announce))
             started = rt.now()
-            report = await _drive(control, cluster, options.timeout, ctrl_c)
+            report = await _drive(driver, cluster, options.timeout, ctrl_c)
             wall = rt.now() - started
+            if isinstance(driver, RayDriverRestarts):  # the loop that ran last
+                control = driver.control or control
             if periodic:  # the loop saved after its last step (miles_core.saves.save_due)
                 saved = options.save_to
             elif options.save_to is not None and report.status is not RunStatus.INTERRUPTED:

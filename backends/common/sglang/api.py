@@ -46,19 +46,41 @@ def body(request: SGLangRequest) -> dict[str, Any]:
     }
 
 
+DRAFT_FIELDS: Final[dict[str, frozenset[str]]] = {
+    "/generate": frozenset({"start_weight_version"}),
+    "/pause_generation": frozenset({"abort_below_start_weight_version"}),
+}
+"""Fields of an open SGLang draft, beyond the pinned wheel, that our client sends and our
+engine reads: sglang #34185 (open, draft, 2026-08-09, based on ``sglang-miles``), only under
+--pause-abort-below-start-weight-version (miles_core/pause_filter.py). The contract checks
+(contract.py) leave them out."""
+
+
 @dataclass(frozen=True)
 class GenerateReqInput(SGLangRequest):
+    """Built by generate_body.py as miles builds it, per --miles-profile: today's miles adds
+    ``return_routed_experts``, ``return_indexer_topk`` and, with a prefix-cache namespace,
+    ``extra_key`` (generate_endpoint_utils.py ``compute_request_payload``, 02aa8e78)."""
+
     ROUTE: ClassVar[str] = "/generate"
     rid: str
     input_ids: list[int]
     sampling_params: dict[str, Any]
     return_logprob: bool = True
+    return_routed_experts: Any = OMIT
+    return_indexer_topk: Any = OMIT
+    extra_key: Any = OMIT
+    start_weight_version: Any = OMIT
+    """sglang #34185's draft field (DRAFT_FIELDS): sent only under
+    --pause-abort-below-start-weight-version."""
 
 
 @dataclass(frozen=True)
 class PauseGenerationReqInput(SGLangRequest):
     ROUTE: ClassVar[str] = "/pause_generation"
     mode: str
+    abort_below_start_weight_version: Any = OMIT
+    """sglang #34185's draft field (DRAFT_FIELDS)."""
 
 
 @dataclass(frozen=True)

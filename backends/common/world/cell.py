@@ -8,6 +8,7 @@ source).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -15,6 +16,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from backends.common.session.ray_session import in_bundle
+from backends.common.wire.cell_lock import describe
 from backends.common.wire.groups import abandon_attempt
 from backends.common.world.settings import WorldSettings
 from backends.common.world.trainer import TrainerActor
@@ -38,6 +40,8 @@ class CellCluster(Protocol):
     store_addr: tuple[str, int]
     faults: FaultPoints
     cells: Mapping[int, RayCell]
+    driver_down: bool
+    """A restart_driver's dead loop: what it still calls never leaves it (adopted.py)."""
 
     def slowdown(self, what: str) -> float: ...
     def impaired(self, what: str) -> bool: ...
@@ -80,6 +84,8 @@ class RayCell:
         self.incarnation = -1
         self.doomed: dict[int, str] = {}
         """Rank -> what a fault injects into its next step before the exchange (EXIT, RAISE)."""
+        self.holding: list[Any] = []
+        """Hot restart: the ranks' ``hold`` calls of the last publish, done before a train."""
 
     def failure(self, reason: str) -> CellFailure:
         return CellFailure(self.index, reason)
@@ -97,7 +103,7 @@ class RayCell:
         self.kill()
         self.incarnation += 1
         bundles = self.cluster.placement.cell_bundles(self.index)
-        world = f"cell{self.index}.{self.incarnation}"
+        world = self.world
         actor = self.cluster.settings.stack.trainer_actor or TrainerActor
         self.ranks = [
             actor.options(
@@ -111,6 +117,7 @@ class RayCell:
                 self.cluster.store_addr,
                 world,
                 self.cluster.settings.stack,
+                ticket_lock=self.ticket_lock,
             )
             for rank, bundle in enumerate(bundles)
         ]
@@ -121,13 +128,17 @@ class RayCell:
         return await self.call_each(method, [args] * len(self.ranks))
 
     async def call_each(self, method: str, args: Sequence[tuple[Any, ...]]) -> list[Any]:
+        if self.cluster.driver_down:  # sent by a dead driver's loop: it never leaves it
+            await _forever()
         if not self.ranks:
             raise self.failure("no running processes")
         calls = [getattr(r, method).remote(*a) for r, a in zip(self.ranks, args, strict=True)]
+        incarnation = self.incarnation
         try:
             return list(await asyncio.gather(*calls))
         except ACTOR_DIED as died:
-            self.kill()  # one rank gone: the rest would wait in its collectives
+            if incarnation == self.incarnation:  # not the new processes of a call left behind
+                self.kill()  # one rank gone: the rest would wait in its collectives
             raise self.failure(f"a rank died in {method}: {type(died).__name__}") from None
 
     async def _isolated(self, method: str, call: Awaitable[list[Any]]) -> list[Any]:
@@ -149,6 +160,8 @@ class RayCell:
         ]
         slowdown = self.cluster.slowdown(f"cell-{self.index}")
         store = self.cluster.store_addr
+        holding, self.holding = self.holding, []
+        await asyncio.gather(*holding, return_exceptions=True)  # the publish's state first
         args = [
             (step, attempt, trajectories, members, store, doomed.get(rank, ""), slowdown)
             for rank in range(len(self.ranks))
@@ -173,6 +186,31 @@ class RayCell:
         source = self.cluster.cells[heal.src_cell]
         states = await source._isolated("get_state", source.call("get_state"))
         await self._isolated("set_state", self.call_each("set_state", [(s,) for s in states]))
+
+    @property
+    def world(self) -> str:
+        """The torch world of the cell's current processes (its ranks' store prefix)."""
+        return f"cell{self.index}.{self.incarnation}"
+
+    @property
+    def ticket_lock(self) -> bool:
+        """The ranks send each bucket in a weight-update ticket lock: today's miles, and a
+        cell of several ranks standing for its pipeline stages (wire/cell_lock.py)."""
+        settings, ranks = self.cluster.settings, self.cluster.placement.cell_bundles(self.index)
+        return settings.miles_today and len(ranks) > 1
+
+    def lock_state(self) -> tuple[str, bool]:
+        """The lock of the cell's current processes, read from its store as the wait-for
+        graph names it, and whether rank 0 waits in it (cell_lock.describe)."""
+        name = f"cell {self.index}'s weight-update lock (process {self.incarnation})"
+        return describe(self.cluster.store, self.world, name)
+
+    async def raise_holding_lock(self, rank: int) -> None:
+        """The fault's act: a call to that rank, which takes the lock, raises in it and lives
+        on (its exception is caught in the rank: nothing fails the cell)."""
+        if rank < len(self.ranks):
+            with contextlib.suppress(*ACTOR_DIED):
+                await self.ranks[rank].raise_holding_lock.remote()
 
     async def ping(self) -> None:
         await self.call("heartbeat")

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import aiohttp
@@ -34,6 +34,7 @@ from backends.common.session.ray_session import LOOPBACK
 from backends.common.stack import CPU_STACK, Stack
 from backends.common.training.policy import AnyPolicy, build_model, update_units
 from backends.common.training.task import ClimbTask, Task
+from backends.common.world.adopted import report_restarted
 from backends.common.world.cell import RayCell
 from backends.common.world.engine_slot import EngineHandle, RayEngine
 from backends.common.world.fanout import TransferLog
@@ -42,8 +43,10 @@ from backends.common.world.settings import HTTP_TIMEOUT, WorldSettings
 from backends.common.world.transport import CollectiveTransport
 from miles_core.backend import WorldObserver
 from miles_core.impairments import Impairments
+from miles_core.kinds import FaultPoint
 from miles_core.placement import Placement
 from miles_core.runtime import Runtime
+from miles_core.saves import SaveState
 from miles_core.scenario.schedule import FaultPoints
 from miles_core.transfer import ParamSpec, UpdateUnit
 
@@ -69,6 +72,7 @@ class RayCluster:
         flush_refuses_while_queued: bool = False,
         prefix_cache: str = "off",
         task: Task | None = None,
+        miles_today: bool = False,
     ) -> None:
         self.rt = rt
         self.settings = WorldSettings(
@@ -79,6 +83,7 @@ class RayCluster:
             collective_timeout=collective_timeout,
             flush_refuses_while_queued=flush_refuses_while_queued,
             prefix_cache=prefix_cache,
+            miles_today=miles_today,
         )
         self.task: Task = task or ClimbTask(seed)
         """The prompts and the reward the router asks for (task.py)."""
@@ -113,6 +118,16 @@ class RayCluster:
         """Set by the first of the world's own tasks that raised (a crash of the world)."""
         self.impairments = Impairments()
         """Slow cells and links, router delays and failures, muted heartbeats, cut links."""
+        self.on_driver_lost: Callable[[FaultPoint | None], None] | None = None
+        """What the run does when a restart_driver strikes (backends/common/run/
+        driver_restart.py); None: no driver restarter runs."""
+        self.driver_hold: Callable[[SaveState], None] | None = None
+        """Where the trainer keeps the state a new driver adopts (adopted.py ``hold_sink``)."""
+        self.resumed = False
+        """A new driver's: what befell the processes before it attached is reported then."""
+        self.driver_down = False
+        """From a restart_driver until the new driver starts: the dead loop's calls and
+        process actions go nowhere (a dead process sends nothing)."""
 
     async def start(self) -> None:
         await asyncio.gather(
@@ -147,6 +162,14 @@ class RayCluster:
 
     def attach(self, observer: WorldObserver) -> None:
         self.observer = observer
+        if self.resumed:  # a hot-restarted driver (adopted.py)
+            report_restarted(self, observer)
+
+    def restart_driver(self, point: FaultPoint | None) -> None:
+        """The driver alone dies, every process up (backends/common/run/driver_restart.py)."""
+        if self.on_driver_lost is None:
+            raise RuntimeError("restart_driver struck a cluster no driver restarter runs")
+        self.on_driver_lost(point)
 
     def cell(self, index: int) -> RayCell:
         return self.cells[index]
@@ -157,7 +180,14 @@ class RayCluster:
     def restart_engine(self, engine_id: str) -> None:
         """A new process for the slot, killing the old one (its watch reports that exit); the
         new one is reported once it answers, or its death if it died while starting."""
-        self.spawn(self._restart_engine(engine_id), f"restart-{engine_id}")
+        if not self.driver_down:
+            self.spawn(self._restart_engine(engine_id), f"restart-{engine_id}")
+
+    def stop_engine(self, engine_id: str) -> None:
+        """The control plane stops the process (today's FT controller's suspend): its actor is
+        killed, and its watch reports the exit."""
+        if not self.driver_down:
+            self.engines[engine_id].kill()
 
     async def _restart_engine(self, engine_id: str) -> None:
         incarnation = await self.engines[engine_id].start(recovery=True)
@@ -167,6 +197,8 @@ class RayCluster:
     def start_cell(self, index: int) -> None:
         """New rank actors for the cell, killing the old ones; reported at once (Ray queues
         calls to them until they are up, and the heal's first call waits for that)."""
+        if self.driver_down:
+            return
         incarnation = self.cells[index].create()
         if self.observer is not None:
             self.observer.cell_started(index, incarnation, "rank actors created")

@@ -7,6 +7,7 @@ sglang/api.py's request types, the ones the contract test holds to SGLang's.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Coroutine
 from typing import Any, Protocol
@@ -43,6 +44,8 @@ class SlotCluster(Protocol):
     faults: FaultPoints
     http: aiohttp.ClientSession
     router: OrphanKeeper
+    driver_down: bool
+    """A restart_driver's dead loop: what it still calls never leaves it (adopted.py)."""
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> None: ...
     def slowdown(self, what: str) -> float: ...
@@ -123,6 +126,18 @@ class RayEngine:
             self.unanswered = self.unanswered | {route}
             await self.actor.hang_route.remote(route)
 
+    async def lie(self) -> None:
+        """The process answers loads with success and loads nothing (the lying_engine fault)."""
+        if self.actor is not None:
+            with contextlib.suppress(ACTOR_DIED):
+                await self.actor.lie.remote()
+
+    async def arm_delta_fault(self, fault: str) -> None:
+        """The process's next /pull_weights does ``fault`` (a disk-delta fault: delta_routes.py)."""
+        if self.actor is not None:
+            with contextlib.suppress(ACTOR_DIED):
+                await self.actor.arm_delta_fault.remote(fault)
+
     async def die_midway(self, incarnation: int, rid: str) -> None:
         """That process exits halfway through request ``rid`` (the mid-generation kill),
         armed through its actor: no HTTP client can reach the hook."""
@@ -182,6 +197,8 @@ class RayEngine:
         how long to wait for the answer (default: the world's HTTP timeout); a collective's
         part waits longer than the collective may stall, so that a member's own timeout is
         never mistaken for the stall's cause."""
+        if self.cluster.driver_down:  # sent by a dead driver's loop: it never leaves it
+            await asyncio.Event().wait()
         if incarnation != self.incarnation:
             raise EngineFailure(self.id, f"process {incarnation} was replaced")
         if self.url is None:
@@ -217,8 +234,9 @@ class EngineHandle:
             self.incarnation, request.METHOD, request.ROUTE, payload, refusable
         )
 
-    async def pause(self, mode: PauseMode) -> None:
-        await self.send(api.PauseGenerationReqInput(mode=mode.value))
+    async def pause(self, mode: PauseMode, abort_below: int | None = None) -> None:
+        below = api.OMIT if abort_below is None else abort_below  # sglang #34185's draft field
+        await self.send(api.PauseGenerationReqInput(mode.value, below))
 
     async def resume(self) -> None:
         await self.send(api.ContinueGenerationReqInput())

@@ -18,6 +18,7 @@ import ray
 
 from backends.common.session.ray_quiet import expect_exit
 from backends.common.world.cluster import RayCluster
+from backends.common.world.delta_transport import DiskDeltaTransport
 from backends.common.world.trainer import EXIT, RAISE
 from miles_core.kinds import FaultPoint
 from miles_core.scenario.actions import Impairment, impaired_part
@@ -92,6 +93,35 @@ class RayFaultActions:
         """Ordered now, in effect a Ray call later (milliseconds): an HTTP call already on its
         way may still be answered, as a process that hangs a moment later would answer it."""
         self.cluster.spawn(self.cluster.engines[engine].hang_call(call), f"hang-call-{engine}")
+
+    def delta_fault(self, kind: str, engine: str | None) -> None:
+        """disk-delta (world/delta_transport.py): a torn file is the transport's to make; the
+        others arm the engine's next pull, a Ray call later (the scenario's checks allow
+        these only under disk-delta)."""
+        transport = self.cluster.transport
+        if kind == "delta_torn":
+            assert isinstance(transport, DiskDeltaTransport)
+            transport.tear_next = True
+            return
+        assert engine is not None
+        fault = kind.removeprefix("delta_")
+        self.cluster.spawn(self.cluster.engines[engine].arm_delta_fault(fault), f"{kind}-{engine}")
+
+    def raise_holding_lock(self, cell: int, rank: int) -> None:
+        """Ordered now, in effect a Ray call later (milliseconds): the rank takes its cell's
+        weight-update ticket lock, raises in it and lives on (RayCell.raise_holding_lock;
+        backends/common/wire/cell_lock.py)."""
+        target = self.cluster.cells[cell].raise_holding_lock(rank)
+        self.cluster.spawn(target, f"raise-holding-lock-{cell}-{rank}")
+
+    def lying_engine(self, engine: str) -> None:
+        """Ordered now, in effect a Ray call later (milliseconds), as hang_call."""
+        self.cluster.spawn(self.cluster.engines[engine].lie(), f"lie-{engine}")
+
+    def restart_driver(self, point: FaultPoint | None) -> None:
+        """The driver's loop dies alone, every Ray actor up (run/driver_restart.py)."""
+        self.announce("the driver's loop, to start a new one over the same processes")
+        self.cluster.restart_driver(point)
 
     def heal(self, engines: bool) -> tuple[int, ...]:
         """Liveness mode's heal: impairments end; dead or hung engines get a new process."""

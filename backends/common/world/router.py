@@ -17,6 +17,7 @@ import aiohttp
 import ray
 
 from backends.common.sglang import api
+from backends.common.sglang.generate_body import generate_request
 from backends.common.training.policy import CONTEXT_LENGTH, Trajectory
 from backends.common.training.task import Task
 from backends.common.world.engine_slot import RayEngine
@@ -152,15 +153,16 @@ class RayRouter:
             derive_seed(cluster.settings.seed, f"sample-{request.group_id}-{request.sample}")
             % 2**31
         )
-        generate = api.GenerateReqInput(
+        generate = generate_request(  # as miles builds it, per --miles-profile
+            today=cluster.settings.miles_today,
             rid=rid,
             input_ids=prompt,
-            sampling_params={
-                "max_new_tokens": cluster.task.max_new_tokens,
-                "temperature": 1.0,
-                "sampling_seed": seed,
-            },
+            max_new_tokens=cluster.task.max_new_tokens,
+            seed=seed,
+            kv_namespace=request.kv_namespace,
+            start_weight_version=request.start_weight_version,
         )
+        assert generate is not None  # only a --rollout-max-context-len clips a request away
         if url is None:
             reply = await target.request(
                 incarnation, generate.METHOD, generate.ROUTE, api.body(generate), refusable=True

@@ -32,3 +32,6 @@ class WorldSettings:
     """The engines act as an SGLang before #31962 ([sim] flush_refuses_while_queued)."""
     prefix_cache: str = "off"
     """The engines' prefix cache policy ([sim] prefix_cache)."""
+    miles_today: bool = False
+    """The router sends /generate as today's miles builds it (sglang/generate_body.py), not
+    as 31f1ca9 did: ``--miles-profile``."""

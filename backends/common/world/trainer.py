@@ -26,7 +26,8 @@ from __future__ import annotations
 import datetime
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -45,7 +46,9 @@ from backends.common.training.policy import (
 )
 from backends.common.training.policy_loss import checkpoint_loss
 from backends.common.wire.buckets import BucketViews, pack_into, payload_of, wire_layout
+from backends.common.wire.cell_lock import raise_holding, send_in_turn
 from backends.common.wire.devices import prepare_process
+from backends.common.wire.disk_delta import Publisher, tensor_bytes
 from backends.common.wire.groups import (
     CELL_TIMEOUT,
     GLOO_TIMEOUT,
@@ -57,7 +60,8 @@ from backends.common.wire.groups import (
 from backends.common.wire.participation import JOINED, arrive
 from backends.common.wire.shm_group import ShmArena, ShmGroup, send_many
 from backends.common.wire.tensor_bucket import bucket_handle
-from miles_core.scenario.faults import RANK_FAILED
+from miles_core.disk_delta import DeltaEncoding
+from miles_core.scenario.faults import LOCK_RAISED, RANK_FAILED
 from miles_core.transfer import Bucket
 
 EXIT, RAISE = "exit", "raise"
@@ -110,6 +114,7 @@ class TrainerRank:
         store_addr: tuple[str, int] | None = None,
         world: str = "",
         stack: Stack = CPU_STACK,
+        ticket_lock: bool = False,
     ) -> None:
         torch.set_num_threads(1)
         prepare_process(stack.device)
@@ -122,6 +127,10 @@ class TrainerRank:
             dist.init_process_group(
                 backend, store=store, rank=rank, world_size=ranks, timeout=CELL_TIMEOUT
             )
+        self._lock_at = (store_addr, world) if ticket_lock and ranks > 1 else None
+        """Where the cell's weight-update ticket lock is (today's miles: wire/cell_lock.py)."""
+        self.policy = policy
+        """Kept for disk-delta's version 0 (``write_delta``: the initial weights)."""
         self.model = self.build(policy, stack)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=policy.lr)
         self.loss_config = policy.loss if isinstance(policy, HFPolicy) else None
@@ -290,6 +299,27 @@ class TrainerRank:
         """The checksum of the weights as the engines hold them (a collective of the cell)."""
         return checksum(self.model)
 
+    # -- a driver hot restart (backends/common/world/adopted.py) ---------------------------
+
+    def hold(self, held: Any) -> None:
+        """Keep, in this process, the control plane's state at a published version (a
+        miles_core.saves.SaveState) and this rank's share of model and optimizer as they
+        are now (miles' ``load_state`` after a hot restart, hot_restart.py at 14aca060)."""
+        self._held = (held, self.get_state())
+
+    def held(self) -> Any:
+        """The state held at the last published version (None: nothing published yet)."""
+        held = getattr(self, "_held", None)
+        return None if held is None else held[0]
+
+    def load_held(self, version: int) -> str | None:
+        """Roll model and optimizer back to the share held at ``version`` (a cell
+        collective); the model's checksum, or None where this rank holds another version."""
+        held = getattr(self, "_held", None)
+        if held is None or held[0].version != version:
+            return None
+        return self.set_state(held[1])
+
     # -- weight updates (rank 0 is the source, rank 0 of each update group) -------------
 
     def init_update_group(
@@ -345,7 +375,7 @@ class TrainerRank:
         if self._views is None:
             tensors = self.hf_tensors(bucket)
             if self.rank != 0:
-                return 0.0
+                return self._in_turn(lambda: 0.0)  # its turn in the lock; nothing to send
             if packed:
                 buffer = torch.empty(wire_layout(bucket)[1], dtype=torch.uint8, device=self.device)
                 pack_into(tensors, bucket, buffer)
@@ -358,11 +388,52 @@ class TrainerRank:
             params = dict(self.model.named_parameters())
             sent = [params[name].detach().contiguous() for name in order]
         names = [names] if isinstance(names, str) else list(names)
-        for name in names:  # the source enters each group's broadcast (participation.py)
-            marks = self._taking_part.get(name)
-            if marks is not None:
-                arrive(marks, 0)
-        return send_to_groups([self._update_groups[n] for n in names], sent)
+
+        def broadcast() -> float:
+            for name in names:  # the source enters each group's broadcast (participation.py)
+                marks = self._taking_part.get(name)
+                if marks is not None:
+                    arrive(marks, 0)
+            return send_to_groups([self._update_groups[n] for n in names], sent)
+
+        return self._in_turn(broadcast)
+
+    def _in_turn(self, part: Callable[[], float]) -> float:
+        """This rank's ``part`` of a bucket's send, in the cell's ticket lock where today's
+        miles takes one (broadcast.py ``send_bucket``, 069a4115; wire/cell_lock.py)."""
+        if self._lock_at is None:
+            return part()
+        store = group_store(*self._lock_at)
+        return send_in_turn(store, self.rank, self.ranks, dist.barrier, part)
+
+    def raise_holding_lock(self) -> str:
+        """The fault raise_holding_lock: this rank takes the cell's lock, raises inside it and
+        lives on, the exception caught here (no one kills the cell); what it raised."""
+        assert self._lock_at is not None, "the cell takes no weight-update lock"
+        return raise_holding(group_store(*self._lock_at), self.rank, LOCK_RAISED)
+
+    def write_delta(
+        self, root: str, encoding: str, version: int, bucket: Bucket, total: int
+    ) -> tuple[int, float]:
+        """disk-delta: this bucket's delta of ``version`` against the version before, written
+        by rank 0 (backends/common/wire/disk_delta.py ``Publisher``; the other ranks help
+        gather on a sharded cell); the bytes written and its seconds. Version 0 is the
+        initial weights, built afresh (miles reads them from hf_checkpoint)."""
+        started = time.perf_counter()
+        tensors = self.hf_tensors(bucket)
+        if self.rank != 0:
+            return 0, 0.0
+        names = payload_of(bucket)[0]
+
+        def initial() -> dict[str, bytes]:
+            params = dict(build_model(self.policy).named_parameters())
+            return {name: tensor_bytes(params[name]) for name in names}
+
+        new = {name: tensor_bytes(tensors[name]) for name in names}
+        written = Publisher(Path(root), DeltaEncoding(encoding)).write(
+            version, bucket.index, total, new, initial
+        )
+        return written, time.perf_counter() - started
 
     def destroy_update_group(self, name: str) -> None:
         self._update_groups.pop(name, None)

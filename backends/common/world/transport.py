@@ -15,10 +15,12 @@ from typing import Any
 
 from backends.common.sglang import api
 from backends.common.wire import participation
+from backends.common.wire.cell_lock import LockWait
 from backends.common.world.cell import RayCell
 from backends.common.world.fanout import Fanout, TransportCluster, version_field
 from backends.common.world.settings import HTTP_TIMEOUT
 from miles_core.backend import (
+    CellFailure,
     ComponentFailure,
     Delivery,
     EngineFailure,
@@ -228,8 +230,22 @@ class CollectiveTransport(Fanout):
                 request(incarnation, send.METHOD, send.ROUTE, body, seconds=self._patience)
             )
         what = f"the broadcast of bucket {bucket.index}"
-        stalled = lambda: self._absent(numbers, cell.index, what, participation.KEY)  # noqa: E731
-        self.seconds = (await self._all(calls, cell.index, stalled))[0][0]  # the cell's rank 0
+        absent = lambda: self._absent(numbers, cell.index, what, participation.KEY)  # noqa: E731
+        if not cell.ticket_lock:
+            self.seconds = (await self._all(calls, cell.index, absent))[0][0]  # the cell's rank 0
+            return
+        stalled = lambda: _in_the_lock(cell, absent())  # noqa: E731
+        waited = LockWait(lambda: cell.lock_state()[0])  # names the lock to the wait-for graph
+        self.seconds = (await waited.wait(self._all(calls, cell.index, stalled)))[0][0]
+
+
+def _in_the_lock(cell: RayCell, failure: ComponentFailure | None) -> ComponentFailure | None:
+    """A cell named as the member that took no part in a broadcast, with the lock its rank 0
+    waits in where it waits (the simulator's reason, sim/world/ticket_locks.py)."""
+    if not isinstance(failure, CellFailure):
+        return failure
+    party, waits = cell.lock_state()
+    return cell.failure(f"{failure.reason} (rank 0 waited for {party})") if waits else failure
 
 
 def _bucket_request(

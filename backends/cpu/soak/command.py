@@ -39,7 +39,14 @@ LEFT_GRACE_S = 5.0
 
 def soak_scenario(minutes: float, seed: int) -> Scenario:
     """TRAIN's world with fault tolerance (hangs and orphans are undone by its health checks),
-    heartbeats detected in 15 s, a 15 s collective timeout, and the drawn faults."""
+    heartbeats detected in 15 s, a 15 s collective timeout, and the drawn faults.
+
+    Under the today profile an engine is healed by the mini FT controller (poll and resume
+    delay 2 s here, as the health checks are 2 s: miles' 10 s defaults would outlast an engine
+    motif's 40 s of settling), and a hang met by an update (steps of 0.3 s: nearly always; the
+    checker is paused by it, as miles' ``start_update_weights`` pauses it) is given up by the
+    update's --update-weight-engine-request-timeout, 10 s here rather than miles' 300 s
+    (docs/miles.md, "the rollout side's health"). aug2026 reads neither."""
     steps = steps_for(minutes)
     motifs = draw_motifs(seed, steps, Shape(TRAIN.world.num_cells, TRAIN.world.num_engines))
     loop = dataclasses.replace(
@@ -50,6 +57,9 @@ def soak_scenario(minutes: float, seed: int) -> Scenario:
         rollout_health_check_timeout=5.0,
         heartbeat_failure_threshold=2,
         update_weight_collective_timeout=15.0,
+        update_weight_engine_request_timeout=10.0,
+        mini_ft_controller_poll_interval=2.0,
+        mini_ft_controller_resume_delay=2.0,
     )
     extra = math.ceil(120.0 / SECONDS_PER_STEP)  # two minutes for the last recovery
     return dataclasses.replace(

@@ -46,10 +46,15 @@ interval 5 s x 2 misses + 5 s timeout, see command.soak_scenario)."""
 HEALTH_PATIENCE = 2.0 + 5.0
 """Fault tolerance's health check interval + timeout in the soak's loop."""
 
+REFUSED_FOR_REAL = (FaultKind.KILL_JOB,)
+"""The kinds ``check_real`` refuses (the CPU world cannot kill its own job; it restarts its
+driver's loop with the actors kept: backends/common/run/driver_restart.py)."""
+
 HONOURED: tuple[FaultKind, ...] = tuple(
-    row.kind for row in ROWS if row.kind is not FaultKind.KILL_JOB
+    row.kind for row in ROWS if row.kind not in REFUSED_FOR_REAL and row.caught_by is None
 )
-"""The kinds the CPU world runs (``check_real`` refuses kill_job alone; the tests hold it)."""
+"""The kinds the CPU world runs (``check_real`` refuses ``REFUSED_FOR_REAL``; the tests hold
+it), but those an oracle must catch (lying_engine: a soak's run must pass)."""
 
 
 @dataclass(frozen=True)
@@ -158,6 +163,13 @@ def _poison(rng: random.Random, shape: Shape, step: int) -> Motif:
     )
 
 
+def _restart_driver(rng: random.Random, shape: Shape, step: int) -> Motif:
+    """The driver's loop dies as a step begins; a new one adopts the actors after
+    DRIVER_RESTART_SECONDS (10 s) and syncs the engines: settled some seconds after."""
+    fault = make_fault("restart_driver", point="step_begin", step=step)
+    return Motif(FaultKind.RESTART_DRIVER, (fault,), 15.0)
+
+
 FORMS: dict[FaultKind, Callable[[random.Random, Shape, int], Motif]] = {
     FaultKind.KILL_CELL: _lost_cell("kill_cell"),
     FaultKind.KILL_RANK: _lost_cell("kill_rank", rank=0),
@@ -172,6 +184,7 @@ FORMS: dict[FaultKind, Callable[[random.Random, Shape, int], Motif]] = {
     FaultKind.HANG_CALL: _engine_fault("hang_call"),
     FaultKind.ORPHAN_ENGINE: _engine_fault("orphan_engine"),
     FaultKind.POISON_PROMPT: _poison,
+    FaultKind.RESTART_DRIVER: _restart_driver,
     FaultKind.SLOW_START: _slow_start,
     FaultKind.SLOW_LINK: _window("slow_link", factor=(1.5, 100.0), duration=(4.0, 8.0)),
     FaultKind.PARTITION: _window("partition", duration=(2.0, 6.0)),  # under the 15 s timeout
