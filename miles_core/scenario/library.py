@@ -60,8 +60,15 @@ _FT: dict[str, Any] = {
     "use_fault_tolerance": True,
     "rollout_health_check_interval": 2.0,
     "rollout_health_check_timeout": 2.0,
+    "mini_ft_controller_poll_interval": 2.0,
+    "mini_ft_controller_resume_delay": 2.0,
+    "update_weight_engine_request_timeout": 5.0,
 }
-"""miles' health monitor, on the small preset's time scale (miles' defaults are 30 s)."""
+"""miles' health monitor, on the small preset's time scale (miles' defaults are 30 s), and
+today's rollout-side FT controller (10 s poll and resume delay) and per-call deadline (300 s)
+on the same scale: at miles' values a run of a real CPU backend's 0.1 s steps ends before the
+controller has resumed an engine. aug2026 reads none of the last three (its monitor recovers
+engines; its deadline is the health check's timeout)."""
 
 
 _BOTH_ENGINES_DIE_AT_STEP_3 = (

@@ -17,8 +17,6 @@ the engines (miles_core.loop.adopt) and goes on.
 
 from __future__ import annotations
 
-from typing import Any
-
 from backends.common.world.adopted import (
     RayDriverHost,
     fresh_transport,
@@ -28,13 +26,13 @@ from backends.common.world.adopted import (
 )
 from backends.common.world.cluster import RayCluster
 from backends.common.world.runtime import AsyncioRuntime
-from miles_core.events import DriverRestarted, History, RunEnded
-from miles_core.kinds import FaultKind, FaultPoint, RunStatus
-from miles_core.loop import LoopConfig, Orchestrator, RunReport
-from miles_core.loop.adopt import DRIVER_RESTART_SECONDS, adopt
+from miles_core.events import History
+from miles_core.kinds import FaultKind
+from miles_core.loop import LoopConfig, Orchestrator
+from miles_core.loop.adopt import Adoption, adopt
 from miles_core.scenario import Scenario
+from miles_core.scenario.driver_restarts import DriverRestarts
 from miles_core.scenario.schedule import orchestrator_for
-from miles_core.segments import committed_versions
 
 
 def restarts_driver(scenario: Scenario) -> bool:
@@ -42,8 +40,10 @@ def restarts_driver(scenario: Scenario) -> bool:
     return any(f.kind is FaultKind.RESTART_DRIVER for f in scenario.faults)
 
 
-class RayDriverRestarts:
-    """Runs a scenario's loop; when it dies, records it and has a new loop adopt the world."""
+class RayDriverRestarts(DriverRestarts):
+    """miles_core.scenario.driver_restarts on Ray: the trainer ranks hold their state at each
+    publish; while the driver is down the dead loop's calls go nowhere; a new loop reads the
+    held state back, rolls the ranks back to it and adopts the engines over HTTP."""
 
     def __init__(
         self,
@@ -53,80 +53,27 @@ class RayDriverRestarts:
         cluster: RayCluster,
         control: Orchestrator,
     ) -> None:
-        self.scenario, self.loop, self.history, self.cluster = scenario, loop, history, cluster
         assert isinstance(cluster.rt, AsyncioRuntime)
-        self.rt: AsyncioRuntime = cluster.rt
-        self.control: Orchestrator | None = control
-        self._lost: str | None = None
-        self._signal = self.rt.signal()
-        self._dead = False
-        cluster.on_driver_lost = self._on_lost
+        super().__init__(scenario, cluster.rt, history, cluster, control)
+        self.loop, self.ray = loop, cluster
         cluster.driver_hold = hold_sink(cluster)
 
-    def _on_lost(self, point: FaultPoint | None) -> None:
-        """The loop dies now; nothing else does (a run that ended has no driver to lose)."""
-        control = self.control
-        if control is None or control.report is not None or self._dead:
-            return
-        reason = "restart_driver" + (f" at {point.value}" if point is not None else "")
-        control.killed(reason)
-        self._dead = True
-        self.cluster.driver_down = True  # what the dead loop still calls goes nowhere
-        self.cluster.observer = None  # the processes' news goes to the next driver
-        self.history.append(DriverRestarted(t=self.rt.now(), reason=reason))
-        self._lost = reason
-        self._signal.set()
+    def driver_lost(self) -> None:
+        self.ray.driver_down = True  # what the dead loop still calls goes nowhere
 
-    async def run(self) -> RunReport:
-        """Run loops until one ends the run; its report, with the committed versions."""
-        while True:
-            assert self.control is not None
-            task = self.rt.spawn(self.control.run(), "controller")
-            await self.rt.wait_any([task, self._signal])
-            if self._lost is None:
-                report = await task
-                report.versions = committed_versions(self.history)
-                return report
-            await self._restart(task)
-
-    async def _restart(self, task: Any) -> None:
-        """Stop what is left of the dead loop; a new one adopts the live processes."""
-        reason, self._lost, self._signal = self._lost, None, self.rt.signal()
-        assert self.control is not None and reason is not None
-        self.control.stop(reason)
-        task.cancel(reason)
-        self.control = None
-        await self.rt.sleep(DRIVER_RESTART_SECONDS)
-        self.cluster.driver_down = False  # the new driver's process is up
-        await fresh_transport(self.cluster)
-        held = await held_state(self.cluster)
+    async def adopted(self) -> Adoption:
+        cluster = self.ray
+        cluster.driver_down = False  # the new driver's process is up
+        await fresh_transport(cluster)
+        held = await held_state(cluster)
         if held is not None:  # miles' load_state: the trainer as at its last publish
-            await roll_back(self.cluster, held)
-        adoption = await adopt(await RayDriverHost.found(self.cluster, held))
-        self.cluster.resumed = True  # its attach reports the processes restarted before it
-        self.control = orchestrator_for(
-            self.scenario, self.rt, self.cluster, self.history, None, self.loop, adoption
+            await roll_back(cluster, held)
+        return await adopt(await RayDriverHost.found(cluster, held))
+
+    def new_control(self, adoption: Adoption) -> Orchestrator:
+        return orchestrator_for(
+            self.scenario, self.rt, self.ray, self.history, None, self.loop, adoption
         )
-        self._dead = False
-
-    # -- how the run ends, whoever is running ---------------------------------------------
-
-    def end(self, status: RunStatus, reason: str) -> RunReport:
-        if self.control is not None and not self._dead:
-            return self.control.end(status, reason)
-        self.history.append(
-            RunEnded(t=self.rt.now(), status=status, reason=reason, outstanding_prompts=())
-        )
-        return RunReport(status, reason, 0, committed_versions(self.history))
-
-    def end_with(self, error: BaseException, where: str) -> RunReport:
-        if self.control is not None and not self._dead:
-            return self.control.end_with(error, where)
-        return self.end(RunStatus.CRASHED, f"{type(error).__name__}: {error} ({where})")
-
-    def record_waits(self, reason: str) -> None:
-        if self.control is not None and not self._dead:
-            self.control.record_waits(reason)
 
 
 __all__ = ["RayDriverRestarts", "restarts_driver"]
