@@ -1,6 +1,7 @@
 """``python -m sim predict``: a preset's weight-update time by the simulator's model,
 (``--anchors``) every published row against its prediction, (``--decode``) the engines'
-decode law against published throughput figures, or (``--cluster FILE.toml``)
+decode law against published throughput figures, (``--profiles``) three faults under
+each miles profile (sim/timing/profile_compare.py), or (``--cluster FILE.toml``)
 any cluster described in a file, term by term (sim/timing/cluster_file.py and cluster_setup.py,
 docs/clusters.md); its help is calibrate's (sim/cli/calibrate.py), which says how the model
 is fitted."""
@@ -65,8 +66,21 @@ def main(argv: Sequence[str]) -> int:
         help="the engines' decode law against published throughput figures, held out by "
         "source (docs/decode-law.md)",
     )
+    parser.add_argument(
+        "--profiles",
+        action="store_true",
+        help="a killed engine, a hung engine and a killed trainer cell under each miles "
+        "profile, at two presets: recovery and serving capacity lost (docs/miles.md)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.profiles:
+        from sim.timing.profile_compare import report as profiles_report
+
+        if args.preset or args.anchors or args.cluster or args.register or args.decode:
+            parser.error("--profiles: goes alone")
+        print(profiles_report())
+        return 0
     if args.decode:
         from sim.timing.decode_report import report
 
