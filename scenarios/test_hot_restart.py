@@ -92,3 +92,16 @@ def test_a_new_driver_that_adopts_a_stale_state_is_caught(monkeypatch) -> None:
     assert violation is not None
     assert "adopted version 3" in violation.message
     assert "last version published before the driver died was 4" in violation.message
+
+
+def test_a_hung_engine_does_not_hold_the_take_over() -> None:
+    """Swarm seed 2580: the driver restarts while engine-3, hung, holds an update session
+    open; the new driver's end_update to it never answered, so the adoption never ended and
+    the run stalled with 0 of 12 steps. miles bounds the take-over (300 s) and leaves the
+    engines that do not answer (miles_core.loop.adopt.TAKE_OVER_SECONDS)."""
+    from miles_core.events import DriverAdopted
+    from sim.search.swarm import swarm_scenario
+
+    result = run_scenario(swarm_scenario(2580), 2580)
+    assert result.ok, result.failures()
+    assert any(isinstance(e, DriverAdopted) for e in result.history)

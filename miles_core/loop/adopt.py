@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from miles_core.backend import ComponentFailure, RequestRefused
 from miles_core.events import DriverAdopted, Event, StepCommitted, VersionPublished
+from miles_core.runtime import Runtime
 from miles_core.saves import Resume, SaveState
 
 if TYPE_CHECKING:
@@ -51,6 +52,12 @@ if TYPE_CHECKING:
 DRIVER_RESTART_SECONDS = 10.0
 """From the driver's death to the new one adopting the processes: a new script starts (miles
 polls its workers every 5 s in ``wait_until_worker_not_initialized``). Both worlds wait it."""
+
+TAKE_OVER_SECONDS = 300.0
+"""The most a new driver waits for one engine's answer while taking it over (miles'
+``INFERENCE_TAKE_OVER_TIMEOUT_SECONDS``, the take-over line at index id 68796729424: cells
+that do not answer are logged and left). Without it a hung engine held the adoption for
+ever (swarm seed 2580)."""
 
 
 @dataclass(frozen=True)
@@ -93,13 +100,14 @@ class Adoption(Resume):
     aborted: int = 0
 
 
-async def adopt(host: DriverHost) -> Adoption:
+async def adopt(host: DriverHost, rt: Runtime) -> Adoption:
     """Take the live engines over (miles' ``init_or_resume_inference_controller``): end
-    every update session left open, abort every request in flight, resume what is paused."""
+    every update session left open, abort every request in flight, resume what is paused;
+    an engine that does not answer within ``TAKE_OVER_SECONDS`` is left as it is."""
     views = tuple(v for v in host.engine_views() if v.alive)
-    closed = [v.engine for v in views if v.session_open and await _call(host, v, "end_update")]
+    closed = [v.engine for v in views if v.session_open and await _call(host, rt, v, "end_update")]
     aborted = await host.abort_all()
-    resumed = [v.engine for v in views if v.paused and await _call(host, v, "resume")]
+    resumed = [v.engine for v in views if v.paused and await _call(host, rt, v, "resume")]
     return Adoption(
         host.held_state(),
         engines=tuple(v.engine for v in views),
@@ -111,10 +119,16 @@ async def adopt(host: DriverHost) -> Adoption:
     )
 
 
-async def _call(host: DriverHost, view: EngineView, call: str) -> bool:
-    """One control call; an engine that fails it is left to the new driver's supervision."""
+async def _call(host: DriverHost, rt: Runtime, view: EngineView, call: str) -> bool:
+    """One control call; an engine that fails it, or does not answer within
+    ``TAKE_OVER_SECONDS``, is left to the new driver's supervision."""
+    made = getattr(host.engine(view.engine, view.incarnation), call)()
+    task = rt.spawn(made, f"take-over-{call}-{view.engine}")
     try:
-        await getattr(host.engine(view.engine, view.incarnation), call)()
+        if await rt.wait_any([task, rt.timer(TAKE_OVER_SECONDS)]) == 1:
+            task.cancel(f"no answer to {call} within {TAKE_OVER_SECONDS:g}s of the take-over")
+            return False
+        await task
     except (ComponentFailure, RequestRefused):
         return False
     return True

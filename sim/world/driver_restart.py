@@ -86,7 +86,7 @@ class SimDriverRestarts(DriverRestarts):
         self.held = state
 
     async def adopted(self) -> Adoption:
-        return await adopt(_Host(self.cluster, self.held))
+        return await adopt(_Host(self.cluster, self.held), self.rt)
 
 
 __all__ = ["DRIVER_RESTART_SECONDS", "SimDriverRestarts", "restarts_driver"]

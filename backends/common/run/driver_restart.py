@@ -68,7 +68,7 @@ class RayDriverRestarts(DriverRestarts):
         held = await held_state(cluster)
         if held is not None:  # miles' load_state: the trainer as at its last publish
             await roll_back(cluster, held)
-        return await adopt(await RayDriverHost.found(cluster, held))
+        return await adopt(await RayDriverHost.found(cluster, held), self.rt)
 
     def new_control(self, adoption: Adoption) -> Orchestrator:
         return orchestrator_for(
