@@ -182,3 +182,31 @@ def test_liveness_in_a_scenario_file_round_trips_and_bad_values_name_the_key() -
     with pytest.raises(ConfigError) as error:
         scenario_from_toml(text.replace("heal_step", "heal_at"), "x")
     assert error.value.field == "liveness"
+
+
+def test_the_heal_on_stall_counts_from_the_run_start_not_the_worlds_clock() -> None:
+    """A real world's clock runs through its start-up (10 s on the CPU backend, 60 s under
+    load) before the schedule is installed; the stall watch counted from its zero and healed
+    before step 0 at a bound below that, disarming every fault (the held-lock run on Ray)."""
+    from miles_core.events import History
+    from miles_core.scenario.schedule import FaultSchedule
+    from sim.world.runtime import SimRuntime
+
+    class Actions:  # a world that has nothing to repair
+        def heal(self, engines: bool) -> list[int]:
+            return []
+
+    rt, history = SimRuntime(0), History()
+    schedule = FaultSchedule((), heal_step=4, heal_after_stall=12.7)
+    seen: list[int] = []
+
+    async def world_start_then_run() -> None:
+        await rt.sleep(60.0)
+        schedule.install(rt, history, Actions())  # type: ignore[arg-type]
+        await rt.sleep(12.0)
+        seen.append(sum(isinstance(e, FaultsHealed) for e in history))
+        await rt.sleep(1.0)
+        seen.append(sum(isinstance(e, FaultsHealed) for e in history))
+
+    rt.run(world_start_then_run())
+    assert seen == [0, 1]

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from miles_core.errors import ConfigError
-from miles_core.kinds import FaultKind
+from miles_core.fault_kinds import TAKES_A_CELL_DOWN
+from miles_core.kinds import FaultKind, FaultPoint
 from miles_core.oracles import SAFETY
 from miles_core.scenario import Expect, load_scenario_file
 from miles_core.scenario.dump import scenario_to_toml
@@ -134,3 +135,17 @@ def test_the_oracle_names_are_the_oracles() -> None:
     from miles_core.oracles import ORACLES
 
     assert ORACLE_NAMES == ORACLES
+
+
+def test_a_lying_engine_is_never_drawn_beside_a_cell_killed_after_a_bucket() -> None:
+    """Seed 2807 drew one: the window the cell's death aborted stopped the lying process
+    before any check read it (fault_witness: no effect), so caught_by could not be met."""
+    drew = 0
+    for seed in range(3000):
+        faults = swarm_scenario(seed).faults
+        if any(f.kind is FaultKind.LYING_ENGINE for f in faults):
+            drew += 1
+            aborts = [f for f in faults if f.kind in TAKES_A_CELL_DOWN]
+            assert all(f.point is not FaultPoint.AFTER_BUCKET for f in aborts), seed
+    assert drew >= 40  # 42 of these 3,000 seeds draw one
+    assert judge(SeedTask("swarm", 2807)).ok

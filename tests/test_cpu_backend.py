@@ -70,6 +70,7 @@ from miles_core.events import (
     SampleGenerated,
     StepCommitted,
     StepMetrics,
+    TasksWaiting,
     UpdateAborted,
     UpdateBegan,
     UpdateGroupConnected,
@@ -80,6 +81,7 @@ from miles_core.events import (
 from miles_core.kinds import AbortCause, FaultKind, PauseMode, RunStatus, SampleOutcome
 from miles_core.profile import MilesProfile
 from miles_core.scenario.faults import RANK_FAILED, make_fault
+from miles_core.scenario.liveness import Liveness
 from miles_core.transfer import TransferMode
 from miles_core.update_connections import ConnectReason
 from sim.run import Scenario, run_scenario
@@ -696,6 +698,43 @@ def test_liveness_mode_heals_a_killed_engine_for_real(ray_cluster) -> None:
     )
     after = [e for e in result.history if isinstance(e, StepCommitted) and e.t > healed.t]
     assert len(after) >= 3
+
+
+def test_liveness_mode_finds_the_lock_a_raised_rank_holds_for_real(ray_cluster) -> None:
+    """field_bugs/lock_held_by_a_raised_rank on Ray: rank 1 of cell 0 raises holding the
+    real StoreTicketLock in the cell's TCPStore and lives on; nothing commits, the heal
+    comes once no step has for the bound and frees nothing (the holder is alive), and the
+    run stops STALLED at the bound with the wait-for graph's root at the lock, naming the
+    holder and its ticket, as the simulator's does. The file's timing shrunk, heartbeats off
+    (bound 12.7 s, slack 1, one step after the heal): the run ends in about 35 s, not the
+    file's 5 minutes (its bound is 145 s). Under load (world start 60 s) this run once healed
+    before step 0 and never stalled: the stall watch counted the start-up (schedule.py)."""
+    file = load_scenario_file(
+        ROOT / "scenarios" / "files" / "field_bugs" / "lock_held_by_a_raised_rank.toml"
+    )
+    timing = dataclasses.replace(
+        file.timing, response_tokens_mean=32.0, train_step_seconds=5.0, train_jitter=0.0
+    )
+    loop = dataclasses.replace(file.loop, heartbeat_interval=None)
+    liveness = Liveness(heal_step=4, steps=1, slack=1.0)
+    scenario = dataclasses.replace(file, timing=timing, loop=loop, liveness=liveness)
+    sim = run_scenario(scenario, 0)
+    real = run_in_ray(scenario, seed=0, timeout=300)
+    for result in (sim, real):
+        assert result.report.status is RunStatus.STALLED
+        assert "missed the liveness bound" in result.report.reason
+        assert result.verdicts["liveness"] is not None
+        assert [
+            v for k, v in result.verdicts.items() if v and k not in ("liveness", "end_state")
+        ] == []
+        (waits,) = [e for e in result.history if isinstance(e, TasksWaiting)]
+        assert "weight-update lock" in waits.root, waits.root
+        assert "held by rank 1, which raised holding it" in waits.root, waits.root
+        assert "stays alive (fail closed, no lease" in waits.root
+        assert re.search(r"waiting: ticket \d+ \(rank 0\)", waits.root), waits.root
+    assert [e.step for e in real.history if isinstance(e, FaultsHealed)] == [
+        e.step for e in sim.history if isinstance(e, FaultsHealed)
+    ]
 
 
 def test_a_router_that_fails_at_once_is_retried_once_an_interval_for_real(ray_cluster) -> None:

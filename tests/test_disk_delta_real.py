@@ -7,6 +7,7 @@ per-tensor checksum and the history shows it. The simulator's twin: scenarios/te
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,14 @@ from miles_core.scenario.files import load_scenario_file
 from miles_core.witness.delta import PULL_REFUSED
 
 FILES = Path(__file__).resolve().parent.parent / "scenarios" / "files"
+FT_AT_THE_SMALL_SCALE = {
+    "rollout_health_check_interval": 2.0,
+    "rollout_health_check_timeout": 2.0,
+    "mini_ft_controller_poll_interval": 2.0,
+    "mini_ft_controller_resume_delay": 2.0,
+}
+"""The torn file's replaced engines come back on the named FT scenarios' scale (sim/scenarios
+``_FT``), not miles' 10 s controller poll and resume delay: 41 s of the test's waiting."""
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +58,9 @@ def test_the_weights_oracle_catches_it_from_the_bytes(
 
 
 def test_a_torn_file_is_refused_by_the_engines_checksum(ray_cluster: None) -> None:
-    real = run_in_ray(
-        load_scenario_file(FILES / "disk_delta_torn.toml"), seed=0, steps=3, timeout=300
-    )
+    torn = load_scenario_file(FILES / "disk_delta_torn.toml")
+    loop = dataclasses.replace(torn.loop, **FT_AT_THE_SMALL_SCALE)
+    real = run_in_ray(dataclasses.replace(torn, loop=loop), seed=0, steps=3, timeout=300)
     assert real.ok, "\n".join(str(v) for v in real.verdicts.values() if v)
     refused = [e for e in real.history if isinstance(e, UpdateAborted) and PULL_REFUSED in e.reason]
     assert refused, "no pull was refused"

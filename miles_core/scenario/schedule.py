@@ -105,6 +105,9 @@ class FaultSchedule:
         self.heal_after_stall = heal_after_stall
         self.heal_engines = heal_engines
         self._last_commit = 0.0
+        """When a step last committed, or the schedule was installed (the run's start: a
+        real world's clock has run through its start-up before it, 10 s of a CPU run's and
+        60 s under load, which a bound of 12.7 s took for a stall, healing before step 0)."""
         self._disarmed: set[int] = set()
         self._healed = False
         self._points = frozenset(f.point for f in self.faults)
@@ -133,6 +136,7 @@ class FaultSchedule:
                 "run the scenario in the simulator (python -m sim run), or remove the kill_job",
             )
         self._rt, self._history, self._actions = rt, history, actions
+        self._last_commit = rt.now()
         history.observe(self._observe)
         for index, fault in enumerate(self.faults):
             at = fault.when.at if isinstance(fault.when, AtTime) else None

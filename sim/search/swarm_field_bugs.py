@@ -106,6 +106,8 @@ def field_bug(
                 transfer_mode=TransferMode.DISK_DELTA,
                 update_weight_delta_encoding=encoding,
             )
+        if kind is FaultKind.LYING_ENGINE:
+            faults = _without_window_aborts(faults) or []
         engines = _unstruck_engines(world, faults)  # a fault gone may free one
         keys = {} if kind is FaultKind.DELTA_TORN else {"engine": stream.choice(engines)}
         drawn = [make_fault(kind.value, **keys, **at)]
@@ -148,8 +150,31 @@ def _fits(
 def _lying(loop: LoopConfig, world: WorldShape, faults: list[AnyFault], engines: list[str]) -> bool:
     """Not with a LoRA adapter: the simulator reads no adapter's content (sim/world/
     transport.py ``_loaded``), so published_weights has nothing to compare (seeds 136, 172,
-    198, 549, 690, 694, 872 and 905 drew one, unseen: a blind spot, not a catch)."""
-    return bool(engines) and loop.lora_adapter is None
+    198, 549, 690, 694, 872 and 905 drew one, unseen: a blind spot, not a catch); and the
+    seed's window aborts can go (``_without_window_aborts``)."""
+    return (
+        bool(engines) and loop.lora_adapter is None and _without_window_aborts(faults) is not None
+    )
+
+
+def _without_window_aborts(faults: list[AnyFault]) -> list[AnyFault] | None:
+    """The faults but a trainer cell taken down after an update's bucket, and its start
+    (the swarm's motif: armed after step s - 1, started as step s + 2 begins). The window it
+    aborts stops every participant (today's ``end_update_weights``), and the lying process,
+    replaced before any check read it, lied to no one (seed 2807: fault_witness found it had
+    no effect). None where another fault waits on one of them."""
+    aborts = [
+        f for f in faults if f.kind in TAKES_A_CELL_DOWN and f.point is FaultPoint.AFTER_BUCKET
+    ]
+    starts = {(f.cell, f.when.after_step + 3) for f in aborts}  # type: ignore[attr-defined]
+
+    def gone(f: AnyFault) -> bool:
+        step = getattr(f.when, "step", None)
+        paired = f.kind is FaultKind.START_CELL and (f.cell, step) in starts  # type: ignore[attr-defined]
+        return f in aborts or paired
+
+    left = kept(faults, [i for i, f in enumerate(faults) if not gone(f)])
+    return None if left is None else list(left)
 
 
 def _delta(loop: LoopConfig, world: WorldShape, faults: list[AnyFault], engines: list[str]) -> bool:
