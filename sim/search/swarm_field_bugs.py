@@ -8,7 +8,8 @@ The scenario says which oracle must fail (``expect.caught_by``, from the row; th
 ok when that one failed and every other passed), or that the fault is survived:
 
 - lying_engine (tokenspeed #1373): an engine no other fault strikes answers its weight
-  updates with success and loads nothing; published_weights must catch it.
+  updates with success and loads nothing; published_weights must catch it (a cell killed
+  after a bucket goes, with its start: the aborted window would replace the liar unseen).
 - delta_skipped, delta_applied_twice: under disk-delta (``--update-weight-transfer-mode
   disk-delta``, the encoding drawn), an engine's next pull applies nothing, or its delta
   twice: published_weights must catch both, but overwrite applied twice, which is
