@@ -15,17 +15,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from miles_core.events import DriverRestarted, History, RunEnded
-from miles_core.kinds import FaultPoint, RunStatus
-from miles_core.loop import Orchestrator, RunReport
+from miles_core.events import DriverRestarted, History
+from miles_core.kinds import FaultPoint
+from miles_core.loop import Orchestrator
 from miles_core.loop.adopt import DRIVER_RESTART_SECONDS, Adoption
 from miles_core.runtime import Runtime
 from miles_core.scenario.model import Scenario
 from miles_core.scenario.schedule import orchestrator_for
-from miles_core.segments import committed_versions
+from miles_core.scenario.segmented_run import SegmentedRun
 
 
-class DriverRestarts:
+class DriverRestarts(SegmentedRun):
     """Runs a scenario's driver; when it dies, records it and has a new one adopt the world.
     ``cluster`` is the world's: it calls ``on_driver_lost`` when the fault strikes, and its
     ``observer`` and ``resumed`` are set here as a killed job's are."""
@@ -33,11 +33,8 @@ class DriverRestarts:
     def __init__(
         self, scenario: Scenario, rt: Runtime, history: History, cluster: Any, control: Orchestrator
     ) -> None:
-        self.scenario, self.rt, self.history, self.cluster = scenario, rt, history, cluster
-        self.control: Orchestrator | None = control
-        self._lost: str | None = None
-        self._signal = rt.signal()
-        self._dead = False
+        super().__init__(rt, history, control)
+        self.scenario, self.cluster = scenario, cluster
         cluster.on_driver_lost = self._on_lost
 
     # -- what a world adds ----------------------------------------------------------------
@@ -68,24 +65,11 @@ class DriverRestarts:
         self.driver_lost()
         self.cluster.observer = None  # the processes' news goes to the next driver
         self.history.append(DriverRestarted(t=self.rt.now(), reason=reason))
-        self._lost = reason
-        self._signal.set()
-
-    async def run(self) -> RunReport:
-        """Run drivers until one ends the run; its report, with the committed versions."""
-        while True:
-            assert self.control is not None
-            task = self.rt.spawn(self.control.run(), "controller")
-            await self.rt.wait_any([task, self._signal])
-            if self._lost is None:
-                report = await task
-                report.versions = committed_versions(self.history)
-                return report
-            await self._restart(task)
+        self._cut_now(reason)
 
     async def _restart(self, task: Any) -> None:
         """Stop what is left of the dead driver; a new one adopts the live processes."""
-        reason, self._lost, self._signal = self._lost, None, self.rt.signal()
+        reason = self._take_cut()
         assert self.control is not None and reason is not None
         self.control.stop(reason)
         task.cancel(reason)
@@ -95,25 +79,6 @@ class DriverRestarts:
         self.cluster.resumed = True  # its attach reports the processes restarted before it
         self.control = self.new_control(adoption)
         self._dead = False
-
-    # -- how the run ends, whoever is running ---------------------------------------------
-
-    def end(self, status: RunStatus, reason: str) -> RunReport:
-        if self.control is not None and not self._dead:
-            return self.control.end(status, reason)
-        self.history.append(
-            RunEnded(t=self.rt.now(), status=status, reason=reason, outstanding_prompts=())
-        )
-        return RunReport(status, reason, 0, committed_versions(self.history))
-
-    def end_with(self, error: BaseException, where: str) -> RunReport:
-        if self.control is not None and not self._dead:
-            return self.control.end_with(error, where)
-        return self.end(RunStatus.CRASHED, f"{type(error).__name__}: {error} ({where})")
-
-    def record_waits(self, reason: str) -> None:
-        if self.control is not None and not self._dead:
-            self.control.record_waits(reason)
 
 
 __all__ = ["DriverRestarts"]

@@ -17,13 +17,13 @@ from __future__ import annotations
 from typing import Any
 
 from miles_core import saves
-from miles_core.events import History, JobKilled, RunEnded
-from miles_core.kinds import FaultKind, FaultPoint, RunStatus
-from miles_core.loop import Orchestrator, RunReport
+from miles_core.events import History, JobKilled
+from miles_core.kinds import FaultKind, FaultPoint
+from miles_core.loop import Orchestrator
 from miles_core.saves import Resume
 from miles_core.scenario import Scenario
 from miles_core.scenario.schedule import FaultSchedule, orchestrator_for
-from miles_core.segments import committed_versions
+from miles_core.scenario.segmented_run import SegmentedRun
 from sim.world.cluster import SimCluster
 from sim.world.runtime import SimRuntime
 from sim.world.saves import save_seconds
@@ -34,7 +34,7 @@ def kills_jobs(scenario: Scenario) -> bool:
     return any(f.kind is FaultKind.KILL_JOB for f in scenario.faults)
 
 
-class SimJob:
+class SimJob(SegmentedRun):
     """Runs a scenario's controller; on a kill, records it and starts the job again."""
 
     def __init__(
@@ -47,14 +47,9 @@ class SimJob:
         cluster: SimCluster,
         control: Orchestrator,
     ) -> None:
-        self.scenario, self.rt, self.history = scenario, rt, history
-        self.schedule, self.actions = schedule, actions
+        super().__init__(rt, history, control)
+        self.scenario, self.schedule, self.actions = scenario, schedule, actions
         self.cluster = cluster
-        self.control: Orchestrator | None = control
-        self._kill: str | None = None
-        self._killed = rt.signal()
-        self._dead = False
-        """The controller (``control``) died with the job and was not replaced yet."""
         cluster.on_job_killed = self._on_kill
 
     def _on_kill(self, point: FaultPoint | None) -> None:
@@ -69,26 +64,13 @@ class SimJob:
         self._dead = True
         self.cluster.end_processes()
         self.history.append(JobKilled(t=self.rt.now(), reason=reason))
-        self._kill = reason
-        self._killed.set()
-
-    async def run(self) -> RunReport:
-        """Run controllers until one ends the run; its report, with the committed versions."""
-        while True:
-            assert self.control is not None
-            task = self.rt.spawn(self.control.run(), "controller")
-            await self.rt.wait_any([task, self._killed])
-            if self._kill is None:
-                report = await task
-                report.versions = committed_versions(self.history)
-                return report
-            await self._restart(task)
+        self._cut_now(reason)
 
     async def _restart(self, task: Any) -> None:
         """Stop what is left of the dead controller, then start the job again (again, if a
         kill strikes while it starts) from its newest committed save."""
-        while self._kill is not None:
-            reason, self._kill, self._killed = self._kill, None, self.rt.signal()
+        while self._cut is not None:
+            reason = self._take_cut()
             if self.control is not None:
                 self.control.stop(reason)
                 task.cancel(reason)
@@ -97,7 +79,7 @@ class SimJob:
             self.cluster = self._new_cluster()
             resume = saves.choose_save(self.cluster.checkpoints.saves())
             delay = self.scenario.timing.job_restart_seconds + self._read_seconds(resume)
-            await self.rt.wait_any([self.rt.timer(delay), self._killed])
+            await self.rt.wait_any([self.rt.timer(delay), self._stop_signal])
         resume = saves.choose_save(self.cluster.checkpoints.saves())
         self.control = orchestrator_for(
             self.scenario, self.rt, self.cluster, self.history, None, resume=resume
@@ -121,27 +103,6 @@ class SimJob:
         new.on_job_killed = self._on_kill
         self.actions.cluster = new
         return new
-
-    # -- how the run ends, whoever is running ---------------------------------------------
-
-    def end(self, status: RunStatus, reason: str) -> RunReport:
-        """End the run: through the live controller, or, while the job restarts, as the
-        world records it (no controller is there to)."""
-        if self.control is not None and not self._dead:
-            return self.control.end(status, reason)
-        self.history.append(
-            RunEnded(t=self.rt.now(), status=status, reason=reason, outstanding_prompts=())
-        )
-        return RunReport(status, reason, 0, committed_versions(self.history))
-
-    def end_with(self, error: BaseException, where: str) -> RunReport:
-        if self.control is not None and not self._dead:
-            return self.control.end_with(error, where)
-        return self.end(RunStatus.CRASHED, f"{type(error).__name__}: {error} ({where})")
-
-    def record_waits(self, reason: str) -> None:
-        if self.control is not None and not self._dead:
-            self.control.record_waits(reason)
 
 
 __all__ = ["SimJob", "kills_jobs"]
